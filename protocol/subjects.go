@@ -1,0 +1,153 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Default subject prefixes.
+const (
+	DefaultDataPrefix    = "shard"
+	DefaultControlPrefix = "$SHARD"
+)
+
+// Header names natshard sets on messages.
+const (
+	// HeaderError is set on the reply to a request that natshard could not
+	// route or that an entity failed; its value says why.
+	HeaderError = "Natshard-Error"
+	// HeaderMsgID is the JetStream de-duplication header publishers may set;
+	// handoff replay uses it to drop duplicates.
+	HeaderMsgID = "Nats-Msg-Id"
+)
+
+// Subjects builds and parses the subjects of one entity type.
+//
+// Data plane:
+//
+//	<data>.<type>.<shard>.<entity id...>   messages to entities
+//	<data>.<type>.<shard>.>                what a region subscribes per shard
+//
+// Control plane (msgpack unless noted):
+//
+//	<control>.<type>.region.<region id>    coordinator -> region commands
+//	<control>.<type>.coord                 region -> coordinator reports
+//	<control>.<type>.admin.<verb>          admin API, JSON (shardctl, nats req)
+type Subjects struct {
+	data    string // "<data>.<type>."
+	control string // "<control>.<type>."
+	typ     string
+}
+
+// NewSubjects returns the subjects of type typ under the given prefixes;
+// empty prefixes take the defaults.
+func NewSubjects(dataPrefix, controlPrefix, typ string) (Subjects, error) {
+	if dataPrefix == "" {
+		dataPrefix = DefaultDataPrefix
+	}
+	if controlPrefix == "" {
+		controlPrefix = DefaultControlPrefix
+	}
+	if err := ValidateName("type", typ); err != nil {
+		return Subjects{}, err
+	}
+	if err := validatePrefix("data", dataPrefix); err != nil {
+		return Subjects{}, err
+	}
+	if err := validatePrefix("control", controlPrefix); err != nil {
+		return Subjects{}, err
+	}
+	if dataPrefix == controlPrefix {
+		return Subjects{}, fmt.Errorf("%w: data and control prefixes are both %q", ErrInvalidName, dataPrefix)
+	}
+	return Subjects{data: dataPrefix + "." + typ + ".", control: controlPrefix + "." + typ + ".", typ: typ}, nil
+}
+
+// MustSubjects is NewSubjects for constant arguments known to be valid; it
+// panics otherwise. For tests and defaults only.
+func MustSubjects(dataPrefix, controlPrefix, typ string) Subjects {
+	s, err := NewSubjects(dataPrefix, controlPrefix, typ)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Type is the entity type these subjects belong to.
+func (s Subjects) Type() string { return s.typ }
+
+// Entity is the data subject of entity id in shard.
+func (s Subjects) Entity(shard int, id string) string {
+	return s.data + strconv.Itoa(shard) + "." + id
+}
+
+// EntityOf is the data subject of entity id among n shards.
+func (s Subjects) EntityOf(id string, n int) string {
+	return s.Entity(ShardOf(id, n), id)
+}
+
+// Shard is the subscription subject of a whole shard.
+func (s Subjects) Shard(shard int) string {
+	return s.data + strconv.Itoa(shard) + ".>"
+}
+
+// AllData matches every data subject of the type.
+func (s Subjects) AllData() string { return s.data + ">" }
+
+// Region is the command subject of region id.
+func (s Subjects) Region(id string) string { return s.control + "region." + id }
+
+// Coordinator is the subject the coordinator leader listens on for reports
+// and pings.
+func (s Subjects) Coordinator() string { return s.control + "coord" }
+
+// Admin is the subject of an admin API verb.
+func (s Subjects) Admin(verb string) string { return s.control + "admin." + verb }
+
+// AdminAll matches every admin API verb.
+func (s Subjects) AdminAll() string { return s.control + "admin.>" }
+
+// ParseEntity splits a data subject of this type into its shard and entity
+// id, and checks that the id is valid and belongs to the shard among n
+// shards. The error says which part is wrong.
+func (s Subjects) ParseEntity(subject string, n int) (shard int, id string, err error) {
+	rest, ok := strings.CutPrefix(subject, s.data)
+	if !ok {
+		return 0, "", fmt.Errorf("%w: %q is not under %q", ErrInvalidSubject, subject, s.data)
+	}
+	tok, id, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, "", fmt.Errorf("%w: %q has no entity id", ErrInvalidSubject, subject)
+	}
+	shard, err = parseShard(tok, n)
+	if err != nil {
+		return 0, "", fmt.Errorf("%w: %q: %v", ErrInvalidSubject, subject, err)
+	}
+	if err := ValidateEntityID(id); err != nil {
+		return 0, "", err
+	}
+	if want := ShardOf(id, n); want != shard {
+		return 0, "", fmt.Errorf("%w: %q is in shard %d, not %d", ErrWrongShard, id, want, shard)
+	}
+	return shard, id, nil
+}
+
+// parseShard parses a canonical decimal shard number below n ("7", not "07").
+func parseShard(tok string, n int) (int, error) {
+	if tok == "" || len(tok) > 6 || (len(tok) > 1 && tok[0] == '0') {
+		return 0, fmt.Errorf("shard %q is not a shard number", tok)
+	}
+	v := 0
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("shard %q is not a shard number", tok)
+		}
+		v = v*10 + int(c-'0')
+	}
+	if v >= n {
+		return 0, fmt.Errorf("shard %d is out of range 0..%d", v, n-1)
+	}
+	return v, nil
+}

@@ -1,0 +1,134 @@
+package protocol
+
+import (
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Encode marshals a wire type or KV record with msgpack.
+func Encode(v any) ([]byte, error) {
+	return msgpack.Marshal(v)
+}
+
+// Decode unmarshals msgpack data into v. Any failure, including trailing
+// garbage, is reported as ErrMalformed; it never panics on input.
+func Decode(data []byte, v any) error {
+	if len(data) == 0 {
+		return fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if err := msgpack.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return nil
+}
+
+// CommandKind says what a coordinator command asks of a region.
+type CommandKind uint8
+
+// Command kinds.
+const (
+	// CmdProbe asks a region whether it is there and which shards it holds.
+	CmdProbe CommandKind = 1
+	// CmdBind tells a region to own shards: subscribe to their subjects and
+	// serve them.
+	CmdBind CommandKind = 2
+	// CmdDrop tells a region to stop serving shards at once: unsubscribe and
+	// stop their entities.
+	CmdDrop CommandKind = 3
+)
+
+func (k CommandKind) String() string {
+	switch k {
+	case CmdProbe:
+		return "probe"
+	case CmdBind:
+		return "bind"
+	case CmdDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("command(%d)", uint8(k))
+}
+
+// Command is sent by the coordinator to a region's command subject as a
+// request; the region answers with a Reply. A region refuses a command
+// whose epoch is older than the newest it has seen, or whose incarnation is
+// not its own.
+type Command struct {
+	Kind        CommandKind `msgpack:"k"`
+	Epoch       uint64      `msgpack:"e"`
+	Coordinator string      `msgpack:"c"` // region id of the coordinator's process
+	Incarnation string      `msgpack:"i"` // the region incarnation the command is for
+	Shards      []int       `msgpack:"s,omitempty"`
+}
+
+// Validate checks a decoded command against the shard count n.
+func (c *Command) Validate(n int) error {
+	switch c.Kind {
+	case CmdProbe, CmdBind, CmdDrop:
+	default:
+		return fmt.Errorf("%w: unknown command kind %d", ErrMalformed, c.Kind)
+	}
+	if c.Epoch == 0 {
+		return fmt.Errorf("%w: %s without epoch", ErrMalformed, c.Kind)
+	}
+	for _, s := range c.Shards {
+		if s < 0 || s >= n {
+			return fmt.Errorf("%w: %s names shard %d, out of range 0..%d", ErrMalformed, c.Kind, s, n-1)
+		}
+	}
+	return nil
+}
+
+// Reply answers a Command. Error is empty on success.
+type Reply struct {
+	Epoch       uint64 `msgpack:"e"` // the newest epoch the region has seen
+	Incarnation string `msgpack:"i"` // the region's incarnation
+	Held        []int  `msgpack:"h,omitempty"`
+	Error       string `msgpack:"x,omitempty"`
+}
+
+// TypeConfig is the per-type configuration stored in KV; every process of
+// the type must agree with it.
+type TypeConfig struct {
+	Shards int `msgpack:"n"`
+}
+
+// CoordinatorInfo is the value of the coordinator lease.
+type CoordinatorInfo struct {
+	Region      string `msgpack:"r"` // region id of the holder's process
+	Incarnation string `msgpack:"i"` // unique per acquisition
+	Since       int64  `msgpack:"t"` // unix milliseconds of acquisition
+}
+
+// RegionInfo is the value of a region's registration lease.
+type RegionInfo struct {
+	ID          string `msgpack:"id"`
+	Incarnation string `msgpack:"i"` // unique per registration; a new one means the old shards are gone
+	Version     string `msgpack:"v,omitempty"`
+	Leaving     bool   `msgpack:"l,omitempty"`
+	Started     int64  `msgpack:"t"` // unix milliseconds of registration
+}
+
+// ShardState is the state of a shard in the shard table.
+type ShardState string
+
+// Shard states.
+const (
+	// StateUnowned: no region owns the shard.
+	StateUnowned ShardState = "unowned"
+	// StateAllocating: a region was chosen and told to bind; not yet confirmed.
+	StateAllocating ShardState = "allocating"
+	// StateActive: the region confirmed it serves the shard.
+	StateActive ShardState = "active"
+)
+
+// ShardRecord is one row of the shard table.
+type ShardRecord struct {
+	Shard       int        `msgpack:"s"`
+	Region      string     `msgpack:"r,omitempty"`
+	Incarnation string     `msgpack:"i,omitempty"`
+	State       ShardState `msgpack:"st"`
+	Order       uint64     `msgpack:"o,omitempty"` // allocation order: larger is newer
+	Epoch       uint64     `msgpack:"e"`           // epoch of the coordinator that wrote it
+}

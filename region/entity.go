@@ -1,0 +1,38 @@
+package region
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Entity is one addressable object. A region calls Handle with one message
+// at a time, in arrival order, from whichever goroutine runs the entity at
+// that moment; different entities run concurrently. Stop is called exactly
+// once, after the last Handle, when the entity is passivated (idle) or its
+// shard leaves the region; it is the place to persist state. The context of
+// Stop is bounded by the stop timeout.
+type Entity interface {
+	// Handle processes one message. When the message is a request, the
+	// returned bytes are the reply. A non-nil error is sent as the reply's
+	// Natshard-Error header, with the returned bytes (or, when nil, a JSON
+	// {"ok":false,"error":...}) as the body; on a plain publish it is logged.
+	Handle(ctx context.Context, m *Message) ([]byte, error)
+	// Stop releases the entity.
+	Stop(ctx context.Context) error
+}
+
+// Factory creates the entity for id on its first message (or its first
+// message after passivation). It may load state. An error is answered to
+// the message that caused the activation and the next message tries again.
+type Factory func(ctx context.Context, id string) (Entity, error)
+
+// Message is a message delivered to an entity.
+type Message struct {
+	EntityID string
+	Shard    int
+	Subject  string
+	Reply    string // empty for a plain publish
+	Header   nats.Header
+	Data     []byte
+}
