@@ -99,6 +99,11 @@ type CoordinatorInfo struct {
 	Region      string `msgpack:"r"` // region id of the holder's process
 	Incarnation string `msgpack:"i"` // unique per acquisition
 	Since       int64  `msgpack:"t"` // unix milliseconds of acquisition
+	// Epoch is the revision at which the lease was acquired; written by the
+	// renewals (the acquiring write cannot know it), so readers of KV can
+	// tell the epoch after the lease's revision moved on. 0 before the
+	// first renewal: the lease's revision is the epoch then.
+	Epoch uint64 `msgpack:"e,omitempty"`
 }
 
 // RegionInfo is the value of a region's registration lease.

@@ -1,0 +1,80 @@
+package coordinator
+
+import "github.com/natshard/natshard/protocol"
+
+// Event is an input to Core.Step. The driver turns what it sees (KV
+// watches, command replies) into events.
+type Event interface{ isEvent() }
+
+// RegionSeen is a registered region with the revision of its registration.
+type RegionSeen struct {
+	Info     protocol.RegionInfo
+	Revision uint64
+}
+
+// RegionUp: a region registered, renewed or changed its registration.
+type RegionUp struct{ RegionSeen }
+
+// RegionGone: a region's registration expired or was removed.
+type RegionGone struct{ ID string }
+
+// RegionsSynced: after a (re)started watch, these are all the registered
+// regions; any other is gone.
+type RegionsSynced struct{ IDs []string }
+
+// Outcome classifies the answer to a command.
+type Outcome int
+
+// Outcomes of a command.
+const (
+	// OK: the region answered without error.
+	OK Outcome = iota
+	// NoResponders: nobody listens on the region's command subject: the
+	// region's connection is gone from the server.
+	NoResponders
+	// Failed: a timeout or transport error: the region may still be there.
+	Failed
+	// Refused: the region answered with an error (Reply.Error).
+	Refused
+)
+
+// CommandDone reports how a command sent by a Send action ended.
+type CommandDone struct {
+	Send    Send
+	Outcome Outcome
+	Reply   protocol.Reply // when Outcome is OK or Refused
+}
+
+func (RegionUp) isEvent()      {}
+func (RegionGone) isEvent()    {}
+func (RegionsSynced) isEvent() {}
+func (CommandDone) isEvent()   {}
+
+// Action is an output of Core: something the driver must do, in order.
+type Action interface{ isAction() }
+
+// WriteShard: write the row to the shard table, fenced on the lease. A
+// failed write means the coordinator must step down.
+type WriteShard struct{ Record protocol.ShardRecord }
+
+// Send: send the command to the region's command subject and report the
+// outcome with a CommandDone event. Sends may run concurrently.
+type Send struct {
+	Region  string
+	Command protocol.Command
+}
+
+// RemoveRegion: delete the region's registration if it is still at
+// Revision: the region was found dead.
+type RemoveRegion struct {
+	ID       string
+	Revision uint64
+}
+
+// StepDown: this coordinator learned that a newer epoch exists.
+type StepDown struct{ Reason string }
+
+func (WriteShard) isAction()   {}
+func (Send) isAction()         {}
+func (RemoveRegion) isAction() {}
+func (StepDown) isAction()     {}

@@ -1,0 +1,363 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/strategies"
+)
+
+// Defaults of Config.
+const (
+	DefaultLeaseTTL       = 4 * time.Second
+	DefaultTick           = 100 * time.Millisecond
+	DefaultCommandTimeout = 2 * time.Second
+)
+
+// Config configures a Node.
+type Config struct {
+	Conn     *nats.Conn
+	Store    *kvstate.Store
+	Subjects protocol.Subjects
+	Shards   int
+	// Region is the id of the process this candidate runs in (for display).
+	Region     string
+	Strategy   strategies.Strategy // default least-shard with Akka's limits
+	MinRegions int
+	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4.
+	LeaseTTL       time.Duration
+	Tick           time.Duration // one core tick
+	CommandTimeout time.Duration // bound on each command to a region
+	Logger         *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Strategy == nil {
+		c.Strategy = strategies.NewLeastShard(strategies.DefaultAbsoluteLimit, strategies.DefaultRelativeLimit)
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Tick <= 0 {
+		c.Tick = DefaultTick
+	}
+	if c.CommandTimeout <= 0 {
+		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Node is a coordinator candidate. Run campaigns for the type's coordinator
+// lease and, while it holds it, makes the decisions of the Core and carries
+// them out over NATS. Every shardd runs one unless told not to.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a candidate; it does nothing until Run.
+func New(cfg Config) *Node {
+	cfg.setDefaults()
+	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator")}
+}
+
+// Run campaigns and leads until ctx ends; then it releases the lease if it
+// holds it and returns nil. It returns an error only for a configuration it
+// cannot work with.
+func (n *Node) Run(ctx context.Context) error {
+	if n.cfg.Conn == nil || n.cfg.Store == nil || n.cfg.Shards <= 0 {
+		return errors.New("coordinator: Conn, Store and Shards are required")
+	}
+	for ctx.Err() == nil {
+		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli()}
+		lease, err := n.cfg.Store.AcquireCoordinator(ctx, info, n.cfg.LeaseTTL)
+		switch {
+		case err == nil:
+			n.log.Info("took the coordinator lease", "epoch", lease.Revision)
+			info.Epoch = lease.Revision
+			l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
+			l.run(ctx)
+		case errors.Is(err, kvstate.ErrConflict):
+			n.waitForVacancy(ctx)
+		default:
+			n.log.Warn("cannot campaign for the coordinator lease", "err", err)
+			sleep(ctx, time.Second)
+		}
+	}
+	return nil
+}
+
+// waitForVacancy returns when the lease looks free (released or expired),
+// after LeaseTTL/2 at the latest, or when ctx ends.
+func (n *Node) waitForVacancy(ctx context.Context) {
+	wctx, cancel := context.WithTimeout(ctx, n.cfg.LeaseTTL/2)
+	defer cancel()
+	events, err := n.cfg.Store.WatchCoordinator(wctx)
+	if err != nil {
+		<-wctx.Done()
+		return
+	}
+	for ev := range events {
+		if !ev.Synced && ev.Info == nil {
+			return
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// leader is one term of leadership: from taking the lease to losing or
+// releasing it. Only its run goroutine touches core and lease.
+type leader struct {
+	*Node
+	info      protocol.CoordinatorInfo
+	lease     kvstate.Lease
+	renewedAt time.Time // when the last successful renewal was sent
+	core      *Core
+	results   chan CommandDone
+	admin     chan *nats.Msg
+}
+
+var errStepDown = errors.New("coordinator: stepping down")
+
+func (l *leader) run(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	err := l.lead(ctx)
+	if parent.Err() == nil {
+		l.log.Warn("lost or gave up the coordinator lease", "epoch", l.lease.Revision, "err", err)
+	}
+	// Release the lease if it is still ours, so that another candidate
+	// takes over at once instead of after the TTL.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Second)
+	defer rcancel()
+	if err := l.cfg.Store.Release(rctx, l.lease); err == nil {
+		l.log.Info("released the coordinator lease", "epoch", l.core.Epoch())
+	}
+}
+
+func (l *leader) lead(ctx context.Context) error {
+	epoch := l.lease.Revision
+	table, err := l.cfg.Store.Shards(ctx)
+	if err != nil {
+		return fmt.Errorf("read shard table: %w", err)
+	}
+	entries, err := l.cfg.Store.Regions(ctx)
+	if err != nil {
+		return fmt.Errorf("read regions: %w", err)
+	}
+	regions := make([]RegionSeen, len(entries))
+	for i, e := range entries {
+		regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
+	}
+	core, acts := NewCore(CoreConfig{Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions}, l.cfg.Region, epoch, table, regions)
+	l.core = core
+	l.results = make(chan CommandDone, 256)
+	l.admin = make(chan *nats.Msg, 16)
+	l.log.Info("leading", "epoch", epoch, "regions", len(regions), "rows", len(table))
+
+	adminSub, err := l.cfg.Conn.ChanSubscribe(l.cfg.Subjects.AdminAll(), l.admin)
+	if err != nil {
+		return fmt.Errorf("subscribe admin API: %w", err)
+	}
+	defer adminSub.Unsubscribe()
+
+	if err := l.execute(ctx, acts); err != nil {
+		return err
+	}
+	watch := l.watchRegions(ctx)
+	tick := time.NewTicker(l.cfg.Tick)
+	defer tick.Stop()
+	renew := time.NewTicker(l.cfg.LeaseTTL / 4)
+	defer renew.Stop()
+	for {
+		var acts []Action
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-renew.C:
+			if err := l.renew(ctx); err != nil {
+				return err
+			}
+		case ev, ok := <-watch:
+			if !ok {
+				watch = l.watchRegions(ctx)
+				continue
+			}
+			acts = core.Step(ev)
+		case res := <-l.results:
+			acts = core.Step(res)
+		case <-tick.C:
+			acts = core.Tick()
+		case m := <-l.admin:
+			l.answerAdmin(m)
+		}
+		if err := l.execute(ctx, acts); err != nil {
+			return err
+		}
+	}
+}
+
+// renew extends the lease. A lost lease ends the term at once; an
+// unreachable server ends it when the lease may have expired.
+func (l *leader) renew(ctx context.Context) error {
+	sent := time.Now()
+	lease, err := l.cfg.Store.Renew(ctx, l.lease, l.info)
+	if err == nil {
+		l.lease, l.renewedAt = lease, sent
+		return nil
+	}
+	if errors.Is(err, kvstate.ErrConflict) {
+		return fmt.Errorf("%w: lease lost: %w", errStepDown, err)
+	}
+	if time.Since(l.renewedAt) > l.cfg.LeaseTTL*3/4 {
+		return fmt.Errorf("%w: cannot renew the lease in time: %w", errStepDown, err)
+	}
+	l.log.Warn("lease renewal failed; will retry", "err", err)
+	return nil
+}
+
+// execute carries out actions in order. Table writes are synchronous and
+// fenced: a refused write ends the term. Commands run concurrently and
+// report back through l.results.
+func (l *leader) execute(ctx context.Context, acts []Action) error {
+	for _, a := range acts {
+		switch a := a.(type) {
+		case WriteShard:
+			if _, err := l.cfg.Store.PutShard(ctx, l.lease, a.Record); err != nil {
+				return fmt.Errorf("%w: write shard %d: %w", errStepDown, a.Record.Shard, err)
+			}
+			l.log.Debug("shard", "shard", a.Record.Shard, "region", a.Record.Region, "state", a.Record.State)
+		case Send:
+			go l.send(ctx, a)
+		case RemoveRegion:
+			l.log.Warn("region found dead: no responders on its command subject", "region", a.ID)
+			if err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); err != nil && !errors.Is(err, kvstate.ErrConflict) {
+				l.log.Warn("cannot remove dead region's registration", "region", a.ID, "err", err)
+			}
+		case StepDown:
+			return fmt.Errorf("%w: %s", errStepDown, a.Reason)
+		}
+	}
+	return nil
+}
+
+func (l *leader) send(ctx context.Context, s Send) {
+	done := CommandDone{Send: s, Outcome: Failed}
+	data, err := protocol.Encode(s.Command)
+	if err == nil {
+		var m *nats.Msg
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.CommandTimeout)
+		m, err = l.cfg.Conn.RequestWithContext(rctx, l.cfg.Subjects.Region(s.Region), data)
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			done.Outcome = NoResponders
+		case err != nil:
+		case protocol.Decode(m.Data, &done.Reply) != nil:
+			err = errors.New("undecodable reply")
+		case done.Reply.Error != "":
+			done.Outcome = Refused
+		default:
+			done.Outcome = OK
+		}
+	}
+	if err != nil || done.Outcome == Refused {
+		l.log.Debug("command", "kind", s.Command.Kind, "region", s.Region, "outcome", done.Outcome, "err", err, "refusal", done.Reply.Error)
+	}
+	select {
+	case l.results <- done:
+	case <-ctx.Done():
+	}
+}
+
+// watchRegions turns registry changes into core events. The returned
+// channel closes when the watch is lost; the caller watches again.
+func (l *leader) watchRegions(ctx context.Context) <-chan Event {
+	out := make(chan Event)
+	go func() {
+		defer close(out)
+		var events <-chan kvstate.RegionEvent
+		for ctx.Err() == nil {
+			var err error
+			if events, err = l.cfg.Store.WatchRegions(ctx); err == nil {
+				break
+			}
+			l.log.Warn("cannot watch regions; retrying", "err", err)
+			sleep(ctx, time.Second)
+		}
+		var ids []string
+		synced := false
+		for ev := range events {
+			var e Event
+			switch {
+			case ev.Synced:
+				synced = true
+				e = RegionsSynced{IDs: ids}
+			case ev.Info == nil:
+				e = RegionGone{ID: ev.ID}
+			default:
+				if !synced {
+					ids = append(ids, ev.ID)
+				}
+				e = RegionUp{RegionSeen{Info: *ev.Info, Revision: ev.Revision}}
+			}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+func (l *leader) answerAdmin(m *nats.Msg) {
+	var body any
+	switch verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb {
+	case protocol.AdminStatus:
+		body = l.status()
+	default:
+		body = protocol.AdminError{Error: fmt.Sprintf("unknown admin verb %q", verb)}
+	}
+	data, _ := json.Marshal(body)
+	if m.Reply != "" {
+		_ = m.Respond(data)
+	}
+}
+
+func (l *leader) status() protocol.Status {
+	st := protocol.Status{
+		Type:        l.cfg.Subjects.Type(),
+		Shards:      l.cfg.Shards,
+		Coordinator: protocol.CoordinatorView{Region: l.cfg.Region, Epoch: l.core.Epoch()},
+	}
+	count := map[string]int{}
+	for _, r := range l.core.Table() {
+		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State)})
+		count[r.Region]++
+	}
+	for _, r := range l.core.Regions() {
+		st.Regions = append(st.Regions, protocol.RegionView{
+			ID: r.Info.ID, Incarnation: r.Info.Incarnation, Version: r.Info.Version, Leaving: r.Info.Leaving, Shards: count[r.Info.ID],
+		})
+	}
+	return st
+}
