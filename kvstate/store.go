@@ -2,14 +2,49 @@ package kvstate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
-	"github.com/natshard/natshard/protocol"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/protocol"
 )
 
-var errTODO = errors.New("kvstate: not implemented yet")
+// markerTTL is the bucket's LimitMarkerTTL: how long the marker that the
+// server writes when a key's TTL runs out stays in the bucket (it also
+// enables per-key TTLs at all). The marker is how a watcher learns that a
+// lease expired. A watcher is an ordered consumer; when it is reset (missed
+// heartbeats, its server restarted) it resumes at the stream sequence after
+// the last one it saw, so a marker written and already gone during the gap
+// would be missed, and the watcher would believe in the expired lease
+// forever. The marker must therefore outlive any such gap by far: a few
+// seconds normally, tens of seconds when a cluster loses a server. Watches
+// also end on disconnection (see watch), so a long client outage is not such
+// a gap. Five minutes covers that with a wide margin, and markers cost one
+// small message per expired key for that long, which is nothing. The same
+// TTL is given to the marker that DeleteEntity leaves, so deleted entities
+// leave nothing behind for long.
+const markerTTL = 5 * time.Minute
+
+// defaultTimeout bounds an operation whose context has no deadline when
+// Options.Timeout is 0.
+const defaultTimeout = 5 * time.Second
+
+// Headers of KV records. The KV-Operation values are those of nats.go's KV
+// implementation, so that its watchers and ours agree on what a tombstone
+// is.
+const (
+	hdrKVOp       = "KV-Operation"
+	kvOpDel       = "DEL"
+	kvOpPurge     = "PURGE"
+	hdrRollup     = "Nats-Rollup"
+	rollupSubject = "sub"
+)
 
 // Store is the JetStream KV bucket of one entity type. It is safe for
 // concurrent use. Every method takes a context first; when the context has
@@ -19,6 +54,17 @@ type Store struct {
 	kv     jetstream.KeyValue
 	bucket string
 	opts   Options
+
+	nc         *nats.Conn
+	subjPrefix string // "$KV.<bucket>."
+	msgGetSubj string // "$JS.API.STREAM.MSG.GET.KV_<bucket>": leader reads
+
+	// fenceMu serializes this Store's writes that are checked against the
+	// coordinator key (PutShard, renewing or releasing the coordinator
+	// lease). A replicated stream refuses a write checked against a subject
+	// that has another write in flight (error 10164, see cas), so two such
+	// writes of the same coordinator would otherwise refuse each other.
+	fenceMu sync.Mutex
 }
 
 // RegionEntry is a registered region with the revision of its registration.
@@ -44,123 +90,389 @@ type CoordinatorEvent struct {
 
 // Open creates or binds the bucket of type typ (BucketName) with per-key
 // TTLs enabled (LimitMarkerTTL) and history 1.
+//
+// The bucket is created if it does not exist; if it exists with another
+// configuration (for example another replica count) it is bound as it is,
+// never updated: processes opening the bucket do not fight over its
+// configuration. A bound bucket must have history 1 and per-key TTLs,
+// otherwise Open fails with ErrConfigMismatch.
 func Open(ctx context.Context, js jetstream.JetStream, typ string, opts Options) (*Store, error) {
-	return nil, errTODO
+	return open(ctx, js, typ, opts, true)
+}
+
+// Bind binds the existing bucket of type typ without creating it: for
+// tools that inspect a type. ErrNotFound when the type has no bucket.
+func Bind(ctx context.Context, js jetstream.JetStream, typ string, opts Options) (*Store, error) {
+	return open(ctx, js, typ, opts, false)
+}
+
+func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options, create bool) (*Store, error) {
+	if js == nil {
+		return nil, errors.New("kvstate: Open with nil JetStream")
+	}
+	if err := protocol.ValidateName("type", typ); err != nil {
+		return nil, err
+	}
+	if opts.Replicas < 0 || opts.Replicas > 5 {
+		return nil, fmt.Errorf("kvstate: %d replicas; use 1 to 5 (0 means 1)", opts.Replicas)
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = defaultTimeout
+	}
+	bucket := BucketName(typ)
+	s := &Store{
+		js:         js,
+		bucket:     bucket,
+		opts:       opts,
+		nc:         js.Conn(),
+		subjPrefix: "$KV." + bucket + ".",
+		msgGetSubj: apiPrefix(js) + "STREAM.MSG.GET.KV_" + bucket,
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+
+	var kv jetstream.KeyValue
+	var err error = jetstream.ErrBucketExists
+	if create {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:         bucket,
+			Description:    "natshard state of type " + typ,
+			History:        1,
+			Replicas:       opts.Replicas,
+			Storage:        jetstream.FileStorage,
+			LimitMarkerTTL: markerTTL,
+		})
+	}
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, bucket)
+		if err == nil {
+			err = checkBucket(ctx, kv)
+		}
+	}
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: bucket %s: %w", ErrNotFound, bucket, err)
+	}
+	if err != nil {
+		return nil, translate(fmt.Errorf("open bucket %s: %w", bucket, err), ErrConflict)
+	}
+	s.kv = kv
+	return s, nil
+}
+
+// checkBucket verifies that an existing bucket can hold leases.
+func checkBucket(ctx context.Context, kv jetstream.KeyValue) error {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.History() != 1 || st.LimitMarkerTTL() <= 0 {
+		return fmt.Errorf("%w: bucket %s has history %d and limit marker TTL %v; kvstate needs history 1 and per-key TTLs",
+			ErrConfigMismatch, kv.Bucket(), st.History(), st.LimitMarkerTTL())
+	}
+	return nil
+}
+
+// apiPrefix is the JetStream API prefix js sends its requests to.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		if strings.HasSuffix(o.APIPrefix, ".") {
+			return o.APIPrefix
+		}
+		return o.APIPrefix + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // Bucket is the bucket's name.
 func (s *Store) Bucket() string { return s.bucket }
 
+// ctx bounds ctx by Options.Timeout unless it has a deadline already.
+func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.Timeout)
+}
+
 // EnsureConfig stores want if the bucket has no configuration yet and
 // returns the stored one. It returns ErrConfigMismatch, naming both values,
 // when the stored shard count differs from want's.
+//
+// With ErrConfigMismatch the stored configuration is returned too.
 func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (protocol.TypeConfig, error) {
-	return protocol.TypeConfig{}, errTODO
+	if want.Shards < 1 || want.Shards > protocol.MaxShards {
+		return protocol.TypeConfig{}, fmt.Errorf("kvstate: shard count %d out of range 1..%d", want.Shards, protocol.MaxShards)
+	}
+	data, err := protocol.Encode(want)
+	if err != nil {
+		return protocol.TypeConfig{}, err
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	for {
+		_, err := s.create(ctx, KeyConfig, data, 0)
+		if err == nil {
+			return want, nil
+		}
+		if !isWrongLastSeq(err) {
+			return protocol.TypeConfig{}, translate(err, ErrConflict)
+		}
+		got, err := s.Config(ctx)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted in between: try to create it again
+		}
+		if err != nil {
+			return protocol.TypeConfig{}, err
+		}
+		if got.Shards != want.Shards {
+			return got, fmt.Errorf("%w: bucket %s stores %d shards, this process is configured with %d",
+				ErrConfigMismatch, s.bucket, got.Shards, want.Shards)
+		}
+		return got, nil
+	}
 }
 
 // Config reads the stored configuration; ErrNotFound when there is none.
 func (s *Store) Config(ctx context.Context) (protocol.TypeConfig, error) {
-	return protocol.TypeConfig{}, errTODO
+	var c protocol.TypeConfig
+	if _, err := s.loadDecoded(ctx, KeyConfig, &c); err != nil {
+		return protocol.TypeConfig{}, err
+	}
+	return c, nil
 }
 
-// AcquireCoordinator creates the coordinator lease with a TTL. It returns
-// ErrConflict when the lease is held. The returned lease's Revision is the
-// epoch of the new coordinator.
-func (s *Store) AcquireCoordinator(ctx context.Context, info protocol.CoordinatorInfo, ttl time.Duration) (Lease, error) {
-	return Lease{}, errTODO
+// subject is the stream subject of key.
+func (s *Store) subject(key string) string { return s.subjPrefix + key }
+
+// record is the last message of a key, read from the stream leader.
+type record struct {
+	value   []byte
+	rev     uint64
+	deleted bool // a tombstone: KV delete/purge, or the marker of an expired TTL
 }
 
-// Coordinator reads the coordinator lease from the stream leader (never a
-// stale follower). ErrNotFound when no one holds it.
-func (s *Store) Coordinator(ctx context.Context) (protocol.CoordinatorInfo, uint64, error) {
-	return protocol.CoordinatorInfo{}, 0, errTODO
+// msgGetResponse is the answer of the JetStream API to STREAM.MSG.GET (see
+// nats.go jetstream/stream.go, apiMsgGetResponse).
+type msgGetResponse struct {
+	Error   *jetstream.APIError `json:"error,omitempty"`
+	Message *struct {
+		Subject  string `json:"subject"`
+		Sequence uint64 `json:"seq"`
+		Header   []byte `json:"hdrs,omitempty"`
+		Data     []byte `json:"data,omitempty"`
+	} `json:"message,omitempty"`
 }
 
-// DeposeCoordinator deletes the coordinator lease if its revision is still
-// rev (ErrConflict otherwise). Candidates use it when the holder is known to
-// be gone; the holder's next renewal and fenced writes then fail.
-func (s *Store) DeposeCoordinator(ctx context.Context, rev uint64) error {
-	return errTODO
+// last reads the last message of key from the stream leader.
+//
+// A KV bucket's stream always allows direct gets, and kv.Get uses them:
+// any replica may answer, and a follower may not have applied the latest
+// writes yet. The non-direct API request STREAM.MSG.GET is answered by the
+// stream leader only (jsMsgGetRequest in nats-server), which has applied
+// every acknowledged write. The error is untranslated; a key without any
+// message is the API error 10037.
+func (s *Store) last(ctx context.Context, key string) (record, error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{s.subject(key)})
+	if err != nil {
+		return record{}, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, s.msgGetSubj, req)
+	if err != nil {
+		return record{}, err
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return record{}, fmt.Errorf("kvstate: bad answer to %s: %w", s.msgGetSubj, err)
+	}
+	if resp.Error != nil {
+		return record{}, resp.Error
+	}
+	if resp.Message == nil {
+		return record{}, jetstream.ErrInvalidJetStreamResponse
+	}
+	r := record{value: resp.Message.Data, rev: resp.Message.Sequence}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return record{}, fmt.Errorf("kvstate: bad headers of %s: %w", key, err)
+		}
+		r.deleted = isTombstone(h)
+	}
+	return r, nil
 }
 
-// WatchCoordinator watches the coordinator lease. The channel closes when
-// ctx ends or the watch is lost (connection loss); watch again then.
-func (s *Store) WatchCoordinator(ctx context.Context) (<-chan CoordinatorEvent, error) {
-	return nil, errTODO
+// isTombstone says whether a message with headers h marks its key as
+// deleted: a KV delete or purge, or a marker the server wrote when a TTL
+// ran out (Nats-Marker-Reason).
+func isTombstone(h nats.Header) bool {
+	switch h.Get(hdrKVOp) {
+	case kvOpDel, kvOpPurge:
+		return true
+	}
+	return h.Get(jetstream.MarkerReasonHeader) != ""
 }
 
-// Renew rewrites a held lease with value (msgpack-encoded) and a fresh TTL,
-// if the key's last revision is still l.Revision. It returns the lease with
-// the new revision, or ErrConflict when the lease was lost (expired, taken,
-// deposed).
-func (s *Store) Renew(ctx context.Context, l Lease, value any) (Lease, error) {
-	return Lease{}, errTODO
+// load reads key's value and revision from the stream leader, translated:
+// ErrNotFound for a missing or deleted key.
+func (s *Store) load(ctx context.Context, key string) ([]byte, uint64, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	r, err := s.last(ctx, key)
+	if err != nil {
+		return nil, 0, translate(fmt.Errorf("read %s: %w", key, err), ErrConflict)
+	}
+	if r.deleted {
+		return nil, 0, fmt.Errorf("%w: %s deleted at revision %d", ErrNotFound, key, r.rev)
+	}
+	return r.value, r.rev, nil
 }
 
-// Release deletes a held lease if its revision is still l.Revision;
-// ErrConflict when it was already lost.
-func (s *Store) Release(ctx context.Context, l Lease) error {
-	return errTODO
+// loadDecoded is load followed by protocol.Decode into v.
+func (s *Store) loadDecoded(ctx context.Context, key string, v any) (uint64, error) {
+	data, rev, err := s.load(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	if err := protocol.Decode(data, v); err != nil {
+		return 0, translate(fmt.Errorf("%s at revision %d: %w", key, rev, err), ErrConflict)
+	}
+	return rev, nil
 }
 
-// RegisterRegion writes the region's registration with a TTL, replacing any
-// earlier registration of the same id (a restarted process takes over its
-// id; the old incarnation's next renewal fails).
-func (s *Store) RegisterRegion(ctx context.Context, info protocol.RegionInfo, ttl time.Duration) (Lease, error) {
-	return Lease{}, errTODO
+// lastRev is the revision of key's last message, tombstones included; 0
+// when the key has none. It is what an expected-last-subject-sequence check
+// compares with.
+func (s *Store) lastRev(ctx context.Context, key string) (uint64, error) {
+	r, err := s.last(ctx, key)
+	if apiCode(err) == codeNoMessage {
+		return 0, nil
+	}
+	return r.rev, err
 }
 
-// Regions lists the live registrations.
-func (s *Store) Regions(ctx context.Context) ([]RegionEntry, error) {
-	return nil, errTODO
+// write publishes data to key with headers hdr and returns the new
+// revision. The error is untranslated.
+func (s *Store) write(ctx context.Context, key string, data []byte, hdr nats.Header) (uint64, error) {
+	m := &nats.Msg{Subject: s.subject(key), Header: nats.Header{}, Data: data}
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
-// RemoveRegion deletes a registration if its revision is still rev
-// (ErrConflict otherwise). The coordinator uses it for a region it found
-// dead; the region, if it still runs, fails its next renewal and fences
-// itself.
-func (s *Store) RemoveRegion(ctx context.Context, id string, rev uint64) error {
-	return errTODO
+// cas publishes data to key on condition that the last revision of
+// checkKey (tombstones included, 0: no message at all) is expect. The
+// server checks the condition; a failed check is a wrong-last-sequence API
+// error. The error is untranslated.
+//
+// A replicated stream refuses such a write with 10164 without checking the
+// condition while another write to checkKey is in flight. cas then asks the
+// stream leader for checkKey's revision: if it is no longer expect the
+// refusal stands, otherwise the write is retried with a short backoff until
+// ctx ends.
+func (s *Store) cas(ctx context.Context, key string, data []byte, hdr nats.Header, checkKey string, expect uint64) (uint64, error) {
+	h := nats.Header{}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	if checkKey != key {
+		h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject(checkKey))
+	}
+	backoff := 2 * time.Millisecond
+	for {
+		rev, err := s.write(ctx, key, data, h)
+		if err == nil || !isSubjectBusy(err) {
+			return rev, err
+		}
+		cur, rerr := s.lastRev(ctx, checkKey)
+		if rerr != nil {
+			return 0, rerr
+		}
+		if cur != expect {
+			return 0, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("kvstate: %s kept busy by writes in flight (%v): %w", checkKey, err, ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 50*time.Millisecond)
+	}
 }
 
-// WatchRegions watches the registry: first the current registrations, then
-// a Synced marker, then changes (expiry and removal arrive with Info nil).
-// The channel closes when ctx ends or the watch is lost.
-func (s *Store) WatchRegions(ctx context.Context) (<-chan RegionEvent, error) {
-	return nil, errTODO
+// create writes data to key if the key does not exist or is deleted, with a
+// TTL of ttl seconds unless ttl is 0. It fails with a wrong-last-sequence
+// error when the key exists. The error is untranslated.
+//
+// kv.Create does the same, but learns the revision of a tombstone with a
+// direct get, which a stale follower may answer; create asks the stream
+// leader.
+func (s *Store) create(ctx context.Context, key string, data []byte, ttl int64) (uint64, error) {
+	hdr := nats.Header{}
+	if ttl > 0 {
+		hdr.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
+	}
+	var expect uint64
+	for attempt := 0; ; attempt++ {
+		rev, err := s.cas(ctx, key, data, hdr, key, expect)
+		if err == nil || !isWrongLastSeq(err) || attempt == 3 {
+			return rev, err
+		}
+		r, rerr := s.last(ctx, key)
+		switch {
+		case apiCode(rerr) == codeNoMessage:
+			expect = 0 // the tombstone expired in between
+		case rerr != nil:
+			return 0, rerr
+		case !r.deleted:
+			return 0, err // the key exists
+		default:
+			expect = r.rev
+		}
+	}
 }
 
-// PutShard writes one row of the shard table, fenced on the coordinator
-// lease: the server refuses it (ErrFenced) unless the coordinator key's last
-// revision is fence.Revision. Returns the row's new revision.
-func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRecord) (uint64, error) {
-	return 0, errTODO
+// tombstone writes a delete marker for key on condition that its last
+// revision is rev. With purge, the marker is a KV purge that expires after
+// markerTTL, leaving nothing behind; otherwise it is a KV delete that stays
+// until the key is written again. The error is untranslated.
+func (s *Store) tombstone(ctx context.Context, key string, rev uint64, purge bool, checkKey string) error {
+	hdr := nats.Header{}
+	if purge {
+		hdr.Set(hdrKVOp, kvOpPurge)
+		hdr.Set(hdrRollup, rollupSubject)
+		hdr.Set(jetstream.MsgTTLHeader, ttlHeader(int64(markerTTL/time.Second)))
+	} else {
+		hdr.Set(hdrKVOp, kvOpDel)
+	}
+	_, err := s.cas(ctx, key, nil, hdr, checkKey, rev)
+	return err
 }
 
-// Shards reads the whole shard table (rows that were never written are
-// absent).
-func (s *Store) Shards(ctx context.Context) ([]protocol.ShardRecord, error) {
-	return nil, errTODO
+// ttlSeconds converts a lease TTL into the whole seconds JetStream keeps
+// per-message TTLs in, rounding up. The server's minimum is one second.
+func ttlSeconds(ttl time.Duration) (int64, error) {
+	if ttl < time.Second {
+		return 0, fmt.Errorf("kvstate: lease TTL %v is below the minimum of 1s (JetStream TTLs are whole seconds)", ttl)
+	}
+	return int64((ttl + time.Second - 1) / time.Second), nil
 }
 
-// LoadEntity reads an entity's persisted state from the stream leader.
-// ErrNotFound when it has none.
-func (s *Store) LoadEntity(ctx context.Context, id string) ([]byte, uint64, error) {
-	return nil, 0, errTODO
-}
-
-// SaveEntity writes an entity's state if its revision is still rev (0: the
-// entity has no state yet). ErrConflict otherwise. Returns the new revision.
-func (s *Store) SaveEntity(ctx context.Context, id string, data []byte, rev uint64) (uint64, error) {
-	return 0, errTODO
-}
-
-// DeleteEntity deletes an entity's state if its revision is still rev.
-func (s *Store) DeleteEntity(ctx context.Context, id string, rev uint64) error {
-	return errTODO
-}
-
-// EntityKey is the KV key of an entity's state: "entities." followed by the
-// id with every byte outside [A-Za-z0-9._/-] written as "=XX" (hex, upper
-// case), '=' included.
-func EntityKey(id string) string { return prefixEntities + id }
+// ttlHeader is the Nats-TTL header value for secs seconds.
+func ttlHeader(secs int64) string { return strconv.FormatInt(secs, 10) + "s" }

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// client is a connection to NATS and to one type's KV bucket.
+type client struct {
+	opts     options
+	nc       *nats.Conn
+	store    *kvstate.Store
+	subjects protocol.Subjects
+	shards   int
+}
+
+func dial(ctx context.Context, o options) (*client, error) {
+	subjects, err := protocol.NewSubjects(o.DataPrefix, o.ControlPrefix, o.Type)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	nc, err := nats.Connect(o.NATS, nats.Name("shardctl"), nats.Timeout(o.Timeout), nats.MaxReconnects(0))
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to NATS at %s: %w (is shardd running? set --nats or NATS_URL)", o.NATS, err)
+	}
+	c := &client{opts: o, nc: nc, subjects: subjects}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	octx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	c.store, err = kvstate.Bind(octx, js, o.Type, kvstate.Options{Timeout: o.Timeout})
+	if errors.Is(err, kvstate.ErrNotFound) {
+		nc.Close()
+		return nil, fmt.Errorf("unknown type %q: NATS at %s has no bucket %s (start shardd --type %s first)", o.Type, o.NATS, kvstate.BucketName(o.Type), o.Type)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("open type %q: %w", o.Type, err)
+	}
+	cfg, err := c.store.Config(octx)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("read configuration of type %q: %w", o.Type, err)
+	}
+	c.shards = cfg.Shards
+	return c, nil
+}
+
+func (c *client) Close() { c.nc.Close() }
+
+// view is what shardctl knows of a type: the coordinator's answer, or what
+// KV holds when no coordinator answers.
+type view struct {
+	protocol.Status
+	// Answered is false when no coordinator answered and the view was
+	// read from KV.
+	Answered bool
+}
+
+func (c *client) view(ctx context.Context) (view, error) {
+	if st, err := c.askStatus(ctx); err == nil {
+		return view{Status: st, Answered: true}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	v := view{Status: protocol.Status{Type: c.opts.Type, Shards: c.shards}}
+	info, rev, err := c.store.Coordinator(ctx)
+	switch {
+	case err == nil:
+		v.Coordinator = protocol.CoordinatorView{Region: info.Region, Epoch: cmpEpoch(info.Epoch, rev)}
+	case !errors.Is(err, kvstate.ErrNotFound):
+		return v, fmt.Errorf("read coordinator lease: %w", err)
+	}
+	rows, err := c.store.Shards(ctx)
+	if err != nil {
+		return v, fmt.Errorf("read shard table: %w", err)
+	}
+	count := map[string]int{}
+	v.Table = make([]protocol.ShardView, c.shards)
+	for i := range v.Table {
+		v.Table[i] = protocol.ShardView{Shard: i, State: string(protocol.StateUnowned)}
+	}
+	for _, r := range rows {
+		if r.Shard >= 0 && r.Shard < c.shards {
+			v.Table[r.Shard] = protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State)}
+			count[r.Region]++
+		}
+	}
+	regions, err := c.store.Regions(ctx)
+	if err != nil {
+		return v, fmt.Errorf("read regions: %w", err)
+	}
+	for _, r := range regions {
+		v.Regions = append(v.Regions, protocol.RegionView{ID: r.Info.ID, Incarnation: r.Info.Incarnation, Version: r.Info.Version, Leaving: r.Info.Leaving, Shards: count[r.Info.ID]})
+	}
+	return v, nil
+}
+
+func cmpEpoch(stored, rev uint64) uint64 {
+	if stored != 0 {
+		return stored
+	}
+	return rev
+}
+
+// askStatus asks the coordinator over the admin API.
+func (c *client) askStatus(ctx context.Context) (protocol.Status, error) {
+	var st protocol.Status
+	ctx, cancel := context.WithTimeout(ctx, min(c.opts.Timeout, 2*time.Second))
+	defer cancel()
+	m, err := c.nc.RequestWithContext(ctx, c.subjects.Admin(protocol.AdminStatus), nil)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(m.Data, &st); err != nil {
+		return st, fmt.Errorf("coordinator answered garbage: %w", err)
+	}
+	return st, nil
+}

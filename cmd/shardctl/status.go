@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+type statusJSON struct {
+	Type        string `json:"type"`
+	Shards      int    `json:"shards"`
+	Coordinator struct {
+		Region string `json:"region"`
+		Epoch  uint64 `json:"epoch"`
+	} `json:"coordinator"`
+	CoordinatorAnswered bool `json:"coordinator_answered"`
+	Regions             int  `json:"regions"`
+	Allocated           int  `json:"allocated"`
+	Active              int  `json:"active"`
+	Unowned             int  `json:"unowned"`
+}
+
+func cmdStatus(ctx context.Context, c *client, _ []string, out io.Writer) error {
+	v, err := c.view(ctx)
+	if err != nil {
+		return err
+	}
+	var s statusJSON
+	s.Type, s.Shards = v.Type, v.Shards
+	s.Coordinator.Region, s.Coordinator.Epoch = v.Coordinator.Region, v.Coordinator.Epoch
+	s.CoordinatorAnswered = v.Answered
+	s.Regions = len(v.Regions)
+	for _, r := range v.Table {
+		switch {
+		case r.Region == "":
+			s.Unowned++
+		case r.State == "active":
+			s.Active++
+			s.Allocated++
+		default:
+			s.Allocated++
+		}
+	}
+	if c.opts.JSON {
+		return writeJSON(out, s)
+	}
+	coord := "none"
+	if s.Coordinator.Region != "" {
+		coord = fmt.Sprintf("%s (epoch %d)", s.Coordinator.Region, s.Coordinator.Epoch)
+	}
+	fmt.Fprintf(out, "type:        %s (%d shards)\n", s.Type, s.Shards)
+	fmt.Fprintf(out, "coordinator: %s\n", coord)
+	fmt.Fprintf(out, "regions:     %d\n", s.Regions)
+	fmt.Fprintf(out, "shards:      %d allocated (%d active), %d unowned\n", s.Allocated, s.Active, s.Unowned)
+	if !v.Answered {
+		fmt.Fprintln(out, "note:        no coordinator answered; this is what KV holds")
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// config is shardd's configuration: flags, with NATSHARD_* environment
+// variables (and NATS_URL) as defaults.
+type config struct {
+	NATS          string
+	Listen        string
+	DataDir       string
+	Type          string
+	Kind          string
+	Shards        int
+	Region        string
+	Version       string
+	NoCoordinator bool
+	MinRegions    int
+	Replicas      int
+	IdleTimeout   time.Duration
+	LeaseTTL      time.Duration
+	DataPrefix    string
+	ControlPrefix string
+	LogLevel      string
+	LogFormat     string
+}
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var c config
+	fs := flag.NewFlagSet("shardd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join.\n\nFlags (environment variable in brackets):\n")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&c.NATS, "nats", env("NATS_URL", ""), "NATS server URL(s), comma-separated; empty starts an embedded server [NATS_URL]")
+	fs.StringVar(&c.Listen, "listen", env("NATSHARD_LISTEN", "127.0.0.1:4222"), "address of the embedded NATS server [NATSHARD_LISTEN]")
+	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", defaultDataDir(getenv)), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
+	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
+	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "built-in entity kind: kv or echo [NATSHARD_KIND]")
+	shards := fs.String("shards", env("NATSHARD_SHARDS", "0"), "shard count; 0 uses the stored count, or 128 for a new type [NATSHARD_SHARDS]")
+	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", defaultRegion()), "region id, unique per process [NATSHARD_REGION]")
+	fs.StringVar(&c.Version, "app-version", env("NATSHARD_APP_VERSION", ""), "application version of this process, for rolling updates [NATSHARD_APP_VERSION]")
+	noCoord := fs.String("no-coordinator", env("NATSHARD_NO_COORDINATOR", "false"), "host a region but never take the coordinator lease [NATSHARD_NO_COORDINATOR]")
+	minRegions := fs.String("min-regions", env("NATSHARD_MIN_REGIONS", "1"), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
+	replicas := fs.String("replicas", env("NATSHARD_REPLICAS", "1"), "replicas of the KV bucket (3 on a cluster) [NATSHARD_REPLICAS]")
+	idle := fs.String("idle-timeout", env("NATSHARD_IDLE_TIMEOUT", "120s"), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
+	lease := fs.String("lease-ttl", env("NATSHARD_LEASE_TTL", "4s"), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
+	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
+	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
+	fs.StringVar(&c.LogLevel, "log-level", env("NATSHARD_LOG_LEVEL", "info"), "debug, info, warn or error [NATSHARD_LOG_LEVEL]")
+	fs.StringVar(&c.LogFormat, "log-format", env("NATSHARD_LOG_FORMAT", "text"), "text or json [NATSHARD_LOG_FORMAT]")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q (shardd takes only flags)", fs.Arg(0))
+	}
+	var errs []error
+	num := func(name, s string, dst *int) {
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %q is not a whole number", name, s))
+		}
+		*dst = v
+	}
+	dur := func(name, s string, dst *time.Duration) {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %q is not a duration (like 120s)", name, s))
+		}
+		*dst = v
+	}
+	num("shards", *shards, &c.Shards)
+	num("min-regions", *minRegions, &c.MinRegions)
+	num("replicas", *replicas, &c.Replicas)
+	dur("idle-timeout", *idle, &c.IdleTimeout)
+	dur("lease-ttl", *lease, &c.LeaseTTL)
+	b, err := strconv.ParseBool(*noCoord)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--no-coordinator: %q is not true or false", *noCoord))
+	}
+	c.NoCoordinator = b
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	return c, c.Validate()
+}
+
+// Validate checks the configuration and names the field at fault.
+func (c *config) Validate() error {
+	var errs []error
+	if err := protocol.ValidateName("--type", c.Type); err != nil {
+		errs = append(errs, err)
+	}
+	if err := protocol.ValidateName("--region", c.Region); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, "t"); err != nil {
+		errs = append(errs, fmt.Errorf("--data-prefix/--control-prefix: %w", err))
+	}
+	if c.Kind != "kv" && c.Kind != "echo" {
+		errs = append(errs, fmt.Errorf("--kind: %q is not kv or echo", c.Kind))
+	}
+	if c.Shards < 0 || c.Shards > protocol.MaxShards {
+		errs = append(errs, fmt.Errorf("--shards: %d is out of range 0..%d", c.Shards, protocol.MaxShards))
+	}
+	if c.MinRegions < 0 {
+		errs = append(errs, fmt.Errorf("--min-regions: %d is negative", c.MinRegions))
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("--replicas: %d is out of range 1..5", c.Replicas))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--idle-timeout: %s is negative", c.IdleTimeout))
+	}
+	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
+	}
+	if c.NATS == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir: needed for the embedded server"))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format: %q is not text or json", c.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level: %q is not debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// defaultRegion is hostname-pid, reduced to the characters region ids allow.
+func defaultRegion() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "shardd"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '-'
+	}, host)
+	if len(host) > 40 {
+		host = host[:40]
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// defaultDataDir is $XDG_STATE_HOME/natshard, or ~/.local/state/natshard.
+func defaultDataDir(getenv func(string) string) string {
+	if d := getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "natshard")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".local", "state", "natshard")
+}

@@ -1,0 +1,199 @@
+// Command shardd runs a natshard region and coordinator candidate for one
+// entity type, with built-in entity kinds (kv, echo). With no NATS URL it
+// starts an embedded NATS server with JetStream.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// A second signal forces exit.
+		<-ctx.Done()
+		stop()
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+		<-c
+		fmt.Fprintln(os.Stderr, "shardd: second signal, exiting at once")
+		os.Exit(2)
+	}()
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "shardd:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts shardd and blocks until ctx ends, then shuts down gracefully:
+// the region stops serving and deregisters (entities persist), the
+// coordinator lease is released, the connection drained.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	level, _ := parseLevel(cfg.LogLevel)
+	var handler slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	if cfg.LogFormat == "json" {
+		handler = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(handler).With("type", cfg.Type)
+
+	url := cfg.NATS
+	if url == "" {
+		srv, err := startEmbedded(cfg.Listen, cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		url = srv.ClientURL()
+		log.Info("embedded NATS server started", "url", url, "data_dir", cfg.DataDir)
+	}
+
+	// The region is created after the connection; the disconnect handler
+	// reaches it through this variable.
+	var agentMu sync.Mutex
+	var agent *region.Agent
+	nc, err := nats.Connect(url,
+		nats.Name("shardd "+cfg.Region),
+		nats.PingInterval(2*time.Second), // notice a dead server in seconds (DESIGN.md 6)
+		nats.MaxPingsOutstanding(2),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500*time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("disconnected from NATS", "err", err)
+			agentMu.Lock()
+			defer agentMu.Unlock()
+			if agent != nil {
+				agent.Fence("disconnected from NATS")
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrl()) }),
+	)
+	if err != nil {
+		return fmt.Errorf("cannot connect to NATS at %s: %w", url, err)
+	}
+	defer nc.Close()
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	store, err := kvstate.Open(ctx, js, cfg.Type, kvstate.Options{Replicas: cfg.Replicas})
+	if err != nil {
+		return fmt.Errorf("open KV bucket of type %q: %w", cfg.Type, err)
+	}
+	shards, err := ensureShards(ctx, store, cfg.Shards)
+	if err != nil {
+		return err
+	}
+	subjects, err := protocol.NewSubjects(cfg.DataPrefix, cfg.ControlPrefix, cfg.Type)
+	if err != nil {
+		return err
+	}
+	factory := entities.Echo()
+	if cfg.Kind == "kv" {
+		factory = entities.KV(store)
+	}
+	a, err := region.Open(ctx, region.Config{
+		Conn: nc, Store: store, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
+		Factory: factory, IdleTimeout: idleOrNever(cfg.IdleTimeout), LeaseTTL: cfg.LeaseTTL, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	agentMu.Lock()
+	agent = a
+	agentMu.Unlock()
+
+	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
+	coordDone := make(chan struct{})
+	if cfg.NoCoordinator {
+		close(coordDone)
+	} else {
+		node := coordinator.New(coordinator.Config{
+			Conn: nc, Store: store, Subjects: subjects, Shards: shards, Region: cfg.Region,
+			MinRegions: cfg.MinRegions, LeaseTTL: cfg.LeaseTTL, Logger: log,
+		})
+		go func() {
+			defer close(coordDone)
+			if err := node.Run(coordCtx); err != nil {
+				log.Error("coordinator stopped", "err", err)
+			}
+		}()
+	}
+	log.Info("shardd running", "region", cfg.Region, "kind", cfg.Kind, "shards", shards, "nats", url, "coordinator_candidate", !cfg.NoCoordinator)
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.Close(sctx); err != nil {
+		log.Warn("region close", "err", err)
+	}
+	stopCoord()
+	<-coordDone
+	if err := nc.Drain(); err != nil {
+		log.Warn("drain", "err", err)
+	}
+	for !nc.IsClosed() && sctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// ensureShards returns the type's shard count: the stored one, which a
+// non-zero flag must match, or the flag (default 128) for a new type.
+func ensureShards(ctx context.Context, store *kvstate.Store, flagShards int) (int, error) {
+	want := flagShards
+	if want == 0 {
+		cfg, err := store.Config(ctx)
+		switch {
+		case err == nil:
+			return cfg.Shards, nil
+		case !errors.Is(err, kvstate.ErrNotFound):
+			return 0, fmt.Errorf("read type configuration: %w", err)
+		}
+		want = protocol.DefaultShards
+	}
+	got, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: want})
+	if err != nil {
+		if errors.Is(err, kvstate.ErrConfigMismatch) {
+			return 0, fmt.Errorf("--shards %d disagrees with the type's stored shard count %d; the shard count of a type cannot change while it has data (%w)", want, got.Shards, err)
+		}
+		return 0, fmt.Errorf("store type configuration: %w", err)
+	}
+	return got.Shards, nil
+}
+
+func idleOrNever(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}

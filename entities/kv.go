@@ -1,0 +1,319 @@
+package entities
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math/big"
+
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/region"
+)
+
+// MaxDocumentSize bounds the JSON encoding of a kv entity's document.
+const MaxDocumentSize = 1 << 20
+
+// Errors of kv entities, returned (wrapped) by Handle with the
+// {"ok":false,...} answer; test for them with errors.Is. Store failures are
+// returned wrapped as they come from the StateStore.
+var (
+	// ErrBadRequest: malformed JSON, unknown op, missing key or value, or
+	// a value of the wrong type for the operation.
+	ErrBadRequest = errors.New("bad request")
+	// ErrDocumentTooLarge: the change would make the document larger than
+	// MaxDocumentSize.
+	ErrDocumentTooLarge = errors.New("document too large")
+)
+
+// KV returns the factory of kv entities: persistent JSON documents stored in
+// store under the entity id (see the package documentation). The factory
+// loads the document; a missing state is an empty document.
+func KV(store StateStore) region.Factory {
+	if store == nil {
+		panic("entities: KV with a nil StateStore")
+	}
+	return func(ctx context.Context, id string) (region.Entity, error) {
+		doc, rev, err := loadDocument(ctx, store, id)
+		if err != nil {
+			return nil, err
+		}
+		return &kvEntity{store: store, id: id, doc: doc, rev: rev}, nil
+	}
+}
+
+// kvEntity is one document. The region calls it from one goroutine at a
+// time, so it needs no lock.
+type kvEntity struct {
+	store StateStore
+	id    string
+	doc   map[string]any // never nil; values as decoded with UseNumber
+	rev   uint64         // revision of doc in the store; 0: not stored yet
+}
+
+// loadDocument reads the document of id.
+func loadDocument(ctx context.Context, store StateStore, id string) (map[string]any, uint64, error) {
+	data, rev, err := store.LoadEntity(ctx, id)
+	if errors.Is(err, kvstate.ErrNotFound) {
+		return map[string]any{}, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("load state of %q: %w", id, err)
+	}
+	var doc map[string]any
+	if err := decodeStrict(data, &doc); err != nil || doc == nil {
+		if err == nil {
+			err = errors.New("not a JSON object")
+		}
+		return nil, 0, fmt.Errorf("load state of %q: %w: %v", id, kvstate.ErrMalformed, err)
+	}
+	return doc, rev, nil
+}
+
+// decodeStrict decodes exactly one JSON value from data, keeping numbers as
+// json.Number.
+func decodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty input")
+		}
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("data after the JSON value")
+	}
+	return nil
+}
+
+// kvRequest is a decoded request.
+type kvRequest struct {
+	op    string
+	key   string
+	hasK  bool
+	value any
+	hasV  bool
+	by    *big.Int // incr only
+}
+
+func parseRequest(data []byte) (kvRequest, error) {
+	var raw struct {
+		Op    *string         `json:"op"`
+		Key   *string         `json:"key"`
+		Value json.RawMessage `json:"value"`
+		By    json.RawMessage `json:"by"`
+	}
+	if err := decodeStrict(data, &raw); err != nil {
+		return kvRequest{}, badRequest("malformed request: %v", err)
+	}
+	if raw.Op == nil {
+		return kvRequest{}, badRequest("missing op")
+	}
+	r := kvRequest{op: *raw.Op}
+	if raw.Key != nil {
+		r.key, r.hasK = *raw.Key, true
+	}
+	if raw.Value != nil {
+		if err := decodeStrict(raw.Value, &r.value); err != nil {
+			return kvRequest{}, badRequest("malformed value: %v", err)
+		}
+		r.hasV = true
+	}
+	switch r.op {
+	case "get":
+		return r, nil
+	case "set", "append":
+		if !r.hasV {
+			return kvRequest{}, badRequest("%s needs a value", r.op)
+		}
+	case "incr":
+		r.by = big.NewInt(1)
+		if raw.By != nil {
+			var by any
+			if err := decodeStrict(raw.By, &by); err != nil {
+				return kvRequest{}, badRequest("malformed by: %v", err)
+			}
+			n, ok := integer(by)
+			if !ok {
+				return kvRequest{}, badRequest("by must be an integer, not %s", describe(by))
+			}
+			r.by = n
+		}
+	case "delete":
+	case "":
+		return kvRequest{}, badRequest("missing op")
+	default:
+		return kvRequest{}, badRequest("unknown op %q (want get, set, incr, append or delete)", r.op)
+	}
+	if !r.hasK {
+		return kvRequest{}, badRequest("%s needs a key", r.op)
+	}
+	return r, nil
+}
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+// integer returns v as an integer when it is a JSON integer literal.
+func integer(v any) (*big.Int, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return nil, false
+	}
+	return new(big.Int).SetString(string(n), 10)
+}
+
+// describe names the JSON type of v for error messages.
+func describe(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		if _, ok := integer(v); ok {
+			return "an integer"
+		}
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// apply computes the effect of r on doc without changing doc. It returns
+// the new document (nil when unchanged) and the value to answer.
+func apply(doc map[string]any, r kvRequest) (next map[string]any, value any, err error) {
+	if r.op == "get" {
+		if !r.hasK {
+			return nil, doc, nil
+		}
+		return nil, doc[r.key], nil
+	}
+	cur, exists := doc[r.key]
+	switch r.op {
+	case "set":
+		value = r.value
+	case "incr":
+		n := new(big.Int)
+		if exists {
+			var ok bool
+			if n, ok = integer(cur); !ok {
+				return nil, nil, badRequest("incr: the value at %q is %s, not an integer", r.key, describe(cur))
+			}
+		}
+		value = json.Number(n.Add(n, r.by).String())
+	case "append":
+		switch c := cur.(type) {
+		case nil:
+			if exists {
+				return nil, nil, badRequest("append: the value at %q is null, not an array or a string", r.key)
+			}
+			value = []any{r.value}
+		case []any:
+			value = append(c[:len(c):len(c)], r.value) // copies: doc keeps its array
+		case string:
+			s, ok := r.value.(string)
+			if !ok {
+				return nil, nil, badRequest("append: cannot append %s to the string at %q", describe(r.value), r.key)
+			}
+			value = c + s
+		default:
+			return nil, nil, badRequest("append: the value at %q is %s, not an array or a string", r.key, describe(cur))
+		}
+	case "delete":
+		if !exists {
+			return nil, nil, nil
+		}
+		next = maps.Clone(doc)
+		delete(next, r.key)
+		return next, nil, nil
+	}
+	next = maps.Clone(doc)
+	next[r.key] = value
+	return next, value, nil
+}
+
+// encodeJSON encodes v without HTML escaping and without trailing newline.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// Handle applies one request (see the package documentation).
+func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error) {
+	r, err := parseRequest(m.Data)
+	if err != nil {
+		return failure(err)
+	}
+	for attempt := 0; ; attempt++ {
+		next, value, err := apply(e.doc, r)
+		if err != nil {
+			return failure(err)
+		}
+		if next == nil {
+			return success(value)
+		}
+		data, err := encodeJSON(next)
+		if err != nil {
+			return failure(fmt.Errorf("encode document: %w", err))
+		}
+		if len(data) > MaxDocumentSize {
+			return failure(fmt.Errorf("%w: %d bytes after %s, at most %d", ErrDocumentTooLarge, len(data), r.op, MaxDocumentSize))
+		}
+		rev, err := e.store.SaveEntity(ctx, e.id, data, e.rev)
+		if err == nil {
+			e.doc, e.rev = next, rev
+			return success(value)
+		}
+		if !errors.Is(err, kvstate.ErrConflict) || attempt > 0 {
+			return failure(fmt.Errorf("save state: %w", err))
+		}
+		// Someone else wrote the state: take theirs and apply once more.
+		doc, rev, lerr := loadDocument(ctx, e.store, e.id)
+		if lerr != nil {
+			return failure(fmt.Errorf("save state: %w; reload: %w", err, lerr))
+		}
+		e.doc, e.rev = doc, rev
+	}
+}
+
+// Stop does nothing: every change was saved when it was made.
+func (e *kvEntity) Stop(context.Context) error { return nil }
+
+// kvFailure is the answer to a request that failed.
+type kvFailure struct {
+	OK    bool   `json:"ok"` // always false
+	Error string `json:"error"`
+}
+
+func success(value any) ([]byte, error) {
+	// value is always written, null included: encode by hand around it.
+	v, err := encodeJSON(value)
+	if err != nil {
+		return failure(fmt.Errorf("encode value: %w", err))
+	}
+	out := make([]byte, 0, len(v)+20)
+	out = append(out, `{"ok":true,"value":`...)
+	out = append(out, v...)
+	return append(out, '}'), nil
+}
+
+func failure(err error) ([]byte, error) {
+	body, _ := encodeJSON(kvFailure{Error: err.Error()})
+	return body, err
+}

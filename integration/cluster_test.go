@@ -1,0 +1,199 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
+)
+
+const entities = 1000
+
+// TestThreeShardd runs three shardd processes against the embedded NATS
+// server of the first, and proves (DESIGN.md 7): every shard has exactly one
+// owner; kv entities keep their state; after kill -9 of a region its shards
+// are re-homed and every entity answers with its persisted state; after
+// kill -9 of the coordinator another takes the lease, no shard with a live
+// owner moves and the table is intact. It prints the re-home and failover
+// times it saw.
+func TestThreeShardd(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	subjects := protocol.MustSubjects("", "", "kv")
+	common := []string{"--type", "kv", "--kind", "kv", "--min-regions", "3"}
+	start := func(name string, extra ...string) *proc {
+		args := append([]string{"--region", name}, common...)
+		return startShardd(t, name, append(args, extra...)...)
+	}
+	// a hosts the embedded server and never coordinates, so that killing
+	// the coordinator's process does not kill NATS.
+	procs := map[string]*proc{
+		"a": start("a", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", t.TempDir(), "--no-coordinator"),
+	}
+	nc := connect(t, url)
+	procs["b"] = start("b", "--nats", url)
+	procs["c"] = start("c", "--nats", url)
+
+	st := waitSettled(t, nc, subjects, 60*time.Second, "a", "b", "c")
+	for _, r := range st.Regions {
+		if r.Shards == 0 {
+			t.Fatalf("region %s got no shard with --min-regions 3: %+v", r.ID, st.Regions)
+		}
+	}
+	assertSingleOwner(t, nc, subjects, st.Shards)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range entities {
+		subject := subjects.EntityOf(entityID(i), st.Shards)
+		if _, err := kvRequest(ctx, nc, subject, fmt.Sprintf(`{"op":"set","key":"n","value":%d}`, i)); err != nil {
+			t.Fatalf("set entity %d: %v", i, err)
+		}
+		if out, err := kvRequest(ctx, nc, subject, `{"op":"incr","key":"hits"}`); err != nil || fmt.Sprint(out["value"]) != "1" {
+			t.Fatalf("incr entity %d: %v %v", i, out, err)
+		}
+	}
+	assertEntities(t, nc, subjects, st.Shards)
+
+	// kill -9 of a region that is not the coordinator.
+	coord := st.Coordinator.Region
+	victim := map[string]string{"b": "c", "c": "b"}[coord]
+	if victim == "" {
+		t.Fatalf("coordinator is %q, want b or c", coord)
+	}
+	before := owners(st)
+	t0 := time.Now()
+	procs[victim].kill()
+	st = waitSettled(t, nc, subjects, 30*time.Second, "a", coord)
+	t.Logf("re-home after kill -9 of region %s (%d shards): %s", victim, countOwned(before, victim), time.Since(t0).Round(time.Millisecond))
+	assertKept(t, before, owners(st), victim)
+	assertSingleOwner(t, nc, subjects, st.Shards)
+	assertEntities(t, nc, subjects, st.Shards)
+
+	// The killed region comes back (a new incarnation under the same id).
+	procs[victim] = start(victim, "--nats", url)
+	st = waitSettled(t, nc, subjects, 30*time.Second, "a", coord, victim)
+
+	// kill -9 of the coordinator's process.
+	before, epoch := owners(st), st.Coordinator.Epoch
+	t0 = time.Now()
+	procs[coord].kill()
+	eventually(t, 30*time.Second, "a new coordinator", func() error {
+		s, err := status(nc, subjects)
+		if err != nil {
+			return err
+		}
+		if s.Coordinator.Epoch <= epoch || s.Coordinator.Region != victim {
+			return fmt.Errorf("coordinator %s epoch %d", s.Coordinator.Region, s.Coordinator.Epoch)
+		}
+		return nil
+	})
+	failover := time.Since(t0)
+	st = waitSettled(t, nc, subjects, 30*time.Second, "a", victim)
+	t.Logf("coordinator failover after kill -9 of %s: new coordinator %s (epoch %d -> %d) in %s; its %d shards re-homed in %s",
+		coord, st.Coordinator.Region, epoch, st.Coordinator.Epoch, failover.Round(time.Millisecond), countOwned(before, coord), time.Since(t0).Round(time.Millisecond))
+	assertKept(t, before, owners(st), coord)
+	assertSingleOwner(t, nc, subjects, st.Shards)
+	assertEntities(t, nc, subjects, st.Shards)
+
+	// Graceful stops exit 0.
+	for _, name := range []string{victim, "a"} {
+		if err := procs[name].stop(30 * time.Second); err != nil {
+			t.Errorf("graceful stop of %s: %v\n%s", name, err, lastLines(procs[name].log.String(), 30))
+		}
+	}
+}
+
+func entityID(i int) string { return fmt.Sprintf("e-%d", i) }
+
+func waitSettled(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, timeout time.Duration, live ...string) protocol.Status {
+	t.Helper()
+	var st protocol.Status
+	eventually(t, timeout, fmt.Sprintf("all shards active on %v", live), func() error {
+		var err error
+		if st, err = status(nc, subjects); err != nil {
+			return err
+		}
+		return settled(st, live...)
+	})
+	return st
+}
+
+func countOwned(m map[int]string, region string) int {
+	n := 0
+	for _, r := range m {
+		if r == region {
+			n++
+		}
+	}
+	return n
+}
+
+// assertKept checks that every shard not owned by gone kept its owner.
+func assertKept(t *testing.T, before, after map[int]string, gone string) {
+	t.Helper()
+	if len(after) != len(before) {
+		t.Fatalf("table has %d rows, had %d", len(after), len(before))
+	}
+	for s, r := range before {
+		if r != gone && after[s] != r {
+			t.Errorf("shard %d moved from live region %s to %s", s, r, after[s])
+		}
+	}
+}
+
+// assertSingleOwner sends one request per shard to an inbox that collects
+// every answer: a shard served by two regions would answer twice.
+func assertSingleOwner(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shards int) {
+	t.Helper()
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	probe := make(map[int]string, shards)
+	for i := 0; len(probe) < shards; i++ {
+		id := fmt.Sprintf("owner-probe-%d", i)
+		if s := protocol.ShardOf(id, shards); probe[s] == "" {
+			probe[s] = id
+			if err := nc.PublishRequest(subjects.Entity(s, id), inbox, []byte(`{"op":"get"}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	answers := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := sub.NextMsg(time.Until(deadline)); err != nil {
+			break
+		}
+		answers++
+		if answers == shards {
+			// Wait a little longer for a second answer that should not come.
+			deadline = time.Now().Add(500 * time.Millisecond)
+		}
+	}
+	if answers != shards {
+		t.Fatalf("%d answers to %d requests, one per shard: a shard has %s", answers, shards, map[bool]string{true: "two owners", false: "no owner"}[answers > shards])
+	}
+}
+
+// assertEntities checks that every entity answers with the state it was given.
+func assertEntities(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shards int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range entities {
+		out, err := kvRequest(ctx, nc, subjects.EntityOf(entityID(i), shards), `{"op":"get","key":"n"}`)
+		if err != nil {
+			t.Fatalf("entity %d: %v", i, err)
+		}
+		if fmt.Sprint(out["value"]) != fmt.Sprint(i) || out["ok"] != true {
+			t.Fatalf("entity %d answered %v, want value %d", i, out, i)
+		}
+	}
+}

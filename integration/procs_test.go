@@ -1,0 +1,222 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "natshard-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, name := range []string{"shardd", "shardctl"} {
+		cmd := exec.Command("go", "build", "-race", "-o", filepath.Join(dir, name), "github.com/natshard/natshard/cmd/"+name)
+		if !raceEnabled {
+			cmd = exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/natshard/natshard/cmd/"+name)
+		}
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building", name, ":", err)
+			os.Exit(1)
+		}
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running shardd.
+type proc struct {
+	t       *testing.T
+	name    string
+	cmd     *exec.Cmd
+	log     *syncBuffer
+	done    chan struct{}
+	exitErr error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startShardd starts shardd with args; its log is printed if the test fails.
+func startShardd(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, log: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(filepath.Join(binDir, "shardd"), args...)
+	p.cmd.Env = append(os.Environ(), "NATS_URL=", "NATSHARD_LOG_LEVEL=debug")
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start shardd %s: %v", name, err)
+	}
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("---- log of shardd %s ----\n%s", name, lastLines(p.log.String(), 80))
+		}
+	})
+	return p
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop sends SIGTERM and waits for a graceful exit.
+func (p *proc) stop(timeout time.Duration) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.exitErr
+	case <-time.After(timeout):
+		return fmt.Errorf("shardd %s did not exit within %s", p.name, timeout)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// eventually polls f until it returns nil or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %v", what, timeout, err)
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	var nc *nats.Conn
+	eventually(t, 20*time.Second, "connect to NATS", func() error {
+		var err error
+		nc, err = nats.Connect(url, nats.MaxReconnects(-1))
+		return err
+	})
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// status asks the coordinator for its status.
+func status(nc *nats.Conn, subjects protocol.Subjects) (protocol.Status, error) {
+	var st protocol.Status
+	m, err := nc.Request(subjects.Admin(protocol.AdminStatus), nil, 2*time.Second)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(m.Data, &st)
+}
+
+// settled checks that every shard is active on one of the live regions and
+// that the coordinator lists exactly those regions.
+func settled(st protocol.Status, live ...string) error {
+	if len(st.Table) != st.Shards {
+		return fmt.Errorf("table has %d rows, want %d", len(st.Table), st.Shards)
+	}
+	isLive := map[string]bool{}
+	for _, r := range live {
+		isLive[r] = true
+	}
+	if len(st.Regions) != len(live) {
+		return fmt.Errorf("coordinator lists %d regions, want %v", len(st.Regions), live)
+	}
+	for _, r := range st.Regions {
+		if !isLive[r.ID] {
+			return fmt.Errorf("coordinator lists region %s, want %v", r.ID, live)
+		}
+	}
+	for _, s := range st.Table {
+		if s.State != "active" || !isLive[s.Region] {
+			return fmt.Errorf("shard %d is %s on %q", s.Shard, s.State, s.Region)
+		}
+	}
+	return nil
+}
+
+// owners maps shard -> region.
+func owners(st protocol.Status) map[int]string {
+	m := make(map[int]string, len(st.Table))
+	for _, s := range st.Table {
+		m[s.Shard] = s.Region
+	}
+	return m
+}
+
+// kvRequest sends a kv entity request and decodes {"ok":..,"value":..}.
+func kvRequest(ctx context.Context, nc *nats.Conn, subject, body string) (map[string]any, error) {
+	m, err := nc.RequestWithContext(ctx, subject, []byte(body))
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(m.Data, &out); err != nil {
+		return nil, fmt.Errorf("reply %q: %w", m.Data, err)
+	}
+	if e := m.Header.Get(protocol.HeaderError); e != "" {
+		return out, fmt.Errorf("error header: %s", e)
+	}
+	return out, nil
+}

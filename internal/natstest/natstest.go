@@ -1,0 +1,201 @@
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// PingInterval is the servers' client ping interval: short, so that a dead
+// client is noticed quickly.
+const PingInterval = time.Second
+
+// startTimeout bounds how long a server may take to accept connections, and
+// a cluster to elect its JetStream meta leader.
+const startTimeout = 30 * time.Second
+
+// DefaultOptions returns the options RunServer uses: 127.0.0.1, random
+// client port, JetStream storing in a fresh t.TempDir(), short ping
+// interval, no logging, no signal handlers.
+func DefaultOptions(t testing.TB) *server.Options {
+	t.Helper()
+	return &server.Options{
+		ServerName:         "natstest",
+		Host:               "127.0.0.1",
+		Port:               -1,
+		NoLog:              os.Getenv("NATSTEST_LOG") == "",
+		NoSigs:             true,
+		PingInterval:       PingInterval,
+		MaxPingsOut:        2,
+		JetStream:          true,
+		StoreDir:           t.TempDir(),
+		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  1 << 30,
+	}
+}
+
+// RunServer starts a single server with JetStream (DefaultOptions) and
+// shuts it down on cleanup.
+func RunServer(t testing.TB) *server.Server {
+	t.Helper()
+	return RunServerWithOptions(t, DefaultOptions(t))
+}
+
+// RunServerWithOptions starts a server with opts, waits until it accepts
+// connections (and, with JetStream, until JetStream is enabled) and shuts it
+// down on cleanup.
+func RunServerWithOptions(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("natstest: new server: %v", err)
+	}
+	if !opts.NoLog {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	t.Cleanup(func() { Shutdown(s) })
+	if !s.ReadyForConnections(startTimeout) {
+		t.Fatalf("natstest: server %s not ready for connections after %v", opts.ServerName, startTimeout)
+	}
+	if opts.JetStream && opts.Cluster.Port == 0 {
+		waitFor(t, "JetStream enabled", func() bool { return s.JetStreamEnabled() })
+	}
+	return s
+}
+
+// URL is the client URL of s (nats://127.0.0.1:port).
+func URL(s *server.Server) string { return s.ClientURL() }
+
+// Shutdown stops s and waits until it is down. Calling it for a server that
+// is already down is harmless.
+func Shutdown(s *server.Server) {
+	s.Shutdown()
+	s.WaitForShutdown()
+}
+
+// RunCluster starts an n-server JetStream cluster on 127.0.0.1: random
+// client ports, cluster ports picked free beforehand and routed to each
+// other, each server storing into its own t.TempDir(). It returns once the
+// JetStream meta leader is elected and sees all n peers. The servers shut
+// down on cleanup; Shutdown stops one of them earlier.
+func RunCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("natstest: cluster of %d servers", n)
+	}
+	ports := freePorts(t, n)
+	routes := make([]*url.URL, n)
+	for i, p := range ports {
+		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)}
+	}
+	name := fmt.Sprintf("natstest-%d", time.Now().UnixNano()%1_000_000)
+	servers := make([]*server.Server, n)
+	for i := range n {
+		opts := DefaultOptions(t)
+		opts.ServerName = fmt.Sprintf("%s-s%d", name, i+1)
+		opts.Cluster = server.ClusterOpts{
+			Name:     name,
+			Host:     "127.0.0.1",
+			Port:     ports[i],
+			PoolSize: -1,
+		}
+		opts.Routes = routes
+		servers[i] = RunServerWithOptions(t, opts)
+	}
+	waitFor(t, fmt.Sprintf("JetStream meta leader with %d peers", n), func() bool {
+		l := MetaLeader(servers)
+		return l != nil && len(l.JetStreamClusterPeers()) == n
+	})
+	return servers
+}
+
+// MetaLeader returns the server among servers that is the JetStream meta
+// leader, or nil.
+func MetaLeader(servers []*server.Server) *server.Server {
+	for _, s := range servers {
+		if s.Running() && s.JetStreamIsLeader() {
+			return s
+		}
+	}
+	return nil
+}
+
+// ClusterURLs is the comma-separated list of the client URLs of servers, as
+// nats.Connect takes it.
+func ClusterURLs(servers []*server.Server) string {
+	urls := make([]string, len(servers))
+	for i, s := range servers {
+		urls[i] = s.ClientURL()
+	}
+	return strings.Join(urls, ",")
+}
+
+// Connect connects to url and closes the connection on cleanup. The
+// connection gives up reconnecting after a few seconds, so tests that stop
+// servers do not hang.
+func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.Name(t.Name()),
+		nats.ReconnectWait(100 * time.Millisecond),
+		nats.MaxReconnects(50),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		t.Fatalf("natstest: connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream returns a JetStream context on nc.
+func JetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	return js
+}
+
+// freePorts returns n distinct ports of 127.0.0.1 that were free a moment
+// ago. The listeners are all held until every port is picked, so the ports
+// are distinct; another process may still grab one before the server binds
+// it, which makes the server fail to start.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	ls := make([]net.Listener, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: pick a free port: %v", err)
+		}
+		ls[i] = l
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+func waitFor(t testing.TB, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: no %s after %v", what, startTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

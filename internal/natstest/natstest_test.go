@@ -1,0 +1,60 @@
+package natstest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
+)
+
+func TestRunServer(t *testing.T) {
+	s := natstest.RunServer(t)
+	if !s.JetStreamEnabled() {
+		t.Fatal("JetStream not enabled")
+	}
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(s)))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunCluster creates an R3 stream and keeps writing to it after its
+// leader shut down.
+func TestRunCluster(t *testing.T) {
+	servers := natstest.RunCluster(t, 3)
+	if natstest.MetaLeader(servers) == nil {
+		t.Fatal("no meta leader")
+	}
+	nc := natstest.Connect(t, natstest.ClusterURLs(servers))
+	js := natstest.JetStream(t, nc)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s.1", nil); err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		if s.Name() == info.Cluster.Leader {
+			natstest.Shutdown(s)
+		}
+	}
+	for {
+		if _, err := js.Publish(ctx, "s.2", nil); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatalf("no publish after the stream leader %s shut down: %v", info.Cluster.Leader, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

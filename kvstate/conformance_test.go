@@ -1,0 +1,889 @@
+package kvstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/protocol"
+)
+
+// TestConformance runs the conformance suite against a single server with
+// an R1 bucket and against a three-server cluster with an R3 bucket. Each
+// backend is started once and shared by the suite's parallel subtests, each
+// of which works on buckets of its own.
+func TestConformance(t *testing.T) {
+	t.Run("R1", func(t *testing.T) {
+		t.Parallel()
+		srv := natstest.RunServer(t)
+		testConformance(t, storeFactory(natstest.URL(srv), 1))
+	})
+	t.Run("R3", func(t *testing.T) {
+		t.Parallel()
+		servers := natstest.RunCluster(t, 3)
+		testConformance(t, storeFactory(natstest.ClusterURLs(servers), 3))
+	})
+}
+
+var typeSeq atomic.Int64
+
+// storeFactory returns a function opening a Store of a new type, on a
+// connection of its own to url.
+func storeFactory(url string, replicas int) func(t *testing.T) *Store {
+	return func(t *testing.T) *Store {
+		t.Helper()
+		typ := fmt.Sprintf("t%d", typeSeq.Add(1))
+		return openStore(t, url, typ, Options{Replicas: replicas})
+	}
+}
+
+func openStore(t *testing.T, url, typ string, opts Options) *Store {
+	t.Helper()
+	nc := natstest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	s, err := Open(ctx, natstest.JetStream(t, nc), typ, opts)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", typ, err)
+	}
+	return s
+}
+
+// peer opens another Store on s's bucket, with a connection of its own to
+// url ("" means the servers s knows).
+func peer(t *testing.T, s *Store, url string) *Store {
+	t.Helper()
+	if url == "" {
+		url = strings.Join(s.nc.Servers(), ",")
+	}
+	return openStore(t, url, strings.TrimPrefix(s.bucket, "natshard_"), s.opts)
+}
+
+// testConformance is the suite every backend must pass. newStore opens a
+// Store of a type no other test uses.
+func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T, newStore func(t *testing.T) *Store)
+	}{
+		{"Config", testConfig},
+		{"OpenTwice", testOpenTwice},
+		{"CoordinatorAcquire", testCoordinatorAcquire},
+		{"CoordinatorRenewAndExpiry", testCoordinatorRenewAndExpiry},
+		{"CoordinatorRelease", testCoordinatorRelease},
+		{"CoordinatorDepose", testCoordinatorDepose},
+		{"PutShardFenced", testPutShardFenced},
+		{"PutShardConcurrent", testPutShardConcurrent},
+		{"ConsistentReads", testConsistentReads},
+		{"Registry", testRegistry},
+		{"RegistryWatchAndExpiry", testRegistryWatchAndExpiry},
+		{"WatchCoordinator", testWatchCoordinator},
+		{"Entities", testEntities},
+		{"EntityOddIDs", testEntityOddIDs},
+		{"ClosedConnection", testClosedConnection},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore)
+		})
+	}
+}
+
+func testConfig(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	if _, err := s.Config(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Config of a new bucket: %v, want ErrNotFound", err)
+	}
+	got, err := s.EnsureConfig(ctx, protocol.TypeConfig{Shards: 64})
+	if err != nil || got.Shards != 64 {
+		t.Fatalf("EnsureConfig(64) = %+v, %v", got, err)
+	}
+	p := peer(t, s, "")
+	if got, err := p.EnsureConfig(ctx, protocol.TypeConfig{Shards: 64}); err != nil || got.Shards != 64 {
+		t.Fatalf("EnsureConfig(64) again = %+v, %v", got, err)
+	}
+	got, err = p.EnsureConfig(ctx, protocol.TypeConfig{Shards: 128})
+	if !errors.Is(err, ErrConfigMismatch) || got.Shards != 64 {
+		t.Fatalf("EnsureConfig(128) over 64 = %+v, %v; want the stored config and ErrConfigMismatch", got, err)
+	}
+	if !strings.Contains(err.Error(), "64") || !strings.Contains(err.Error(), "128") {
+		t.Errorf("mismatch error does not name both values: %v", err)
+	}
+	if got, err := p.Config(ctx); err != nil || got.Shards != 64 {
+		t.Fatalf("Config = %+v, %v", got, err)
+	}
+	if _, err := s.EnsureConfig(ctx, protocol.TypeConfig{Shards: 0}); err == nil {
+		t.Fatal("EnsureConfig(0 shards) succeeded")
+	}
+}
+
+func testOpenTwice(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	p := peer(t, s, "")
+	if p.Bucket() != s.Bucket() {
+		t.Fatalf("buckets %s and %s", p.Bucket(), s.Bucket())
+	}
+	st, err := p.kv.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.History() != 1 || st.LimitMarkerTTL() != markerTTL {
+		t.Errorf("bucket history %d, limit marker TTL %v", st.History(), st.LimitMarkerTTL())
+	}
+	if r := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas; r != s.opts.Replicas {
+		t.Errorf("bucket has %d replicas, want %d", r, s.opts.Replicas)
+	}
+	// A bucket with another replica count is bound as it is.
+	o := s.opts
+	o.Replicas = 1
+	if _, err := Open(t.Context(), p.js, strings.TrimPrefix(s.bucket, "natshard_"), o); err != nil {
+		t.Errorf("Open with other replicas: %v", err)
+	}
+	if _, err := Open(t.Context(), p.js, "bad.type", o); err == nil {
+		t.Error("Open of an invalid type succeeded")
+	}
+}
+
+func coordInfo(region string) protocol.CoordinatorInfo {
+	return protocol.CoordinatorInfo{Region: region, Incarnation: region + "-inc", Since: time.Now().UnixMilli()}
+}
+
+func testCoordinatorAcquire(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	b := peer(t, a, "")
+	ctx := t.Context()
+	if _, _, err := b.Coordinator(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Coordinator before any acquisition: %v, want ErrNotFound", err)
+	}
+	if _, err := a.AcquireCoordinator(ctx, coordInfo("a"), 500*time.Millisecond); err == nil {
+		t.Fatal("AcquireCoordinator with a TTL below 1s succeeded")
+	}
+	la, err := a.AcquireCoordinator(ctx, coordInfo("a"), 1500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if la.Key != KeyCoordinator || la.Revision == 0 || la.TTL != 2*time.Second {
+		t.Fatalf("lease %+v; want key %s, a revision, TTL rounded up to 2s", la, KeyCoordinator)
+	}
+	if _, err := b.AcquireCoordinator(ctx, coordInfo("b"), time.Second); !errors.Is(err, ErrConflict) {
+		t.Fatalf("second AcquireCoordinator: %v, want ErrConflict", err)
+	}
+	info, rev, err := b.Coordinator(ctx)
+	if err != nil || info.Region != "a" || rev != la.Revision {
+		t.Fatalf("Coordinator = %+v, %d, %v; want a's lease at %d", info, rev, err, la.Revision)
+	}
+}
+
+func testCoordinatorRenewAndExpiry(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	b := peer(t, a, "")
+	ctx := t.Context()
+	const ttl = time.Second
+	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := l
+	// Renew for three TTLs: the lease stays held throughout.
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); {
+		time.Sleep(300 * time.Millisecond)
+		nl, err := a.Renew(ctx, l, coordInfo("a"))
+		if err != nil {
+			t.Fatalf("Renew %+v: %v", l, err)
+		}
+		if nl.Revision <= l.Revision || nl.TTL != ttl || nl.Key != l.Key {
+			t.Fatalf("Renew %+v = %+v", l, nl)
+		}
+		l = nl
+	}
+	if _, err := b.AcquireCoordinator(ctx, coordInfo("b"), ttl); !errors.Is(err, ErrConflict) {
+		t.Fatalf("AcquireCoordinator while renewed: %v, want ErrConflict", err)
+	}
+	if _, rev, err := b.Coordinator(ctx); err != nil || rev != l.Revision {
+		t.Fatalf("Coordinator = %d, %v; want %d", rev, err, l.Revision)
+	}
+	if _, err := a.Renew(ctx, first, coordInfo("a")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew of an outdated revision: %v, want ErrConflict", err)
+	}
+
+	// Stop renewing: the lease expires.
+	stopped := time.Now()
+	eventually(t, ttl+3*time.Second, "coordinator lease expiry", func() bool {
+		_, _, err := b.Coordinator(ctx)
+		return errors.Is(err, ErrNotFound)
+	})
+	t.Logf("coordinator lease with TTL %v gone %v after the last renewal", ttl, time.Since(stopped).Round(10*time.Millisecond))
+
+	lb, err := b.AcquireCoordinator(ctx, coordInfo("b"), ttl)
+	if err != nil {
+		t.Fatalf("AcquireCoordinator after expiry: %v", err)
+	}
+	if _, err := a.Renew(ctx, l, coordInfo("a")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew after expiry and takeover: %v, want ErrConflict", err)
+	}
+	if _, err := a.PutShard(ctx, l, shardRec(1, "a", l.Revision)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard of the expired coordinator: %v, want ErrFenced", err)
+	}
+	if _, err := b.PutShard(ctx, lb, shardRec(1, "b", lb.Revision)); err != nil {
+		t.Fatalf("PutShard of the new coordinator: %v", err)
+	}
+	if err := b.Release(ctx, lb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testCoordinatorRelease(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	b := peer(t, a, "")
+	ctx := t.Context()
+	la, err := a.AcquireCoordinator(ctx, coordInfo("a"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx, la); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := a.Release(ctx, la); !errors.Is(err, ErrConflict) {
+		t.Fatalf("second Release: %v, want ErrConflict", err)
+	}
+	if _, _, err := b.Coordinator(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Coordinator after release: %v, want ErrNotFound", err)
+	}
+	if _, err := a.PutShard(ctx, la, shardRec(0, "a", la.Revision)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard after release: %v, want ErrFenced", err)
+	}
+	lb, err := b.AcquireCoordinator(ctx, coordInfo("b"), 5*time.Second)
+	if err != nil {
+		t.Fatalf("AcquireCoordinator after release: %v", err)
+	}
+	if lb.Revision <= la.Revision {
+		t.Fatalf("new epoch %d not after old %d", lb.Revision, la.Revision)
+	}
+	if _, err := a.Renew(ctx, la, coordInfo("a")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew after release: %v, want ErrConflict", err)
+	}
+	if _, err := a.PutShard(ctx, la, shardRec(0, "a", la.Revision)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard of the old coordinator: %v, want ErrFenced", err)
+	}
+	if _, err := b.PutShard(ctx, lb, shardRec(0, "b", lb.Revision)); err != nil {
+		t.Fatalf("PutShard of the new coordinator: %v", err)
+	}
+	info, rev, err := a.Coordinator(ctx)
+	if err != nil || info.Region != "b" || rev != lb.Revision {
+		t.Fatalf("Coordinator = %+v, %d, %v", info, rev, err)
+	}
+	if err := a.Release(ctx, Lease{}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Release of the zero lease: %v, want ErrConflict", err)
+	}
+}
+
+func testCoordinatorDepose(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	b := peer(t, a, "")
+	ctx := t.Context()
+	la, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DeposeCoordinator(ctx, la.Revision+1); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Depose at a wrong revision: %v, want ErrConflict", err)
+	}
+	if err := b.DeposeCoordinator(ctx, la.Revision); err != nil {
+		t.Fatalf("Depose: %v", err)
+	}
+	if _, _, err := b.Coordinator(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Coordinator after depose: %v, want ErrNotFound", err)
+	}
+	if _, err := a.Renew(ctx, la, coordInfo("a")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew after depose: %v, want ErrConflict", err)
+	}
+	if _, err := a.PutShard(ctx, la, shardRec(3, "a", la.Revision)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard after depose: %v, want ErrFenced", err)
+	}
+	if err := b.DeposeCoordinator(ctx, la.Revision); !errors.Is(err, ErrConflict) {
+		t.Fatalf("second Depose: %v, want ErrConflict", err)
+	}
+}
+
+func shardRec(n int, region string, epoch uint64) protocol.ShardRecord {
+	return protocol.ShardRecord{Shard: n, Region: region, Incarnation: region + "-inc", State: protocol.StateActive, Order: uint64(n) + 1, Epoch: epoch}
+}
+
+func testPutShardFenced(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	ctx := t.Context()
+	if rows, err := a.Shards(ctx); err != nil || len(rows) != 0 {
+		t.Fatalf("Shards of a new bucket = %v, %v", rows, err)
+	}
+	l1, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r5, err := a.PutShard(ctx, l1, shardRec(5, "r1", l1.Revision))
+	if err != nil {
+		t.Fatalf("PutShard: %v", err)
+	}
+	if r5 <= l1.Revision {
+		t.Fatalf("row revision %d not after the lease's %d", r5, l1.Revision)
+	}
+	l2, err := a.Renew(ctx, l1, coordInfo("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PutShard(ctx, l1, shardRec(6, "r1", l1.Revision)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard with the revision before the renewal: %v, want ErrFenced", err)
+	}
+	for _, n := range []int{2, 6, 0} {
+		if _, err := a.PutShard(ctx, l2, shardRec(n, "r2", l1.Revision)); err != nil {
+			t.Fatalf("PutShard(%d) after renewal: %v", n, err)
+		}
+	}
+	rec := shardRec(5, "r2", l1.Revision)
+	rec.State = protocol.StateAllocating
+	if _, err := a.PutShard(ctx, l2, rec); err != nil {
+		t.Fatalf("PutShard overwrite: %v", err)
+	}
+	rows, err := peer(t, a, "").Shards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, fmt.Sprintf("%d:%s:%s", r.Shard, r.Region, r.State))
+	}
+	if want := "0:r2:active 2:r2:active 5:r2:allocating 6:r2:active"; strings.Join(got, " ") != want {
+		t.Fatalf("Shards = %s, want %s", strings.Join(got, " "), want)
+	}
+	if _, err := a.PutShard(ctx, Lease{Key: KeyCoordinator}, shardRec(1, "x", 0)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShard without a lease: %v, want ErrFenced", err)
+	}
+	if _, err := a.PutShard(ctx, Lease{Key: "regions.x", Revision: l2.Revision}, shardRec(1, "x", 0)); err == nil {
+		t.Fatal("PutShard fenced on another key succeeded")
+	}
+}
+
+// testPutShardConcurrent writes the table from many goroutines and two
+// Store handles at once. A replicated stream refuses a fenced write while
+// another write fenced on the same subject is in flight (10164); Store must
+// not report that as fencing.
+func testPutShardConcurrent(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	b := peer(t, a, "")
+	ctx := t.Context()
+	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 32
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			if _, err := s.PutShard(ctx, l, shardRec(i, "r", l.Revision)); err != nil {
+				errs <- fmt.Errorf("PutShard(%d): %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	rows, err := a.Shards(ctx)
+	if err != nil || len(rows) != n {
+		t.Fatalf("Shards: %d rows, %v; want %d", len(rows), err, n)
+	}
+}
+
+// testConsistentReads reads, through every server, what was just written
+// through another: reads go to the stream leader, never to a follower that
+// has not applied the write yet.
+func testConsistentReads(t *testing.T, newStore func(t *testing.T) *Store) {
+	w := newStore(t)
+	ctx := t.Context()
+	var readers []*Store
+	for _, url := range w.nc.Servers() {
+		readers = append(readers, peer(t, w, url))
+	}
+	l, err := w.AcquireCoordinator(ctx, coordInfo("w"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rev uint64
+	for i := range 20 {
+		if l, err = w.Renew(ctx, l, coordInfo("w")); err != nil {
+			t.Fatal(err)
+		}
+		if rev, err = w.SaveEntity(ctx, "e", []byte{byte(i)}, rev); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range readers {
+			if _, got, err := r.Coordinator(ctx); err != nil || got != l.Revision {
+				t.Fatalf("round %d: Coordinator via %s = %d, %v; want %d", i, r.nc.ConnectedUrl(), got, err, l.Revision)
+			}
+			if data, got, err := r.LoadEntity(ctx, "e"); err != nil || got != rev || data[0] != byte(i) {
+				t.Fatalf("round %d: LoadEntity via %s = %v, %d, %v; want revision %d", i, r.nc.ConnectedUrl(), data, got, err, rev)
+			}
+		}
+	}
+	// Listings and the initial values of watches include what was just
+	// written, although the watch behind them may run on a follower.
+	for i := range 8 {
+		if _, err := w.PutShard(ctx, l, shardRec(i, "r", l.Revision)); err != nil {
+			t.Fatal(err)
+		}
+		rl, err := w.RegisterRegion(ctx, regionInfo(fmt.Sprintf("r%d", i), "i"), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range readers {
+			if rows, err := r.Shards(ctx); err != nil || len(rows) != i+1 {
+				t.Fatalf("round %d: Shards via %s: %d rows, %v; want %d", i, r.nc.ConnectedUrl(), len(rows), err, i+1)
+			}
+			if rs, err := r.Regions(ctx); err != nil || len(rs) != i+1 {
+				t.Fatalf("round %d: Regions via %s: %d, %v; want %d", i, r.nc.ConnectedUrl(), len(rs), err, i+1)
+			}
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		ch, err := readers[i%len(readers)].WatchRegions(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last RegionEvent
+		for n := 0; ; n++ {
+			ev := recv(t, ch)
+			if ev.Synced {
+				if n != i+1 || last.Revision != rl.Revision {
+					t.Fatalf("round %d: %d initial regions, the last at %d; want %d, the last at %d", i, n, last.Revision, i+1, rl.Revision)
+				}
+				break
+			}
+			last = ev
+		}
+		cancel()
+		if rl, err = w.Renew(ctx, rl, regionInfo(fmt.Sprintf("r%d", i), "i")); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.RemoveRegion(ctx, fmt.Sprintf("r%d", i), rl.Revision); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range readers {
+			if rs, err := r.Regions(ctx); err != nil || len(rs) != i {
+				t.Fatalf("round %d: Regions via %s after removal: %d, %v; want %d", i, r.nc.ConnectedUrl(), len(rs), err, i)
+			}
+		}
+		if _, err := w.RegisterRegion(ctx, regionInfo(fmt.Sprintf("r%d", i), "i"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func regionInfo(id, inc string) protocol.RegionInfo {
+	return protocol.RegionInfo{ID: id, Incarnation: inc, Version: "test", Started: time.Now().UnixMilli()}
+}
+
+func testRegistry(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	if rs, err := s.Regions(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("Regions of a new bucket = %v, %v", rs, err)
+	}
+	if _, err := s.RegisterRegion(ctx, regionInfo("bad.id", "x"), time.Minute); err == nil {
+		t.Fatal("RegisterRegion with an invalid id succeeded")
+	}
+	if _, err := s.RegisterRegion(ctx, regionInfo("r1", "x"), 0); err == nil {
+		t.Fatal("RegisterRegion without a TTL succeeded")
+	}
+	l2, err := s.RegisterRegion(ctx, regionInfo("r2", "i1"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, err := s.RegisterRegion(ctx, regionInfo("r1", "i1"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l1.Key != "regions.r1" || l1.TTL != time.Minute {
+		t.Fatalf("lease %+v", l1)
+	}
+	rs, err := s.Regions(ctx)
+	if err != nil || len(rs) != 2 || rs[0].Info.ID != "r1" || rs[1].Info.ID != "r2" || rs[0].Revision != l1.Revision {
+		t.Fatalf("Regions = %+v, %v", rs, err)
+	}
+	// A restarted process takes over its id; the old incarnation loses.
+	l1b, err := peer(t, s, "").RegisterRegion(ctx, regionInfo("r1", "i2"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, l1, regionInfo("r1", "i1")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew of a replaced registration: %v, want ErrConflict", err)
+	}
+	if l1b, err = s.Renew(ctx, l1b, regionInfo("r1", "i2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveRegion(ctx, "r1", l1.Revision); !errors.Is(err, ErrConflict) {
+		t.Fatalf("RemoveRegion at an old revision: %v, want ErrConflict", err)
+	}
+	if err := s.RemoveRegion(ctx, "r1", l1b.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, l1b, regionInfo("r1", "i2")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew of a removed registration: %v, want ErrConflict", err)
+	}
+	rs, err = s.Regions(ctx)
+	if err != nil || len(rs) != 1 || rs[0].Info.ID != "r2" || rs[0].Revision != l2.Revision {
+		t.Fatalf("Regions after removal = %+v, %v", rs, err)
+	}
+	if err := s.Release(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := s.Regions(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("Regions after release = %+v, %v", rs, err)
+	}
+}
+
+func testRegistryWatchAndExpiry(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	la, err := s.RegisterRegion(ctx, regionInfo("ra", "i1"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := peer(t, s, "").WatchRegions(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := recv(t, ch)
+	if ev.ID != "ra" || ev.Info == nil || ev.Info.Incarnation != "i1" || ev.Revision != la.Revision {
+		t.Fatalf("initial event %+v", ev)
+	}
+	if ev := recv(t, ch); !ev.Synced {
+		t.Fatalf("event %+v, want Synced", ev)
+	}
+
+	const ttl = time.Second
+	lb, err := s.RegisterRegion(ctx, regionInfo("rb", "i1"), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.ID != "rb" || ev.Info == nil || ev.Revision != lb.Revision {
+		t.Fatalf("event %+v, want rb's registration", ev)
+	}
+	if lb, err = s.Renew(ctx, lb, regionInfo("rb", "i1")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.ID != "rb" || ev.Info == nil || ev.Revision != lb.Revision {
+		t.Fatalf("event %+v, want rb's renewal", ev)
+	}
+	renewed := time.Now()
+	ev = recv(t, ch)
+	if ev.ID != "rb" || ev.Info != nil || ev.Revision <= lb.Revision {
+		t.Fatalf("event %+v, want rb's expiry", ev)
+	}
+	t.Logf("registration with TTL %v: expiry seen by a watch %v after the last renewal", ttl, time.Since(renewed).Round(10*time.Millisecond))
+	if rs, err := s.Regions(ctx); err != nil || len(rs) != 1 || rs[0].Info.ID != "ra" {
+		t.Fatalf("Regions after expiry = %+v, %v", rs, err)
+	}
+	if _, err := s.Renew(ctx, lb, regionInfo("rb", "i1")); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew after expiry: %v, want ErrConflict", err)
+	}
+
+	if err := s.RemoveRegion(ctx, "ra", la.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.ID != "ra" || ev.Info != nil {
+		t.Fatalf("event %+v, want ra's removal", ev)
+	}
+
+	// A new watch does not report the tombstones as initial values.
+	ch2, err := s.WatchRegions(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch2); !ev.Synced {
+		t.Fatalf("first event of a watch over tombstones: %+v, want Synced", ev)
+	}
+
+	cancel()
+	expectClosed(t, ch)
+	expectClosed(t, ch2)
+}
+
+func testWatchCoordinator(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := s.WatchCoordinator(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); !ev.Synced {
+		t.Fatalf("first event %+v, want Synced", ev)
+	}
+	p := peer(t, s, "")
+	l, err := p.AcquireCoordinator(ctx, coordInfo("p"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.Info == nil || ev.Info.Region != "p" || ev.Revision != l.Revision {
+		t.Fatalf("event %+v, want p's lease at %d", ev, l.Revision)
+	}
+	if l, err = p.Renew(ctx, l, coordInfo("p")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.Info == nil || ev.Revision != l.Revision {
+		t.Fatalf("event %+v, want the renewal at %d", ev, l.Revision)
+	}
+	if err := p.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.Info != nil || ev.Revision <= l.Revision {
+		t.Fatalf("event %+v, want the release", ev)
+	}
+	l, err = s.AcquireCoordinator(ctx, coordInfo("s"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.Info == nil || ev.Info.Region != "s" {
+		t.Fatalf("event %+v, want s's lease", ev)
+	}
+	if ev := recv(t, ch); ev.Info != nil || ev.Revision <= l.Revision {
+		t.Fatalf("event %+v, want the expiry", ev)
+	}
+
+	// A watch of a held lease starts with it.
+	l, err = s.AcquireCoordinator(ctx, coordInfo("s2"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch); ev.Info == nil || ev.Info.Region != "s2" {
+		t.Fatalf("event %+v, want s2's lease", ev)
+	}
+	ch2, err := p.WatchCoordinator(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := recv(t, ch2); ev.Info == nil || ev.Info.Region != "s2" || ev.Revision != l.Revision {
+		t.Fatalf("initial event %+v, want s2's lease", ev)
+	}
+	if ev := recv(t, ch2); !ev.Synced {
+		t.Fatalf("event %+v, want Synced", ev)
+	}
+	cancel()
+	expectClosed(t, ch)
+	expectClosed(t, ch2)
+}
+
+func testEntities(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	p := peer(t, s, "")
+	ctx := t.Context()
+	const id = "order-42"
+	if _, _, err := s.LoadEntity(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("LoadEntity of nothing: %v, want ErrNotFound", err)
+	}
+	r1, err := s.SaveEntity(ctx, id, []byte("one"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SaveEntity(ctx, id, []byte("other"), 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("second create: %v, want ErrConflict", err)
+	}
+	r2, err := s.SaveEntity(ctx, id, []byte("two"), r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SaveEntity(ctx, id, []byte("stale"), r1); !errors.Is(err, ErrConflict) {
+		t.Fatalf("save at a stale revision: %v, want ErrConflict", err)
+	}
+	data, rev, err := p.LoadEntity(ctx, id)
+	if err != nil || string(data) != "two" || rev != r2 {
+		t.Fatalf("LoadEntity = %q, %d, %v; want two at %d", data, rev, err, r2)
+	}
+	if err := p.DeleteEntity(ctx, id, r1); !errors.Is(err, ErrConflict) {
+		t.Fatalf("delete at a stale revision: %v, want ErrConflict", err)
+	}
+	if err := p.DeleteEntity(ctx, id, 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("delete at revision 0 of an entity with state: %v, want ErrConflict", err)
+	}
+	if err := p.DeleteEntity(ctx, id, r2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.LoadEntity(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("LoadEntity after delete: %v, want ErrNotFound", err)
+	}
+	if err := p.DeleteEntity(ctx, id, 0); err != nil {
+		t.Fatalf("delete at revision 0 of an entity without state: %v", err)
+	}
+	if _, err := s.SaveEntity(ctx, id, []byte("stale"), r2); !errors.Is(err, ErrConflict) {
+		t.Fatalf("save over a deletion at the old revision: %v, want ErrConflict", err)
+	}
+	r3, err := s.SaveEntity(ctx, id, []byte("three"), 0)
+	if err != nil {
+		t.Fatalf("create after delete: %v", err)
+	}
+	if data, rev, err := p.LoadEntity(ctx, id); err != nil || string(data) != "three" || rev != r3 {
+		t.Fatalf("LoadEntity = %q, %d, %v; want three at %d", data, rev, err, r3)
+	}
+	// Empty state is state.
+	r4, err := s.SaveEntity(ctx, id, nil, r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, rev, err := p.LoadEntity(ctx, id); err != nil || len(data) != 0 || rev != r4 {
+		t.Fatalf("LoadEntity of empty state = %q, %d, %v", data, rev, err)
+	}
+	for _, bad := range []string{"", ".a", "a.", "a..b", "a b", "a*b", "a>b"} {
+		if _, err := s.SaveEntity(ctx, bad, nil, 0); !errors.Is(err, protocol.ErrInvalidEntityID) {
+			t.Errorf("SaveEntity(%q): %v, want ErrInvalidEntityID", bad, err)
+		}
+	}
+}
+
+func testEntityOddIDs(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	ids := []string{"a=b", "a=3Db", "x:y", "ü", "user.7", "_x/y-z", "$sys", "a%b", "日本", "#1", "a\\b", "~!@&()"}
+	revs := map[string]uint64{}
+	for _, id := range ids {
+		rev, err := s.SaveEntity(ctx, id, []byte(id), 0)
+		if err != nil {
+			t.Fatalf("SaveEntity(%q) (key %s): %v", id, EntityKey(id), err)
+		}
+		revs[id] = rev
+	}
+	for _, id := range ids {
+		data, rev, err := s.LoadEntity(ctx, id)
+		if err != nil || string(data) != id || rev != revs[id] {
+			t.Errorf("LoadEntity(%q) = %q, %d, %v", id, data, rev, err)
+		}
+	}
+}
+
+// testClosedConnection: every operation on a closed connection fails with
+// ErrUnavailable, and watches end.
+func testClosedConnection(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	l, err := s.AcquireCoordinator(ctx, coordInfo("s"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := s.RegisterRegion(ctx, regionInfo("r", "i"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wch, err := s.WatchRegions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cch, err := s.WatchCoordinator(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.nc.Close()
+	expectClosed(t, wch)
+	expectClosed(t, cch)
+
+	ops := map[string]func() error{
+		"Open": func() error {
+			_, err := Open(ctx, s.js, "closed", Options{})
+			return err
+		},
+		"EnsureConfig": func() error {
+			_, err := s.EnsureConfig(ctx, protocol.TypeConfig{Shards: 8})
+			return err
+		},
+		"Config": func() error { _, err := s.Config(ctx); return err },
+		"AcquireCoordinator": func() error {
+			_, err := s.AcquireCoordinator(ctx, coordInfo("s"), time.Second)
+			return err
+		},
+		"Coordinator":       func() error { _, _, err := s.Coordinator(ctx); return err },
+		"DeposeCoordinator": func() error { return s.DeposeCoordinator(ctx, l.Revision) },
+		"WatchCoordinator":  func() error { _, err := s.WatchCoordinator(ctx); return err },
+		"Renew":             func() error { _, err := s.Renew(ctx, l, coordInfo("s")); return err },
+		"Release":           func() error { return s.Release(ctx, l) },
+		"RegisterRegion": func() error {
+			_, err := s.RegisterRegion(ctx, regionInfo("r", "i"), time.Second)
+			return err
+		},
+		"Regions":      func() error { _, err := s.Regions(ctx); return err },
+		"RemoveRegion": func() error { return s.RemoveRegion(ctx, "r", rl.Revision) },
+		"WatchRegions": func() error { _, err := s.WatchRegions(ctx); return err },
+		"PutShard":     func() error { _, err := s.PutShard(ctx, l, shardRec(0, "r", l.Revision)); return err },
+		"Shards":       func() error { _, err := s.Shards(ctx); return err },
+		"LoadEntity":   func() error { _, _, err := s.LoadEntity(ctx, "e"); return err },
+		"SaveEntity":   func() error { _, err := s.SaveEntity(ctx, "e", nil, 0); return err },
+		"DeleteEntity": func() error { return s.DeleteEntity(ctx, "e", 1) },
+	}
+	for name, op := range ops {
+		start := time.Now()
+		err := op()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s on a closed connection: %v, want ErrUnavailable", name, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s on a closed connection took %v", name, d)
+		}
+	}
+}
+
+// recv receives the next event of ch, failing the test if none comes within
+// a few seconds (TTL expiry included) or ch closes.
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v, ok := <-ch:
+		if !ok {
+			t.Fatal("watch channel closed")
+		}
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("no watch event within 5s")
+	}
+	panic("unreachable")
+}
+
+// expectClosed fails the test unless ch closes soon; events still buffered
+// are skipped.
+func expectClosed[T any](t *testing.T, ch <-chan T) {
+	t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-timeout:
+			t.Fatal("watch channel still open 5s after its end")
+		}
+	}
+}
+
+// eventually polls cond until it holds, failing the test after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v", what, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,76 @@
+package kvstate
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// PutShard writes one row of the shard table, fenced on the coordinator
+// lease: the server refuses it (ErrFenced) unless the coordinator key's last
+// revision is fence.Revision. Returns the row's new revision.
+//
+// The write carries Nats-Expected-Last-Subject-Sequence: fence.Revision and
+// Nats-Expected-Last-Subject-Sequence-Subject: the coordinator key's
+// subject. The server compares with the coordinator subject's last message,
+// whatever it is: after a release, a deposition or an expiry that is a
+// tombstone with a newer revision, after a takeover the new holder's lease;
+// once an expiry marker is gone itself the subject is empty (revision 0).
+// In every case the old fence no longer matches. fence must be the latest
+// lease returned by AcquireCoordinator or Renew.
+func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRecord) (uint64, error) {
+	if fence.Key != KeyCoordinator {
+		return 0, fmt.Errorf("kvstate: PutShard fenced on %q, not on the coordinator lease", fence.Key)
+	}
+	if fence.Revision == 0 {
+		return 0, fmt.Errorf("%w: PutShard without a coordinator lease (revision 0)", ErrFenced)
+	}
+	if rec.Shard < 0 || rec.Shard >= protocol.MaxShards {
+		return 0, fmt.Errorf("kvstate: shard %d out of range 0..%d", rec.Shard, protocol.MaxShards-1)
+	}
+	data, err := protocol.Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	s.fenceMu.Lock()
+	defer s.fenceMu.Unlock()
+	rev, err := s.cas(ctx, shardKey(rec.Shard), data, nil, KeyCoordinator, fence.Revision)
+	if err != nil {
+		return 0, translate(fmt.Errorf("put shard %d fenced at coordinator revision %d: %w", rec.Shard, fence.Revision, err), ErrFenced)
+	}
+	return rev, nil
+}
+
+// shardKey is the key of shard n's row.
+func shardKey(n int) string { return prefixShards + strconv.Itoa(n) }
+
+// Shards reads the whole shard table (rows that were never written are
+// absent), ordered by shard.
+//
+// The table includes every write made before the call (it is read through
+// a watch that is made to catch up with the stream leader, see snapshot).
+// Rows that do not decode, or whose shard is not the one of their key, are
+// left out (as if never written).
+func (s *Store) Shards(ctx context.Context) ([]protocol.ShardRecord, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	entries, err := s.list(ctx, prefixShards+">")
+	if err != nil {
+		return nil, translate(fmt.Errorf("list shards: %w", err), ErrConflict)
+	}
+	out := make([]protocol.ShardRecord, 0, len(entries))
+	for _, e := range entries {
+		var rec protocol.ShardRecord
+		if protocol.Decode(e.Value(), &rec) != nil || rec.Shard < 0 || shardKey(rec.Shard) != e.Key() {
+			continue
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Shard < out[j].Shard })
+	return out, nil
+}

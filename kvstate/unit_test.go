@@ -1,0 +1,102 @@
+package kvstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/protocol"
+)
+
+func TestEntityKey(t *testing.T) {
+	for id, want := range map[string]string{
+		"order-42":   "entities.order-42",
+		"user.7":     "entities.user.7",
+		"a_b/c-d.E9": "entities.a_b/c-d.E9",
+		"a=b":        "entities.a=3Db",
+		"a=3Db":      "entities.a=3D3Db",
+		"x:y":        "entities.x=3Ay",
+		"ü":          "entities.=C3=BC",
+		"a b":        "entities.a=20b",
+		"*>":         "entities.=2A=3E",
+		"\x00\xff":   "entities.=00=FF",
+	} {
+		if got := EntityKey(id); got != want {
+			t.Errorf("EntityKey(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+func TestTTLSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		ttl  time.Duration
+		want int64
+	}{
+		{time.Second, 1},
+		{time.Second + time.Nanosecond, 2},
+		{1500 * time.Millisecond, 2},
+		{time.Minute, 60},
+	} {
+		if got, err := ttlSeconds(tc.ttl); err != nil || got != tc.want {
+			t.Errorf("ttlSeconds(%v) = %d, %v; want %d", tc.ttl, got, err, tc.want)
+		}
+	}
+	for _, ttl := range []time.Duration{0, -time.Second, 999 * time.Millisecond} {
+		if _, err := ttlSeconds(ttl); err == nil {
+			t.Errorf("ttlSeconds(%v) succeeded", ttl)
+		}
+	}
+	if got := ttlHeader(5); got != "5s" {
+		t.Errorf("ttlHeader(5) = %q", got)
+	}
+}
+
+func TestTranslate(t *testing.T) {
+	api := func(status int, code jetstream.ErrorCode) error {
+		return fmt.Errorf("nats: %w", &jetstream.APIError{Code: status, ErrorCode: code, Description: "x"})
+	}
+	for _, tc := range []struct {
+		name     string
+		err      error
+		conflict error
+		want     error
+	}{
+		{"key not found", jetstream.ErrKeyNotFound, ErrConflict, ErrNotFound},
+		{"key deleted", jetstream.ErrKeyDeleted, ErrConflict, ErrNotFound},
+		{"no message", api(404, 10037), ErrConflict, ErrNotFound},
+		{"wrong last seq", api(400, 10071), ErrConflict, ErrConflict},
+		{"wrong last seq fenced", api(400, 10071), ErrFenced, ErrFenced},
+		{"wrong last seq R>1", api(400, 10164), ErrConflict, ErrConflict},
+		{"legacy wrong last seq", &nats.APIError{Code: 400, ErrorCode: 10071}, ErrConflict, ErrConflict},
+		{"revision mismatch", jetstream.ErrKeyRevisionMismatch, ErrConflict, ErrConflict},
+		{"timeout", nats.ErrTimeout, ErrConflict, ErrUnavailable},
+		{"deadline", context.DeadlineExceeded, ErrConflict, ErrUnavailable},
+		{"no responders", nats.ErrNoResponders, ErrConflict, ErrUnavailable},
+		{"no stream response", jetstream.ErrNoStreamResponse, ErrConflict, ErrUnavailable},
+		{"closed", nats.ErrConnectionClosed, ErrConflict, ErrUnavailable},
+		{"js not enabled", jetstream.ErrJetStreamNotEnabled, ErrConflict, ErrUnavailable},
+		{"js not enabled api", api(503, 10076), ErrConflict, ErrUnavailable},
+		{"cluster not available", api(503, 10008), ErrConflict, ErrUnavailable},
+		{"malformed", fmt.Errorf("x: %w", protocol.ErrMalformed), ErrConflict, ErrMalformed},
+	} {
+		got := translate(tc.err, tc.conflict)
+		if !errors.Is(got, tc.want) || !errors.Is(got, tc.err) {
+			t.Errorf("%s: translate(%v) = %v, want %v wrapping the original", tc.name, tc.err, got, tc.want)
+		}
+	}
+	other := errors.New("other")
+	if got := translate(other, ErrConflict); got != other {
+		t.Errorf("translate(other) = %v", got)
+	}
+	own := fmt.Errorf("%w: x", ErrNotFound)
+	if got := translate(own, ErrConflict); got != own {
+		t.Errorf("translate(own) = %v", got)
+	}
+	if translate(nil, ErrConflict) != nil {
+		t.Error("translate(nil) != nil")
+	}
+}

@@ -1,0 +1,988 @@
+package region
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ---- helpers ----
+
+type captured struct {
+	subject string
+	data    []byte
+	err     error
+}
+
+// recorder is a host Reply function that captures the answers.
+type recorder struct{ ch chan captured }
+
+func newRecorder() *recorder { return &recorder{ch: make(chan captured, 10000)} }
+
+func (r *recorder) reply(m *nats.Msg, data []byte, err error) {
+	r.ch <- captured{subject: m.Subject, data: slices.Clone(data), err: err}
+}
+
+func (r *recorder) next(t *testing.T) captured {
+	t.Helper()
+	select {
+	case c := <-r.ch:
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatal("no reply within 5s")
+		return captured{}
+	}
+}
+
+func (r *recorder) none(t *testing.T) {
+	t.Helper()
+	select {
+	case c := <-r.ch:
+		t.Fatalf("unexpected reply %+v", c)
+	default:
+	}
+}
+
+// fakeClock is an injectable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// logBuffer is a goroutine-safe log sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func req(id, data string) *nats.Msg {
+	return &nats.Msg{Subject: "shard.t.0." + id, Reply: "_INBOX.x", Data: []byte(data)}
+}
+
+func pub(id, data string) *nats.Msg {
+	return &nats.Msg{Subject: "shard.t.0." + id, Data: []byte(data)}
+}
+
+// eventually polls cond until it holds or 5s passed.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// quiet reports whether no cell of h has a goroutine or a pending stop.
+func quiet(h *host) bool {
+	for _, se := range h.snapshot() {
+		se.mu.Lock()
+		for _, c := range se.cells {
+			if c.running || len(c.mailbox) > 0 {
+				se.mu.Unlock()
+				return false
+			}
+		}
+		se.mu.Unlock()
+	}
+	return true
+}
+
+// testEntity records what happens to one incarnation.
+type testEntity struct {
+	inc    int
+	handle func(inc int, m *Message) ([]byte, error)
+	stop   func(inc int) error
+}
+
+func (e *testEntity) Handle(_ context.Context, m *Message) ([]byte, error) {
+	if e.handle == nil {
+		return m.Data, nil
+	}
+	return e.handle(e.inc, m)
+}
+
+func (e *testEntity) Stop(context.Context) error {
+	if e.stop == nil {
+		return nil
+	}
+	return e.stop(e.inc)
+}
+
+// testFactory counts its calls and numbers incarnations.
+type testFactory struct {
+	calls  atomic.Int32
+	handle func(inc int, m *Message) ([]byte, error)
+	stop   func(inc int) error
+	fail   func(call int) error // nil: never fails
+}
+
+func (f *testFactory) factory(_ context.Context, _ string) (Entity, error) {
+	n := int(f.calls.Add(1))
+	if f.fail != nil {
+		if err := f.fail(n); err != nil {
+			return nil, err
+		}
+	}
+	return &testEntity{inc: n, handle: f.handle, stop: f.stop}, nil
+}
+
+func newTestHost(t *testing.T, f Factory, rec *recorder, mod func(*hostConfig)) *host {
+	t.Helper()
+	cfg := hostConfig{Factory: f, Logger: discardLogger(), Reply: rec.reply}
+	if mod != nil {
+		mod(&cfg)
+	}
+	h := newHost(cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = h.stopAll(ctx)
+	})
+	return h
+}
+
+// ---- tests ----
+
+func TestHostOrderPerEntity(t *testing.T) {
+	const n = 1000
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		mu.Lock()
+		got = append(got, string(m.Data))
+		mu.Unlock()
+		return m.Data, nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	for i := range n {
+		h.deliver(0, "a", req("a", strconv.Itoa(i)))
+	}
+	for i := range n {
+		if r := rec.next(t); string(r.data) != strconv.Itoa(i) || r.err != nil {
+			t.Fatalf("reply %d = %q, %v; want %d", i, r.data, r.err, i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range got {
+		if s != strconv.Itoa(i) {
+			t.Fatalf("message %d handled as %s-th", i, s)
+		}
+	}
+	if c := f.calls.Load(); c != 1 {
+		t.Errorf("factory called %d times, want 1", c)
+	}
+}
+
+func TestHostOneMessageAtATime(t *testing.T) {
+	var inside, maxInside atomic.Int32
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		n := inside.Add(1)
+		for {
+			old := maxInside.Load()
+			if n <= old || maxInside.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		runtime.Gosched()
+		inside.Add(-1)
+		return nil, nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				h.deliver(0, "a", req("a", fmt.Sprint(g, i)))
+			}
+		})
+	}
+	wg.Wait()
+	for range 800 {
+		rec.next(t)
+	}
+	if m := maxInside.Load(); m != 1 {
+		t.Fatalf("%d Handle calls ran at once on one entity", m)
+	}
+}
+
+func TestHostConcurrentEntities(t *testing.T) {
+	block := make(chan struct{})
+	entered := make(chan struct{})
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		if m.EntityID == "a" {
+			close(entered)
+			<-block
+		}
+		return []byte(m.EntityID), nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	h.deliver(0, "a", req("a", ""))
+	<-entered
+	h.deliver(0, "b", req("b", "")) // same shard
+	h.deliver(1, "c", req("c", "")) // other shard
+	got := map[string]bool{}
+	for range 2 {
+		got[string(rec.next(t).data)] = true
+	}
+	if !got["b"] || !got["c"] {
+		t.Fatalf("replies while a is blocked: %v", got)
+	}
+	close(block)
+	if r := rec.next(t); string(r.data) != "a" {
+		t.Fatalf("reply %q, want a", r.data)
+	}
+}
+
+func TestHostMessageFields(t *testing.T) {
+	var seen *Message
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) { seen = m; return nil, nil }}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	m := req("x.y", "data")
+	m.Header = nats.Header{"K": []string{"v"}}
+	h.deliver(7, "x.y", m)
+	rec.next(t)
+	if seen.EntityID != "x.y" || seen.Shard != 7 || seen.Subject != m.Subject || seen.Reply != m.Reply ||
+		string(seen.Data) != "data" || seen.Header.Get("K") != "v" {
+		t.Fatalf("message = %+v", seen)
+	}
+}
+
+func TestHostPublishErrorNotReplied(t *testing.T) {
+	done := make(chan struct{}, 1)
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		done <- struct{}{}
+		return []byte("x"), errors.New("bad")
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	h.deliver(0, "a", pub("a", ""))
+	<-done
+	eventually(t, "idle", func() bool { return quiet(h) })
+	rec.none(t)
+
+	h.deliver(0, "a", req("a", ""))
+	if r := rec.next(t); r.err == nil || r.err.Error() != "bad" || string(r.data) != "x" {
+		t.Fatalf("reply = %+v", r)
+	}
+}
+
+func TestHostPassivation(t *testing.T) {
+	clock := newFakeClock()
+	var stops atomic.Int32
+	f := &testFactory{
+		handle: func(inc int, m *Message) ([]byte, error) { return []byte(strconv.Itoa(inc)), nil },
+		stop:   func(int) error { stops.Add(1); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.IdleTimeout = time.Minute
+		c.Now = clock.Now
+	})
+	h.deliver(0, "a", req("a", ""))
+	if r := rec.next(t); string(r.data) != "1" {
+		t.Fatalf("reply %q, want incarnation 1", r.data)
+	}
+	eventually(t, "idle", func() bool { return quiet(h) })
+
+	clock.Advance(59 * time.Second)
+	if n := h.passivateIdle(); n != 0 {
+		t.Fatalf("passivateIdle before the timeout = %d", n)
+	}
+	clock.Advance(time.Second)
+	if n := h.passivateIdle(); n != 1 {
+		t.Fatalf("passivateIdle = %d, want 1", n)
+	}
+	eventually(t, "entity removed", func() bool { return h.active() == 0 })
+	if s := stops.Load(); s != 1 {
+		t.Fatalf("Stop called %d times, want 1", s)
+	}
+	if n := h.passivateIdle(); n != 0 {
+		t.Fatalf("second passivateIdle = %d", n)
+	}
+	if s := stops.Load(); s != 1 {
+		t.Fatalf("Stop called %d times, want 1", s)
+	}
+
+	h.deliver(0, "a", req("a", ""))
+	if r := rec.next(t); string(r.data) != "2" {
+		t.Fatalf("reply %q, want incarnation 2", r.data)
+	}
+	if c := f.calls.Load(); c != 2 {
+		t.Fatalf("factory called %d times, want 2", c)
+	}
+}
+
+func TestHostPassivationDisabled(t *testing.T) {
+	clock := newFakeClock()
+	f := &testFactory{}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.Now = clock.Now })
+	h.deliver(0, "a", req("a", ""))
+	rec.next(t)
+	clock.Advance(1000 * time.Hour)
+	if n := h.passivateIdle(); n != 0 || h.active() != 1 {
+		t.Fatalf("passivateIdle = %d, active = %d with IdleTimeout 0", n, h.active())
+	}
+}
+
+func TestHostPassivationSkipsBusyEntity(t *testing.T) {
+	clock := newFakeClock()
+	block := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var stops atomic.Int32
+	f := &testFactory{
+		handle: func(_ int, m *Message) ([]byte, error) {
+			if m.EntityID == "busy" {
+				entered <- struct{}{}
+				<-block
+			}
+			return nil, nil
+		},
+		stop: func(int) error { stops.Add(1); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.IdleTimeout = time.Minute
+		c.Now = clock.Now
+	})
+	h.deliver(0, "idle", req("idle", ""))
+	rec.next(t)
+	h.deliver(0, "busy", req("busy", ""))
+	<-entered
+	clock.Advance(time.Hour)
+	if n := h.passivateIdle(); n != 1 {
+		t.Fatalf("passivateIdle = %d, want 1 (only the idle entity)", n)
+	}
+	eventually(t, "idle entity removed", func() bool { return h.active() == 1 })
+	if ids := h.shardEntities(0); !slices.Equal(ids, []string{"busy"}) {
+		t.Fatalf("entities = %v", ids)
+	}
+	close(block)
+	rec.next(t)
+	if s := stops.Load(); s != 1 {
+		t.Fatalf("Stop called %d times", s)
+	}
+}
+
+func TestHostMessageDuringStop(t *testing.T) {
+	clock := newFakeClock()
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	logEvent := func(s string) {
+		mu.Lock()
+		events = append(events, s)
+		mu.Unlock()
+	}
+	stopEntered := make(chan struct{})
+	releaseStop := make(chan struct{})
+	f := &testFactory{
+		handle: func(inc int, m *Message) ([]byte, error) {
+			logEvent(fmt.Sprintf("handle %s by %d", m.Data, inc))
+			return []byte(strconv.Itoa(inc)), nil
+		},
+		stop: func(inc int) error {
+			logEvent(fmt.Sprintf("stop %d begin", inc))
+			if inc == 1 {
+				close(stopEntered)
+				<-releaseStop
+			}
+			logEvent(fmt.Sprintf("stop %d end", inc))
+			return nil
+		},
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.IdleTimeout = time.Minute
+		c.Now = clock.Now
+	})
+	h.deliver(0, "a", req("a", "m1"))
+	rec.next(t)
+	eventually(t, "idle", func() bool { return quiet(h) })
+	clock.Advance(time.Minute)
+	if n := h.passivateIdle(); n != 1 {
+		t.Fatalf("passivateIdle = %d", n)
+	}
+	<-stopEntered
+	h.deliver(0, "a", req("a", "m2"))
+	h.deliver(0, "a", req("a", "m3"))
+	rec.none(t)
+	close(releaseStop)
+	for _, want := range []string{"2", "2"} {
+		if r := rec.next(t); string(r.data) != want {
+			t.Fatalf("reply by incarnation %s, want %s", r.data, want)
+		}
+	}
+	mu.Lock()
+	got := slices.Clone(events)
+	mu.Unlock()
+	want := []string{"handle m1 by 1", "stop 1 begin", "stop 1 end", "handle m2 by 2", "handle m3 by 2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events = %q\nwant %q", got, want)
+	}
+	if c := f.calls.Load(); c != 2 || h.active() != 1 {
+		t.Fatalf("factory calls = %d, active = %d", c, h.active())
+	}
+}
+
+func TestHostPassivationCancelledByDelivery(t *testing.T) {
+	var stops atomic.Int32
+	f := &testFactory{
+		handle: func(inc int, m *Message) ([]byte, error) { return []byte(strconv.Itoa(inc)), nil },
+		stop:   func(int) error { stops.Add(1); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute })
+	h.deliver(0, "a", req("a", ""))
+	rec.next(t)
+	eventually(t, "idle", func() bool { return quiet(h) })
+
+	// Queue a passivation by hand, as passivateIdle does, but deliver a
+	// message before its Stop begins.
+	se := h.snapshot()[0]
+	se.mu.Lock()
+	c := se.cells["a"]
+	c.running, c.stop = true, stopQueued
+	se.mu.Unlock()
+	h.deliver(0, "a", req("a", ""))
+	h.stopCell(stopItem{se: se, shard: 0, id: "a", c: c})
+
+	if r := rec.next(t); string(r.data) != "1" {
+		t.Fatalf("reply by incarnation %s, want 1 (passivation cancelled)", r.data)
+	}
+	eventually(t, "idle", func() bool { return quiet(h) })
+	if s := stops.Load(); s != 0 {
+		t.Fatalf("Stop called %d times, want 0", s)
+	}
+}
+
+func TestHostStopShardWaitsForQueued(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	logEvent := func(s string) {
+		mu.Lock()
+		events = append(events, s)
+		mu.Unlock()
+	}
+	entered := make(chan struct{})
+	block := make(chan struct{})
+	f := &testFactory{
+		handle: func(_ int, m *Message) ([]byte, error) {
+			logEvent("handle " + m.EntityID + " " + string(m.Data))
+			if string(m.Data) == "m1" {
+				close(entered)
+				<-block
+			}
+			return nil, nil
+		},
+		stop: func(inc int) error { logEvent(fmt.Sprintf("stop %d", inc)); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	h.deliver(3, "idle", pub("idle", "x")) // incarnation 1, idle when the stop begins
+	eventually(t, "idle entity", func() bool { return quiet(h) && h.active() == 1 })
+	h.deliver(5, "other", pub("other", "x")) // another shard: not stopped
+	eventually(t, "other entity", func() bool { return quiet(h) && h.active() == 2 })
+
+	h.deliver(3, "a", pub("a", "m1")) // incarnation 3
+	<-entered
+	h.deliver(3, "a", pub("a", "m2"))
+	h.deliver(3, "a", pub("a", "m3"))
+
+	done := make(chan error, 1)
+	go func() { done <- h.stopShard(context.Background(), 3) }()
+	eventually(t, "shard closing", func() bool {
+		se := h.snapshot()[3]
+		se.mu.Lock()
+		defer se.mu.Unlock()
+		return se.closing
+	})
+	h.deliver(3, "a", req("a", "late"))
+	h.deliver(3, "new", req("new", "late"))
+	for range 2 {
+		if r := rec.next(t); !errors.Is(r.err, errShardNotServed) || r.err.Error() != "shard not served here" {
+			t.Fatalf("late message answered %+v", r)
+		}
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("stopShard returned %v while a message was being handled", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(block)
+	if err := <-done; err != nil {
+		t.Fatalf("stopShard: %v", err)
+	}
+	mu.Lock()
+	got := slices.Clone(events)
+	mu.Unlock()
+	// The idle entity may stop at any point; check the busy one's order.
+	var busy []string
+	for _, e := range got {
+		if e != "handle idle x" && e != "stop 1" && e != "handle other x" {
+			busy = append(busy, e)
+		}
+	}
+	if want := []string{"handle a m1", "handle a m2", "handle a m3", "stop 3"}; !slices.Equal(busy, want) {
+		t.Fatalf("events = %q, want %q", busy, want)
+	}
+	if !slices.Contains(got, "stop 1") || slices.Contains(got, "stop 2") {
+		t.Fatalf("events = %q: want the idle entity stopped, the other shard's not", got)
+	}
+	if ids := h.shardEntities(3); len(ids) != 0 {
+		t.Fatalf("shard 3 still holds %v", ids)
+	}
+	if h.active() != 1 {
+		t.Fatalf("active = %d, want 1", h.active())
+	}
+	// Bound again later: the shard starts afresh.
+	h.deliver(3, "a", req("a", "again"))
+	if r := rec.next(t); r.err != nil {
+		t.Fatalf("after the stop: %v", r.err)
+	}
+}
+
+func TestHostStopShardEmpty(t *testing.T) {
+	f := &testFactory{}
+	h := newTestHost(t, f.factory, newRecorder(), nil)
+	if err := h.stopShard(context.Background(), 9); err != nil {
+		t.Fatal(err)
+	}
+	h.deliver(9, "a", pub("a", ""))
+	eventually(t, "idle", func() bool { return quiet(h) })
+	if err := h.stopShard(context.Background(), 9); err != nil {
+		t.Fatal(err)
+	}
+	if h.active() != 0 || len(h.snapshot()) != 0 {
+		t.Fatalf("active = %d, shards = %d", h.active(), len(h.snapshot()))
+	}
+}
+
+func TestHostStopShardContext(t *testing.T) {
+	block := make(chan struct{})
+	defer close(block)
+	entered := make(chan struct{})
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		close(entered)
+		<-block
+		return nil, nil
+	}}
+	h := newTestHost(t, f.factory, newRecorder(), nil)
+	h.deliver(0, "a", pub("a", ""))
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := h.stopShard(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("stopShard = %v, want deadline exceeded", err)
+	}
+}
+
+func TestHostStopTimeoutAbandonsHook(t *testing.T) {
+	hang := make(chan struct{})
+	defer close(hang)
+	f := &testFactory{stop: func(int) error { <-hang; return nil }}
+	h := newTestHost(t, f.factory, newRecorder(), func(c *hostConfig) { c.StopTimeout = 20 * time.Millisecond })
+	h.deliver(0, "a", pub("a", ""))
+	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.stopShard(ctx, 0); err != nil {
+		t.Fatalf("stopShard with a hanging Stop hook: %v", err)
+	}
+}
+
+func TestHostStopAll(t *testing.T) {
+	var stops atomic.Int32
+	f := &testFactory{stop: func(int) error { stops.Add(1); return nil }}
+	h := newTestHost(t, f.factory, newRecorder(), nil)
+	for i := range 50 {
+		id := "e" + strconv.Itoa(i)
+		h.deliver(i%7, id, pub(id, ""))
+	}
+	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 50 })
+	if err := h.stopAll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.active() != 0 || stops.Load() != 50 {
+		t.Fatalf("active = %d, stops = %d", h.active(), stops.Load())
+	}
+}
+
+func TestHostShardEntitiesSorted(t *testing.T) {
+	f := &testFactory{}
+	h := newTestHost(t, f.factory, newRecorder(), nil)
+	for _, id := range []string{"c", "a", "b"} {
+		h.deliver(2, id, pub(id, ""))
+	}
+	h.deliver(1, "z", pub("z", ""))
+	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 4 })
+	if ids := h.shardEntities(2); !slices.Equal(ids, []string{"a", "b", "c"}) {
+		t.Fatalf("shardEntities(2) = %v", ids)
+	}
+	if ids := h.shardEntities(4); len(ids) != 0 {
+		t.Fatalf("shardEntities(4) = %v", ids)
+	}
+}
+
+func TestHostFactoryErrorRetried(t *testing.T) {
+	f := &testFactory{fail: func(call int) error {
+		if call == 1 {
+			return errors.New("state unavailable")
+		}
+		return nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	h.deliver(0, "a", req("a", "one"))
+	r := rec.next(t)
+	if r.err == nil || r.data != nil {
+		t.Fatalf("first reply = %+v, want the factory error", r)
+	}
+	if want := "create entity: state unavailable"; r.err.Error() != want {
+		t.Fatalf("error %q, want %q", r.err, want)
+	}
+	eventually(t, "failed cell removed", func() bool { return quiet(h) && h.active() == 0 })
+
+	h.deliver(0, "a", req("a", "two"))
+	if r := rec.next(t); r.err != nil || string(r.data) != "two" {
+		t.Fatalf("second reply = %+v", r)
+	}
+	if c := f.calls.Load(); c != 2 {
+		t.Fatalf("factory called %d times, want 2", c)
+	}
+}
+
+func TestHostFactoryErrorRetriedWithinMailbox(t *testing.T) {
+	gate := make(chan struct{})
+	f := &testFactory{fail: func(call int) error {
+		if call == 1 {
+			<-gate // let the second message queue up behind the first
+			return errors.New("boom")
+		}
+		return nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	h.deliver(0, "a", req("a", "one"))
+	h.deliver(0, "a", req("a", "two"))
+	close(gate)
+	if r := rec.next(t); r.err == nil {
+		t.Fatalf("first reply = %+v", r)
+	}
+	if r := rec.next(t); r.err != nil || string(r.data) != "two" {
+		t.Fatalf("second reply = %+v", r)
+	}
+}
+
+func TestHostPanicRecovered(t *testing.T) {
+	logs := &logBuffer{}
+	var stops atomic.Int32
+	f := &testFactory{
+		handle: func(inc int, m *Message) ([]byte, error) {
+			if string(m.Data) == "boom" {
+				panic("kaboom")
+			}
+			return []byte(strconv.Itoa(inc)), nil
+		},
+		stop: func(int) error { stops.Add(1); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	h.deliver(0, "a", req("a", "x"))
+	h.deliver(0, "a", req("a", "boom"))
+	h.deliver(0, "a", req("a", "y"))
+	if r := rec.next(t); string(r.data) != "1" {
+		t.Fatalf("reply %+v", r)
+	}
+	if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
+		t.Fatalf("panic answered %+v", r)
+	}
+	if r := rec.next(t); r.err != nil || string(r.data) != "2" {
+		t.Fatalf("after the panic: %+v, want incarnation 2", r)
+	}
+	if s := stops.Load(); s != 0 {
+		t.Fatalf("Stop of the panicked incarnation called %d times", s)
+	}
+	// A panicking publish is not answered, and the entity is dropped.
+	h.deliver(0, "a", pub("a", "boom"))
+	eventually(t, "panicked entity dropped", func() bool { return quiet(h) && h.active() == 0 })
+	rec.none(t)
+	if s := logs.String(); !bytes.Contains([]byte(s), []byte("level=ERROR")) || !bytes.Contains([]byte(s), []byte("kaboom")) {
+		t.Fatalf("panic not logged at error: %s", s)
+	}
+}
+
+func TestHostFactoryAndStopPanicRecovered(t *testing.T) {
+	clock := newFakeClock()
+	f := &testFactory{
+		fail: func(call int) error {
+			if call == 1 {
+				panic("factory kaboom")
+			}
+			return nil
+		},
+		stop: func(int) error { panic("stop kaboom") },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.IdleTimeout = time.Second
+		c.Now = clock.Now
+	})
+	h.deliver(0, "a", req("a", ""))
+	if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
+		t.Fatalf("factory panic answered %+v", r)
+	}
+	h.deliver(0, "a", req("a", "ok"))
+	if r := rec.next(t); r.err != nil || string(r.data) != "ok" {
+		t.Fatalf("after the factory panic: %+v", r)
+	}
+	eventually(t, "idle", func() bool { return quiet(h) })
+	clock.Advance(time.Second)
+	if n := h.passivateIdle(); n != 1 {
+		t.Fatalf("passivateIdle = %d", n)
+	}
+	eventually(t, "passivated despite the Stop panic", func() bool { return h.active() == 0 })
+	h.deliver(0, "a", req("a", "again"))
+	if r := rec.next(t); r.err != nil {
+		t.Fatalf("after the Stop panic: %+v", r)
+	}
+}
+
+// TestHostStress delivers requests to many entities from several
+// goroutines while passivation sweeps run, then checks that every request
+// was answered once, per-entity order held across incarnations, no two
+// incarnations of an entity overlapped, and every incarnation was stopped
+// exactly once.
+func TestHostStress(t *testing.T) {
+	const (
+		senders   = 4
+		perSender = 25 // entities owned by each sender
+		msgs      = 3000
+	)
+	type track struct {
+		mu      sync.Mutex
+		live    int // live incarnation, 0 when none
+		lastSeq int
+	}
+	var (
+		tracks    sync.Map // id -> *track
+		failures  atomic.Int32
+		firstFail atomic.Value
+		nextInc   atomic.Int32
+		stops     atomic.Int32
+	)
+	fail := func(format string, args ...any) {
+		if failures.Add(1) == 1 {
+			firstFail.Store(fmt.Sprintf(format, args...))
+		}
+	}
+	trackOf := func(id string) *track {
+		v, _ := tracks.LoadOrStore(id, &track{})
+		return v.(*track)
+	}
+	handle := func(id string, inc int, m *Message) ([]byte, error) {
+		tr := trackOf(id)
+		seq, _ := strconv.Atoi(string(m.Data))
+		tr.mu.Lock()
+		if tr.live != inc {
+			fail("%s: message handled by incarnation %d while %d is live", id, inc, tr.live)
+		}
+		if seq <= tr.lastSeq {
+			fail("%s: message %d after %d", id, seq, tr.lastSeq)
+		}
+		tr.lastSeq = seq
+		tr.mu.Unlock()
+		return m.Data, nil
+	}
+	factory := func(_ context.Context, id string) (Entity, error) {
+		inc := int(nextInc.Add(1))
+		tr := trackOf(id)
+		tr.mu.Lock()
+		if tr.live != 0 {
+			fail("%s: incarnation %d created while %d is live", id, inc, tr.live)
+		}
+		tr.live = inc
+		tr.mu.Unlock()
+		return &stressEntity{handle: func(m *Message) ([]byte, error) {
+			return handle(id, inc, m)
+		}, stop: func() {
+			stops.Add(1)
+			tr.mu.Lock()
+			if tr.live != inc {
+				fail("%s: stop of incarnation %d while %d is live", id, inc, tr.live)
+			}
+			tr.live = 0
+			tr.mu.Unlock()
+		}}, nil
+	}
+	clock := newFakeClock()
+	var replies atomic.Int32
+	h := newHost(hostConfig{
+		Factory:     factory,
+		IdleTimeout: time.Second,
+		Logger:      discardLogger(),
+		Now:         clock.Now,
+		Reply: func(m *nats.Msg, data []byte, err error) {
+			if err != nil {
+				fail("request %s answered with %v", m.Subject, err)
+			}
+			replies.Add(1)
+		},
+	})
+	done := make(chan struct{})
+	var sweeper sync.WaitGroup
+	sweeper.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			clock.Advance(time.Second)
+			h.passivateIdle()
+			runtime.Gosched()
+		}
+	})
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Go(func() {
+			seq := make([]int, perSender)
+			for i := range msgs {
+				k := (i*7 + i/3) % perSender
+				seq[k]++
+				id := fmt.Sprintf("s%d-e%d", s, k)
+				h.deliver(k%5, id, req(id, strconv.Itoa(seq[k])))
+				if i%64 == 0 {
+					runtime.Gosched()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, "all answered", func() bool { return replies.Load() == senders*msgs })
+	close(done)
+	sweeper.Wait()
+	if err := h.stopAll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := failures.Load(); n > 0 {
+		t.Fatalf("%d failures, first: %s", n, firstFail.Load())
+	}
+	if c, s := nextInc.Load(), stops.Load(); c != s {
+		t.Fatalf("%d incarnations, %d stops", c, s)
+	}
+	t.Logf("%d messages, %d incarnations", senders*msgs, nextInc.Load())
+}
+
+// stressEntity is the entity of TestHostStress.
+type stressEntity struct {
+	handle func(*Message) ([]byte, error)
+	stop   func()
+}
+
+func (e *stressEntity) Handle(_ context.Context, m *Message) ([]byte, error) { return e.handle(m) }
+func (e *stressEntity) Stop(context.Context) error                           { e.stop(); return nil }
+
+// nopEntity is the trivial entity of the memory test: no user state.
+type nopEntity struct{}
+
+func (nopEntity) Handle(context.Context, *Message) ([]byte, error) { return nil, nil }
+func (nopEntity) Stop(context.Context) error                       { return nil }
+
+func TestHostMemoryPerIdleEntity(t *testing.T) {
+	const (
+		n      = 100_000
+		shards = 128
+		batch  = 1000 // the race detector allows 8128 live goroutines
+	)
+	var handled atomic.Int64
+	f := func(context.Context, string) (Entity, error) { return nopEntity{}, nil }
+	h := newHost(hostConfig{
+		Factory: f,
+		Logger:  discardLogger(),
+		Reply:   func(*nats.Msg, []byte, error) { handled.Add(1) },
+	})
+	measure := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := measure()
+	for i := 0; i < n; i += batch {
+		for j := i; j < i+batch; j++ {
+			id := "entity-" + strconv.Itoa(j)
+			h.deliver(j%shards, id, &nats.Msg{Subject: "shard.t." + strconv.Itoa(j%shards) + "." + id, Reply: "r"})
+		}
+		for handled.Load() < int64(i+batch) {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	eventually(t, "all idle", func() bool { return quiet(h) })
+	after := measure()
+	if a := h.active(); a != n {
+		t.Fatalf("active = %d, want %d", a, n)
+	}
+	per := float64(int64(after)-int64(before)) / n
+	t.Logf("memory per idle entity: %.0f bytes (%d entities in %d shards, heap %d -> %d)", per, n, shards, before, after)
+	if per > 1024 {
+		t.Fatalf("%.0f bytes per idle entity, want <= 1024", per)
+	}
+	runtime.KeepAlive(h)
+}
