@@ -97,10 +97,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "region", "region", cfg.ID),
-		gates:   make([]gate, cfg.Shards),
-		subs:    make(map[int]*nats.Subscription),
+		cfg:   cfg,
+		log:   cfg.Logger.With("component", "region", "region", cfg.ID),
+		gates: make([]gate, cfg.Shards),
+		subs:  make(map[int]*nats.Subscription),
 	}
 	idle := cfg.IdleTimeout
 	if idle < 0 {
