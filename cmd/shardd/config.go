@@ -45,6 +45,37 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return def
 	}
 	var c config
+	var errs []error
+	envInt := func(name string, def int) int {
+		if v := getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %q is not a whole number", name, v))
+			}
+			return n
+		}
+		return def
+	}
+	envDur := func(name string, def time.Duration) time.Duration {
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %q is not a duration (like 120s)", name, v))
+			}
+			return d
+		}
+		return def
+	}
+	envBool := func(name string) bool {
+		if v := getenv(name); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %q is not true or false", name, v))
+			}
+			return b
+		}
+		return false
+	}
 	fs := flag.NewFlagSet("shardd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -56,51 +87,26 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", defaultDataDir(getenv)), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
 	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
 	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "built-in entity kind: kv or echo [NATSHARD_KIND]")
-	shards := fs.String("shards", env("NATSHARD_SHARDS", "0"), "shard count; 0 uses the stored count, or 128 for a new type [NATSHARD_SHARDS]")
+	fs.IntVar(&c.Shards, "shards", envInt("NATSHARD_SHARDS", 0), "shard count; 0 uses the stored count, or 128 for a new type [NATSHARD_SHARDS]")
 	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", defaultRegion()), "region id, unique per process [NATSHARD_REGION]")
 	fs.StringVar(&c.Version, "app-version", env("NATSHARD_APP_VERSION", ""), "application version of this process, for rolling updates [NATSHARD_APP_VERSION]")
-	noCoord := fs.String("no-coordinator", env("NATSHARD_NO_COORDINATOR", "false"), "host a region but never take the coordinator lease [NATSHARD_NO_COORDINATOR]")
-	minRegions := fs.String("min-regions", env("NATSHARD_MIN_REGIONS", "1"), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
-	replicas := fs.String("replicas", env("NATSHARD_REPLICAS", "1"), "replicas of the KV bucket (3 on a cluster) [NATSHARD_REPLICAS]")
-	idle := fs.String("idle-timeout", env("NATSHARD_IDLE_TIMEOUT", "120s"), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
-	lease := fs.String("lease-ttl", env("NATSHARD_LEASE_TTL", "4s"), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
+	fs.BoolVar(&c.NoCoordinator, "no-coordinator", envBool("NATSHARD_NO_COORDINATOR"), "host a region but never take the coordinator lease [NATSHARD_NO_COORDINATOR]")
+	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", 1), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
+	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 1), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", 120*time.Second), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDur("NATSHARD_LEASE_TTL", 4*time.Second), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
 	fs.StringVar(&c.LogLevel, "log-level", env("NATSHARD_LOG_LEVEL", "info"), "debug, info, warn or error [NATSHARD_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", env("NATSHARD_LOG_FORMAT", "text"), "text or json [NATSHARD_LOG_FORMAT]")
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q (shardd takes only flags)", fs.Arg(0))
-	}
-	var errs []error
-	num := func(name, s string, dst *int) {
-		v, err := strconv.Atoi(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %q is not a whole number", name, s))
-		}
-		*dst = v
-	}
-	dur := func(name, s string, dst *time.Duration) {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %q is not a duration (like 120s)", name, s))
-		}
-		*dst = v
-	}
-	num("shards", *shards, &c.Shards)
-	num("min-regions", *minRegions, &c.MinRegions)
-	num("replicas", *replicas, &c.Replicas)
-	dur("idle-timeout", *idle, &c.IdleTimeout)
-	dur("lease-ttl", *lease, &c.LeaseTTL)
-	b, err := strconv.ParseBool(*noCoord)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--no-coordinator: %q is not true or false", *noCoord))
-	}
-	c.NoCoordinator = b
-	if len(errs) > 0 {
-		return c, errors.Join(errs...)
 	}
 	return c, c.Validate()
 }
