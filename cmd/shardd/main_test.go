@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+func noEnv(string) string { return "" }
+
+func TestParseConfigErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--type", "bad type"}, nil, "--type"},
+		{[]string{"--region", "a.b"}, nil, "--region"},
+		{[]string{"--kind", "actor"}, nil, "--kind"},
+		{[]string{"--shards", "-1"}, nil, "--shards"},
+		{[]string{"--shards", "x"}, nil, "invalid value"},
+		{[]string{"--replicas", "0"}, nil, "--replicas"},
+		{[]string{"--lease-ttl", "1500ms"}, nil, "--lease-ttl"},
+		{[]string{"--log-level", "loud"}, nil, "--log-level"},
+		{[]string{"--log-format", "xml"}, nil, "--log-format"},
+		{[]string{"stray"}, nil, "unexpected argument"},
+		{nil, map[string]string{"NATSHARD_SHARDS": "many"}, "NATSHARD_SHARDS"},
+		{nil, map[string]string{"NATSHARD_NO_COORDINATOR": "maybe"}, "NATSHARD_NO_COORDINATOR"},
+	} {
+		getenv := func(k string) string { return tc.env[k] }
+		_, err := parseConfig(tc.args, getenv, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: err %v, want one naming %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestParseConfigEnvironment(t *testing.T) {
+	env := map[string]string{"NATS_URL": "nats://x:1", "NATSHARD_TYPE": "orders", "NATSHARD_SHARDS": "64", "NATSHARD_NO_COORDINATOR": "true", "NATSHARD_IDLE_TIMEOUT": "5s"}
+	c, err := parseConfig(nil, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATS != "nats://x:1" || c.Type != "orders" || c.Shards != 64 || !c.NoCoordinator || c.IdleTimeout != 5*time.Second {
+		t.Fatalf("environment not applied: %+v", c)
+	}
+	// Flags win over the environment.
+	c, err = parseConfig([]string{"--shards", "32"}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil || c.Shards != 32 {
+		t.Fatalf("flag did not win: %v %+v", err, c)
+	}
+	if _, err := parseConfig([]string{"--help"}, noEnv, &bytes.Buffer{}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+}
+
+func TestRunUnreachableNATS(t *testing.T) {
+	err := run(context.Background(), []string{"--nats", "nats://127.0.0.1:1"}, noEnv, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "cannot connect to NATS at nats://127.0.0.1:1") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestRunRefusesMismatchedShardCount(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(srv)))
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.EnsureConfig(context.Background(), protocol.TypeConfig{Shards: 128}); err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), []string{"--nats", natstest.URL(srv), "--shards", "64"}, noEnv, &bytes.Buffer{})
+	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), "--shards 64 disagrees with the type's stored shard count 128") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// TestRunEmbedded starts shardd with its embedded server, waits until every
+// shard is served, asks an entity, and stops it gracefully.
+func TestRunEmbedded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0") // borrow a free port
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &lockedWriter{}
+	go func() {
+		done <- run(ctx, []string{"--listen", addr, "--data-dir", t.TempDir(), "--region", "solo", "--shards", "8"}, noEnv, logs)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run returned %v", err)
+		}
+		if t.Failed() {
+			t.Logf("shardd log:\n%s", logs.String())
+		}
+	}()
+	var nc *nats.Conn
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		if nc, err = nats.Connect("nats://" + addr); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("embedded server never came up: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer nc.Close()
+	subject := protocol.MustSubjects("", "", "kv").EntityOf("order-42", 8)
+	for {
+		m, err := nc.Request(subject, []byte(`{"op":"set","key":"k","value":1}`), time.Second)
+		if err == nil {
+			if string(m.Data) != `{"ok":true,"value":1}` {
+				t.Fatalf("answer %q", m.Data)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("entity never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
