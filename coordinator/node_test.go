@@ -1,0 +1,161 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+	"github.com/nats-io/nats.go"
+)
+
+const shards = 16
+
+func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
+	var st protocol.Status
+	m, err := nc.Request(s.Admin(protocol.AdminStatus), nil, time.Second)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(m.Data, &st)
+}
+
+func waitFor(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestGracefulHandover: two candidates, one leader; the leader stops, its
+// lease is released (not left to expire), the other leads with a newer
+// epoch and keeps every shard where it was.
+func TestGracefulHandover(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, natstest.URL(srv))
+	ctx := context.Background()
+	store, err := kvstate.Open(ctx, natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := protocol.MustSubjects("", "", "kv")
+	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close(ctx)
+
+	// A long TTL: a takeover within the test's deadline proves a release.
+	const ttl = 30 * time.Second
+	type candidate struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	start := func(name string) candidate {
+		cctx, cancel := context.WithCancel(ctx)
+		c := candidate{cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(c.done)
+			coordinator.New(coordinator.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, Region: name, LeaseTTL: ttl}).Run(cctx)
+		}()
+		return c
+	}
+	cands := map[string]candidate{"c1": start("c1"), "c2": start("c2")}
+	defer func() {
+		for _, c := range cands {
+			c.cancel()
+			<-c.done
+		}
+	}()
+	var first protocol.Status
+	waitFor(t, "all shards active", func() error {
+		var err error
+		if first, err = status(nc, subjects); err != nil {
+			return err
+		}
+		for _, s := range first.Table {
+			if s.State != "active" || s.Region != "r1" {
+				return fmt.Errorf("shard %d %s on %q", s.Shard, s.State, s.Region)
+			}
+		}
+		return nil
+	})
+	info, _, err := store.Coordinator(ctx)
+	if err != nil || info.Region != first.Coordinator.Region {
+		t.Fatalf("lease holder %q, status says %q (%v)", info.Region, first.Coordinator.Region, err)
+	}
+	leader := first.Coordinator.Region
+	other := map[string]string{"c1": "c2", "c2": "c1"}[leader]
+
+	cands[leader].cancel()
+	<-cands[leader].done
+	var next protocol.Status
+	waitFor(t, "the other candidate leads", func() error {
+		var err error
+		if next, err = status(nc, subjects); err != nil {
+			return err
+		}
+		if next.Coordinator.Region != other || next.Coordinator.Epoch <= first.Coordinator.Epoch {
+			return fmt.Errorf("coordinator %s epoch %d", next.Coordinator.Region, next.Coordinator.Epoch)
+		}
+		return nil
+	})
+	for i, s := range next.Table {
+		if s != first.Table[i] {
+			t.Errorf("shard %d changed across the handover: %+v -> %+v", i, first.Table[i], s)
+		}
+	}
+}
+
+// TestDeposedCoordinatorCannotWrite: once another holds the lease, a write
+// fenced on the old lease is refused by the server.
+func TestDeposedCoordinatorCannotWrite(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, natstest.URL(srv))
+	ctx := context.Background()
+	store, err := kvstate.Open(ctx, natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := store.AcquireCoordinator(ctx, protocol.CoordinatorInfo{Region: "old"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutShard(ctx, old, protocol.ShardRecord{Shard: 1, Region: "a", State: protocol.StateActive, Epoch: old.Revision}); err != nil {
+		t.Fatalf("holder's write: %v", err)
+	}
+	if err := store.DeposeCoordinator(ctx, old.Revision); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := store.AcquireCoordinator(ctx, protocol.CoordinatorInfo{Region: "new"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.PutShard(ctx, old, protocol.ShardRecord{Shard: 1, Region: "b", State: protocol.StateActive, Epoch: old.Revision})
+	if !errors.Is(err, kvstate.ErrFenced) {
+		t.Fatalf("deposed write: %v, want ErrFenced", err)
+	}
+	if _, err := store.PutShard(ctx, fresh, protocol.ShardRecord{Shard: 1, Region: "c", State: protocol.StateActive, Epoch: fresh.Revision}); err != nil {
+		t.Fatalf("new holder's write: %v", err)
+	}
+	rows, err := store.Shards(ctx)
+	if err != nil || len(rows) != 1 || rows[0].Region != "c" {
+		t.Fatalf("table %+v %v", rows, err)
+	}
+}

@@ -1,0 +1,215 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+)
+
+const shards = 8
+
+type fixture struct {
+	nc       *nats.Conn
+	store    *kvstate.Store
+	subjects protocol.Subjects
+	agent    *region.Agent
+	inc      string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, natstest.URL(srv))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{nc: nc, store: store, subjects: protocol.MustSubjects("", "", "kv")}
+	f.agent, err = region.Open(context.Background(), region.Config{
+		Conn: nc, Store: store, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.agent.Close(context.Background()) })
+	regions, err := store.Regions(context.Background())
+	if err != nil || len(regions) != 1 {
+		t.Fatalf("registration: %v %v", regions, err)
+	}
+	f.inc = regions[0].Info.Incarnation
+	return f
+}
+
+// command sends a raw command payload and decodes the reply.
+func (f *fixture) command(t *testing.T, data []byte) protocol.Reply {
+	t.Helper()
+	m, err := f.nc.Request(f.subjects.Region("r1"), data, 2*time.Second)
+	if err != nil {
+		t.Fatalf("command: %v", err)
+	}
+	var r protocol.Reply
+	if err := protocol.Decode(m.Data, &r); err != nil {
+		t.Fatalf("reply: %v", err)
+	}
+	return r
+}
+
+func (f *fixture) send(t *testing.T, c protocol.Command) protocol.Reply {
+	t.Helper()
+	data, err := protocol.Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.command(t, data)
+}
+
+func TestCommandsAndEpochs(t *testing.T) {
+	f := newFixture(t)
+	r := f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 5, Incarnation: f.inc, Shards: []int{1, 3}})
+	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) {
+		t.Fatalf("bind: %+v", r)
+	}
+	// A stale epoch is refused and changes nothing.
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 4, Incarnation: f.inc, Shards: []int{1}})
+	if !strings.Contains(r.Error, "stale epoch 4") || r.Epoch != 5 {
+		t.Fatalf("stale drop: %+v", r)
+	}
+	// A command for another incarnation is refused.
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 6, Incarnation: "someone-else", Shards: []int{1}})
+	if !strings.Contains(r.Error, "incarnation") || r.Incarnation != f.inc {
+		t.Fatalf("wrong incarnation: %+v", r)
+	}
+	if got := f.agent.Held(); !slices.Equal(got, []int{1, 3}) {
+		t.Fatalf("held %v after refused commands", got)
+	}
+	r = f.send(t, protocol.Command{Kind: protocol.CmdProbe, Epoch: 6, Incarnation: f.inc})
+	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) {
+		t.Fatalf("probe: %+v", r)
+	}
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 6, Incarnation: f.inc, Shards: []int{1}})
+	if r.Error != "" || !slices.Equal(r.Held, []int{3}) {
+		t.Fatalf("drop: %+v", r)
+	}
+	// A dropped shard is no longer subscribed: requests get no responders.
+	if _, err := f.nc.Request(f.subjects.EntityOf(idIn(1), shards), []byte("x"), time.Second); err != nats.ErrNoResponders {
+		t.Fatalf("request to dropped shard: %v", err)
+	}
+	if m, err := f.nc.Request(f.subjects.EntityOf(idIn(3), shards), []byte("hello"), time.Second); err != nil || string(m.Data) != "hello" {
+		t.Fatalf("request to bound shard: %v", err)
+	}
+}
+
+func TestGarbageCommandsAreRefused(t *testing.T) {
+	f := newFixture(t)
+	for _, data := range [][]byte{
+		nil,
+		[]byte("garbage"),
+		[]byte{0xc1},
+		mustEncode(t, protocol.Command{Kind: 99, Epoch: 1, Incarnation: f.inc}),
+		mustEncode(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 0, Incarnation: f.inc}),
+		mustEncode(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{shards}}),
+		mustEncode(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{-1}}),
+		mustEncode(t, map[string]any{"k": "bind", "e": "soon"}),
+	} {
+		if r := f.command(t, data); r.Error == "" {
+			t.Errorf("%q was accepted: %+v", data, r)
+		}
+	}
+	if got := f.agent.Stats().Refused.Load(); got != 8 {
+		t.Errorf("refused counter %d, want 8", got)
+	}
+	if held := f.agent.Held(); len(held) != 0 {
+		t.Fatalf("garbage bound shards: %v", held)
+	}
+}
+
+func TestMalformedDataMessages(t *testing.T) {
+	f := newFixture(t)
+	f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{0, 1, 2, 3, 4, 5, 6, 7}})
+	id := idIn(2)
+	wrong := (protocol.ShardOf(id, shards) + 1) % shards
+	for _, subject := range []string{
+		f.subjects.Entity(wrong, id),             // id belongs to another shard
+		f.subjects.Entity(2, "a*b"),              // a wildcard character inside a token
+		"shard.kv.2." + strings.Repeat("x", 300), // too long
+	} {
+		m, err := f.nc.Request(subject, []byte("x"), 2*time.Second)
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", subject, err)
+		}
+		if m.Header.Get(protocol.HeaderError) == "" || !strings.Contains(string(m.Data), `"ok":false`) {
+			t.Fatalf("%s: answer without error: %q %v", subject, m.Data, m.Header)
+		}
+	}
+	if got := f.agent.Stats().Malformed.Load(); got != 3 {
+		t.Fatalf("malformed counter %d, want 3", got)
+	}
+	// Plain publishes of malformed subjects are dropped and counted too,
+	// and the region keeps serving.
+	if err := f.nc.Publish(f.subjects.Entity(wrong, id), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := f.nc.Request(f.subjects.EntityOf(id, shards), []byte("still here"), 2*time.Second); err != nil || string(m.Data) != "still here" {
+		t.Fatalf("after bad input: %v", err)
+	}
+	if got := f.agent.Stats().Malformed.Load(); got != 4 {
+		t.Fatalf("malformed counter %d, want 4", got)
+	}
+}
+
+// TestRemovedRegistrationFences: when the coordinator removes a region's
+// registration (it found the region dead), a region that still runs stops
+// serving everything and registers again as a new incarnation.
+func TestRemovedRegistrationFences(t *testing.T) {
+	f := newFixture(t)
+	f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{0, 1}})
+	regions, err := f.store.Regions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.RemoveRegion(context.Background(), "r1", regions[0].Revision); err != nil {
+		// The region may have renewed in between; take the fresh revision.
+		regions, _ = f.store.Regions(context.Background())
+		if err := f.store.RemoveRegion(context.Background(), "r1", regions[0].Revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		regions, _ := f.store.Regions(context.Background())
+		if len(f.agent.Held()) == 0 && len(regions) == 1 && regions[0].Info.Incarnation != f.inc {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not fenced and re-registered: held %v, regions %+v", f.agent.Held(), regions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func idIn(shard int) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("id-%d", i); protocol.ShardOf(id, shards) == shard {
+			return id
+		}
+	}
+}
+
+func mustEncode(t *testing.T, v any) []byte {
+	t.Helper()
+	data, err := protocol.Encode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
