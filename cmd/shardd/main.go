@@ -85,6 +85,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		nats.ReconnectWait(500*time.Millisecond),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // our own drain or close
+			}
 			log.Warn("disconnected from NATS", "err", err)
 			agentMu.Lock()
 			defer agentMu.Unlock()
