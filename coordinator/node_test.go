@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
-	"github.com/nats-io/nats.go"
 )
 
 const shards = 16

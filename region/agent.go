@@ -57,6 +57,7 @@ type Agent struct {
 	mu          sync.Mutex // guards what follows
 	subs        map[int]*nats.Subscription
 	incarnation string
+	started     int64 // unix ms of the current incarnation's registration
 	lease       kvstate.Lease
 	registered  bool
 	renewedAt   time.Time // when the last successful registration write was sent
@@ -155,21 +156,21 @@ func (a *Agent) Active() int { return a.host.active() }
 // register writes a new registration with a new incarnation. A region
 // starts every incarnation holding no shard.
 func (a *Agent) register(ctx context.Context) error {
-	inc := nuid.Next()
-	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Started: time.Now().UnixMilli()}
+	inc, started := nuid.Next(), time.Now().UnixMilli()
+	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Started: started}
 	sent := time.Now()
 	lease, err := a.cfg.Store.RegisterRegion(ctx, info, a.cfg.LeaseTTL)
 	if err != nil {
 		return fmt.Errorf("region: register %s: %w", a.cfg.ID, err)
 	}
 	a.mu.Lock()
-	a.incarnation, a.lease, a.renewedAt, a.registered = inc, lease, sent, true
+	a.incarnation, a.started, a.lease, a.renewedAt, a.registered = inc, started, lease, sent, true
 	a.mu.Unlock()
 	return nil
 }
 
 func (a *Agent) info() protocol.RegionInfo {
-	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Started: time.Now().UnixMilli()}
+	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Started: a.started}
 }
 
 // leaseLoop renews the registration, fences the region when it cannot, and
