@@ -105,6 +105,8 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte{0xc1})
 	f.Add([]byte("garbage"))
+	f.Add([]byte{0x81, 0xa1, 's', 0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0x81, 0xa1, 'i', 0xdb, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var c Command
 		if Decode(data, &c) != nil || c.Validate(128) != nil {

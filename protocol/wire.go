@@ -12,10 +12,14 @@ func Encode(v any) ([]byte, error) {
 }
 
 // Decode unmarshals msgpack data into v. Any failure, including trailing
-// garbage, is reported as ErrMalformed; it never panics on input.
+// garbage, is reported as ErrMalformed; it never panics on input, and it
+// allocates in proportion to len(data), whatever lengths data declares.
 func Decode(data []byte, v any) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if err := wellFormed(data); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if err := msgpack.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
