@@ -17,8 +17,8 @@ const entities = 1000
 // owner; kv entities keep their state; after kill -9 of a region its shards
 // are re-homed and every entity answers with its persisted state; after
 // kill -9 of the coordinator another takes the lease, no shard with a live
-// owner moves and the table is intact. It prints the re-home and failover
-// times it saw.
+// owner moves and the table is intact; a graceful stop of the coordinator's
+// process hands the lease over at once. It prints the times it saw.
 func TestThreeShardd(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
@@ -99,8 +99,26 @@ func TestThreeShardd(t *testing.T) {
 	assertSingleOwner(t, nc, subjects, st.Shards)
 	assertEntities(t, nc, subjects, st.Shards)
 
-	// Graceful stops exit 0.
-	for _, name := range []string{victim, "a"} {
+	// The killed coordinator's process comes back as a candidate. Then a
+	// graceful stop of the coordinator's process: it exits 0, deregisters
+	// and releases the lease, so the other candidate takes over without
+	// waiting for the TTL and re-homes the stopped region's shards.
+	procs[coord] = start(coord, "--nats", url)
+	st = waitSettled(t, nc, subjects, 30*time.Second, "a", victim, coord)
+	before, epoch = owners(st), st.Coordinator.Epoch
+	t0 = time.Now()
+	if err := procs[victim].stop(30 * time.Second); err != nil {
+		t.Fatalf("graceful stop of %s: %v\n%s", victim, err, lastLines(procs[victim].log.String(), 30))
+	}
+	st = waitSettled(t, nc, subjects, 30*time.Second, "a", coord)
+	if st.Coordinator.Region != coord || st.Coordinator.Epoch <= epoch {
+		t.Fatalf("coordinator after graceful stop: %+v", st.Coordinator)
+	}
+	t.Logf("graceful stop of the coordinator's process %s: %s took over and re-homed its %d shards in %s",
+		victim, coord, countOwned(before, victim), time.Since(t0).Round(time.Millisecond))
+	assertKept(t, before, owners(st), victim)
+	assertEntities(t, nc, subjects, st.Shards)
+	for _, name := range []string{coord, "a"} {
 		if err := procs[name].stop(30 * time.Second); err != nil {
 			t.Errorf("graceful stop of %s: %v\n%s", name, err, lastLines(procs[name].log.String(), 30))
 		}
