@@ -20,6 +20,13 @@ const (
 	// HeaderMsgID is the JetStream de-duplication header publishers may set;
 	// handoff replay uses it to drop duplicates.
 	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderSubject and HeaderReply carry a buffered message's original
+	// subject and reply subject in the buffer stream.
+	HeaderSubject = "Natshard-Subject"
+	HeaderReply   = "Natshard-Reply"
+	// HeaderMarker marks an end marker in a shard's buffer; its value is
+	// the handoff id.
+	HeaderMarker = "Natshard-Marker"
 )
 
 // Subjects builds and parses the subjects of one entity type.
@@ -34,6 +41,7 @@ const (
 //	<control>.<type>.region.<region id>    coordinator -> region commands
 //	<control>.<type>.coord                 region -> coordinator reports
 //	<control>.<type>.admin.<verb>          admin API, JSON (shardctl, nats req)
+//	<control>.<type>.buf.<shard>           the shard's handoff buffer (JetStream)
 type Subjects struct {
 	data    string // "<data>.<type>."
 	control string // "<control>.<type>."
@@ -101,6 +109,13 @@ func (s Subjects) Region(id string) string { return s.control + "region." + id }
 // Coordinator is the subject the coordinator leader listens on for reports
 // and pings.
 func (s Subjects) Coordinator() string { return s.control + "coord" }
+
+// Buffer is the subject of a shard's handoff buffer in the buffer stream.
+func (s Subjects) Buffer(shard int) string { return s.control + "buf." + strconv.Itoa(shard) }
+
+// BufferAll matches the buffer subjects of every shard: the buffer
+// stream's subjects.
+func (s Subjects) BufferAll() string { return s.control + "buf.*" }
 
 // Admin is the subject of an admin API verb.
 func (s Subjects) Admin(verb string) string { return s.control + "admin." + verb }

@@ -38,8 +38,19 @@ const (
 	// serve them.
 	CmdBind CommandKind = 2
 	// CmdDrop tells a region to stop serving shards at once: unsubscribe and
-	// stop their entities.
+	// stop their entities, with no end marker (forced reallocation).
 	CmdDrop CommandKind = 3
+	// CmdHandOff tells the owner to pause shards (DESIGN.md 6, step 2): keep
+	// the subscription, divert every arrival to the shard's buffer, stop the
+	// shard's entities. Reply.Complete says the entities have all stopped.
+	CmdHandOff CommandKind = 4
+	// CmdRelease tells the source of a handoff (step 5) to keep diverting
+	// for the grace period, then unsubscribe and append the end marker
+	// Handoffs[i] to the shard's buffer.
+	CmdRelease CommandKind = 5
+	// CmdLeave tells a region to mark itself leaving (drain): it gets no new
+	// shard and the coordinator hands all of its shards off.
+	CmdLeave CommandKind = 6
 )
 
 func (k CommandKind) String() string {
@@ -50,6 +61,12 @@ func (k CommandKind) String() string {
 		return "bind"
 	case CmdDrop:
 		return "drop"
+	case CmdHandOff:
+		return "handoff"
+	case CmdRelease:
+		return "release"
+	case CmdLeave:
+		return "leave"
 	}
 	return fmt.Sprintf("command(%d)", uint8(k))
 }
@@ -64,12 +81,28 @@ type Command struct {
 	Coordinator string      `msgpack:"c"` // region id of the coordinator's process
 	Incarnation string      `msgpack:"i"` // the region incarnation the command is for
 	Shards      []int       `msgpack:"s,omitempty"`
+	// Handoffs holds, for bind, handoff and release, the handoff id of each
+	// of Shards (same length): the id of the end marker that closes the
+	// shard's buffer for this move.
+	Handoffs []uint64 `msgpack:"h,omitempty"`
 }
 
 // Validate checks a decoded command against the shard count n.
 func (c *Command) Validate(n int) error {
 	switch c.Kind {
-	case CmdProbe, CmdBind, CmdDrop:
+	case CmdProbe, CmdDrop, CmdLeave:
+		if len(c.Handoffs) != 0 {
+			return fmt.Errorf("%w: %s with handoff ids", ErrMalformed, c.Kind)
+		}
+	case CmdBind, CmdHandOff, CmdRelease:
+		if len(c.Handoffs) != len(c.Shards) {
+			return fmt.Errorf("%w: %s with %d shards and %d handoff ids", ErrMalformed, c.Kind, len(c.Shards), len(c.Handoffs))
+		}
+		for _, h := range c.Handoffs {
+			if h == 0 {
+				return fmt.Errorf("%w: %s with handoff id 0", ErrMalformed, c.Kind)
+			}
+		}
 	default:
 		return fmt.Errorf("%w: unknown command kind %d", ErrMalformed, c.Kind)
 	}
@@ -88,8 +121,11 @@ func (c *Command) Validate(n int) error {
 type Reply struct {
 	Epoch       uint64 `msgpack:"e"` // the newest epoch the region has seen
 	Incarnation string `msgpack:"i"` // the region's incarnation
-	Held        []int  `msgpack:"h,omitempty"`
+	Held        []int  `msgpack:"h,omitempty"` // shards subscribed (serving, replaying or diverting)
 	Error       string `msgpack:"x,omitempty"`
+	// Complete answers handoff: every shard of the command is paused and
+	// its entities have stopped.
+	Complete bool `msgpack:"c,omitempty"`
 }
 
 // TypeConfig is the per-type configuration stored in KV; every process of
@@ -130,6 +166,15 @@ const (
 	StateAllocating ShardState = "allocating"
 	// StateActive: the region confirmed it serves the shard.
 	StateActive ShardState = "active"
+	// StateParked: no region owns the shard; the coordinator diverts its
+	// messages to the buffer until an owner binds.
+	StateParked ShardState = "parked"
+	// StateHandoff: Source was told to pause the shard; waiting until its
+	// entities have stopped.
+	StateHandoff ShardState = "handoff"
+	// StateBinding: Region was told to bind and replay the buffer up to
+	// marker Handoff; Source still diverts until it is released.
+	StateBinding ShardState = "binding"
 )
 
 // ShardRecord is one row of the shard table.
@@ -140,4 +185,10 @@ type ShardRecord struct {
 	State       ShardState `msgpack:"st"`
 	Order       uint64     `msgpack:"o,omitempty"` // allocation order: larger is newer
 	Epoch       uint64     `msgpack:"e"`           // epoch of the coordinator that wrote it
+	// During a move: the handoff id (end-marker id) and the source that
+	// diverts to the buffer: a region id, or "" for the coordinator itself
+	// (parking) together with SourceIncarnation "".
+	Handoff           uint64 `msgpack:"h,omitempty"`
+	Source            string `msgpack:"src,omitempty"`
+	SourceIncarnation string `msgpack:"si,omitempty"`
 }
