@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -12,32 +13,73 @@ import (
 // CoreConfig configures a Core. Times are counted in ticks.
 type CoreConfig struct {
 	Shards   int                 // shard count of the type
-	Strategy strategies.Strategy // where unowned shards go
+	Strategy strategies.Strategy // where shards go, which to rebalance
 	// MinRegions: no shard is allocated until this many regions are
 	// registered (Akka's min-nr-of-members). 0 or 1 allocates at once.
 	MinRegions int
 	// ProbeEvery: ticks between probes of each region (default 5).
 	ProbeEvery int
-	// BindRetry: ticks after which an unconfirmed Bind is sent again
-	// (default 20).
-	BindRetry int
+	// Retry: ticks after which an unanswered command is sent again
+	// (default 10).
+	Retry int
+	// HandOffTimeout: ticks a source may take to pause a shard before the
+	// coordinator takes the shard over and drops it there (default 100).
+	HandOffTimeout int
+	// RebalanceEvery: ticks between strategy rounds (default 20); negative
+	// disables rebalancing.
+	RebalanceEvery int
+	// MaxMoves bounds the moves of live shards in flight (default 16).
+	MaxMoves int
+}
+
+func (c *CoreConfig) setDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.ProbeEvery, 5)
+	def(&c.Retry, 10)
+	def(&c.HandOffTimeout, 100)
+	def(&c.RebalanceEvery, 20)
+	def(&c.MaxMoves, 16)
 }
 
 // Core is the coordinator's decision logic for one epoch: it owns the
 // shard table and the view of live regions, takes events and ticks, and
-// returns the actions to carry out. It does no I/O and reads no clock, so
-// the same inputs give the same outputs. It is not safe for concurrent use.
+// returns the actions to carry out, in order. It does no I/O and reads no
+// clock, so the same inputs give the same outputs. It is not safe for
+// concurrent use.
+//
+// A shard's life (DESIGN.md 6): parked (the coordinator diverts its
+// messages to the buffer) -> binding (a region replays the buffer up to the
+// end marker of the move) -> active (the region serves it) -> handoff (the
+// owner pauses it and stops its entities) -> binding -> active ... Every
+// bind is the end of a move whose source is a region or the coordinator
+// itself, so a shard always has someone catching its messages.
 type Core struct {
-	cfg     CoreConfig
-	self    string
-	epoch   uint64
-	tick    int
-	regions map[string]*regionState
-	table   []protocol.ShardRecord // index is the shard number
-	order   uint64                 // largest allocation order in the table
-	started bool                   // MinRegions was reached once (or the table had owners)
-	bindAt  []int                  // tick of the last Bind sent per shard
-	out     []Action
+	cfg       CoreConfig
+	self      string
+	epoch     uint64
+	tick      int
+	regions   map[string]*regionState
+	table     []protocol.ShardRecord // index is the shard number
+	steps     []step                 // index is the shard number
+	order     uint64                 // largest allocation order or handoff id used
+	started   bool                   // MinRegions was reached once (or the table had owners)
+	lastFlux  int                    // tick of the last membership change
+	lastRound int                    // tick of the last rebalance round
+	out       []Action
+}
+
+// step is the coordinator's memory of a shard's current step; it is not
+// in the table, so a new coordinator starts it afresh.
+type step struct {
+	at       int    // tick the step began
+	sentAt   int    // tick the last command of the step was sent
+	complete bool   // handoff: the source reported its entities stopped
+	bound    bool   // binding: the target confirmed; the source is being released
+	want     string // a target asked for by an operator
 }
 
 type regionState struct {
@@ -45,25 +87,26 @@ type regionState struct {
 	probedAt int
 }
 
+// Errors of Core.Move and Core.Drain.
+var (
+	ErrUnknownRegion = errors.New("coordinator: no such live region")
+	ErrShardBusy     = errors.New("coordinator: shard is not active")
+)
+
 // NewCore starts the decisions of the coordinator that holds epoch, with the
 // shard table and the registered regions read at takeover. Rows of table
-// may be missing or out of order. The returned actions reconcile what was
-// read: shards of regions that are gone are reallocated, unconfirmed binds
-// are sent again, every region is probed.
+// may be missing or out of order. The returned actions take over what was
+// under way: shards of regions that are gone are parked, moves are rolled
+// forward, every region is probed.
 func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRecord, regions []RegionSeen) (*Core, []Action) {
-	if cfg.ProbeEvery <= 0 {
-		cfg.ProbeEvery = 5
-	}
-	if cfg.BindRetry <= 0 {
-		cfg.BindRetry = 20
-	}
+	cfg.setDefaults()
 	c := &Core{
 		cfg:     cfg,
 		self:    self,
 		epoch:   epoch,
 		regions: make(map[string]*regionState),
 		table:   make([]protocol.ShardRecord, cfg.Shards),
-		bindAt:  make([]int, cfg.Shards),
+		steps:   make([]step, cfg.Shards),
 	}
 	for i := range c.table {
 		c.table[i] = protocol.ShardRecord{Shard: i, State: protocol.StateUnowned}
@@ -71,22 +114,53 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 	for _, r := range table {
 		if r.Shard >= 0 && r.Shard < cfg.Shards {
 			c.table[r.Shard] = r
-			c.order = max(c.order, r.Order)
+			c.order = max(c.order, r.Order, r.Handoff)
 			c.started = c.started || r.Region != ""
 		}
 	}
 	for _, r := range regions {
 		c.regions[r.Info.ID] = &regionState{RegionSeen: r}
 	}
-	for i := range c.table {
-		if c.table[i].Region != "" && !c.owns(i) {
-			c.unown(i)
-		}
+	for sh := range c.table {
+		c.takeOver(sh)
 	}
-	c.resendBinds(true)
 	c.probeAll()
 	c.allocate()
 	return c, c.flush()
+}
+
+// takeOver resumes shard sh as read from the table by a new coordinator.
+func (c *Core) takeOver(sh int) {
+	rec := c.table[sh]
+	switch rec.State {
+	case protocol.StateActive:
+		if !c.live(rec.Region, rec.Incarnation) {
+			c.park(sh)
+		}
+	case protocol.StateParked:
+		c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
+	case protocol.StateHandoff:
+		if c.live(rec.Source, rec.SourceIncarnation) {
+			c.sendHandOff(sh)
+		} else {
+			c.park(sh)
+		}
+	case protocol.StateBinding:
+		if rec.Source == "" {
+			// The previous coordinator diverted; this one does now.
+			c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
+		} else if !c.live(rec.Source, rec.SourceIncarnation) {
+			c.sourceGone(sh)
+			return
+		}
+		if c.live(rec.Region, rec.Incarnation) {
+			c.sendBind(sh)
+		} else {
+			c.retarget(sh)
+		}
+	default: // unowned or allocating (older versions): park
+		c.park(sh)
+	}
 }
 
 // Epoch is the epoch this core decides for.
@@ -98,10 +172,9 @@ func (c *Core) Table() []protocol.ShardRecord { return slices.Clone(c.table) }
 // Regions returns the live regions, by ID.
 func (c *Core) Regions() []RegionSeen {
 	out := make([]RegionSeen, 0, len(c.regions))
-	for _, r := range c.regions {
-		out = append(out, r.RegionSeen)
+	for _, id := range c.sortedRegionIDs() {
+		out = append(out, c.regions[id].RegionSeen)
 	}
-	slices.SortFunc(out, func(a, b RegionSeen) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
 	return out
 }
 
@@ -124,53 +197,144 @@ func (c *Core) Step(ev Event) []Action {
 		}
 	case CommandDone:
 		c.commandDone(ev)
+	case Unparked:
+		if rec := c.table[ev.Shard]; rec.State == protocol.StateBinding && rec.Source == "" && rec.Handoff == ev.Handoff {
+			c.activate(ev.Shard)
+		}
+	case Marked:
+		if rec := c.table[ev.Shard]; rec.State == protocol.StateBinding && rec.Handoff == ev.Handoff {
+			c.activate(ev.Shard)
+		}
 	}
 	return c.flush()
 }
 
-// Tick advances logical time by one tick: probes regions that are due and
-// sends again binds that were not confirmed in time.
+// Tick advances logical time by one tick: probes regions that are due,
+// resends commands that were not answered in time, times out handoffs,
+// moves shards off leaving regions and runs the rebalance round when due.
 func (c *Core) Tick() []Action {
 	c.tick++
 	for _, id := range c.sortedRegionIDs() {
-		r := c.regions[id]
-		if c.tick-r.probedAt >= c.cfg.ProbeEvery {
+		if r := c.regions[id]; c.tick-r.probedAt >= c.cfg.ProbeEvery {
 			c.probe(r)
 		}
 	}
-	c.resendBinds(false)
+	for sh, rec := range c.table {
+		st := &c.steps[sh]
+		switch rec.State {
+		case protocol.StateHandoff:
+			if c.tick-st.at >= c.cfg.HandOffTimeout {
+				c.handOffTimedOut(sh)
+			} else if c.tick-st.sentAt >= c.cfg.Retry {
+				c.sendHandOff(sh)
+			}
+		case protocol.StateBinding:
+			switch {
+			case c.tick-st.sentAt < c.cfg.Retry:
+			case !st.bound:
+				c.sendBind(sh)
+			case rec.Source != "":
+				c.sendRelease(sh) // an Unpark always completes; a Release may need asking again
+			}
+		}
+	}
 	c.allocate()
+	c.moveOffLeaving()
+	c.rebalance()
 	return c.flush()
+}
+
+// Move starts moving an active shard to target (shardctl move).
+func (c *Core) Move(shard int, target string) ([]Action, error) {
+	if shard < 0 || shard >= c.cfg.Shards {
+		return nil, fmt.Errorf("coordinator: shard %d out of range 0..%d", shard, c.cfg.Shards-1)
+	}
+	r, ok := c.regions[target]
+	if !ok || r.Info.Leaving {
+		return nil, fmt.Errorf("%w: %q (leaving regions take no shard)", ErrUnknownRegion, target)
+	}
+	rec := c.table[shard]
+	if rec.State != protocol.StateActive {
+		return nil, fmt.Errorf("%w: shard %d is %s", ErrShardBusy, shard, rec.State)
+	}
+	if rec.Region == target {
+		return nil, nil // already there
+	}
+	c.startMove(shard)
+	c.steps[shard].want = target
+	return c.flush(), nil
+}
+
+// Drain asks a region to leave: it marks itself leaving, and its shards
+// are then handed off to the others (shardctl drain).
+func (c *Core) Drain(region string) ([]Action, error) {
+	r, ok := c.regions[region]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownRegion, region)
+	}
+	c.send(r, protocol.CmdLeave, nil, nil)
+	return c.flush(), nil
 }
 
 func (c *Core) regionUp(seen RegionSeen) {
 	id := seen.Info.ID
 	if old, ok := c.regions[id]; ok {
 		if old.Info.Incarnation == seen.Info.Incarnation {
+			if old.Info.Leaving != seen.Info.Leaving {
+				c.lastFlux = c.tick
+			}
 			old.RegionSeen = seen
+			c.moveOffLeaving()
 			return
 		}
 		// A new incarnation under the same id: the old one's shards are gone.
 		c.regionGone(id)
 	}
 	c.regions[id] = &regionState{RegionSeen: seen, probedAt: c.tick}
+	c.lastFlux = c.tick
 	c.allocate()
 }
 
-// regionGone forgets a region and makes its shards unowned, then
-// reallocates them.
+// regionGone forgets a region and rescues its shards: those it owned are
+// parked, moves from it are taken over, moves to it get another target.
 func (c *Core) regionGone(id string) {
 	r, ok := c.regions[id]
 	if !ok {
 		return
 	}
 	delete(c.regions, id)
-	for i := range c.table {
-		if c.table[i].Region == id && c.table[i].Incarnation == r.Info.Incarnation {
-			c.unown(i)
+	c.lastFlux = c.tick
+	inc := r.Info.Incarnation
+	for sh, rec := range c.table {
+		isOwner := rec.Region == id && rec.Incarnation == inc
+		isSource := rec.Source == id && rec.SourceIncarnation == inc
+		switch {
+		case rec.State == protocol.StateActive && isOwner:
+			c.park(sh)
+		case rec.State == protocol.StateHandoff && isSource:
+			// It died pausing: its appends are in the buffer, no marker.
+			c.park(sh)
+		case rec.State == protocol.StateBinding && isSource:
+			c.sourceGone(sh)
+		case rec.State == protocol.StateBinding && isOwner:
+			c.retarget(sh)
 		}
 	}
 	c.allocate()
+}
+
+// sourceGone: the source of a binding shard died before it wrote its end
+// marker. The target is subscribed and holds what arrives since, so the
+// coordinator writes the marker for the source.
+func (c *Core) sourceGone(sh int) {
+	rec := c.table[sh]
+	if !c.live(rec.Region, rec.Incarnation) {
+		c.park(sh)
+		return
+	}
+	rec.Source, rec.SourceIncarnation = "", ""
+	c.write(rec)
+	c.out = append(c.out, Mark{Shard: sh, Handoff: rec.Handoff})
 }
 
 func (c *Core) commandDone(ev CommandDone) {
@@ -185,7 +349,7 @@ func (c *Core) commandDone(ev CommandDone) {
 		c.regionGone(s.Region)
 		return
 	case Failed:
-		return // binds are sent again by Tick; probes are repeated anyway
+		return // resent by Tick
 	case Refused:
 		if ev.Reply.Epoch > c.epoch {
 			c.out = append(c.out, StepDown{Reason: fmt.Sprintf("region %s has seen epoch %d, newer than %d", s.Region, ev.Reply.Epoch, c.epoch)})
@@ -196,27 +360,47 @@ func (c *Core) commandDone(ev CommandDone) {
 			// arrives through the watch.
 			c.regionGone(s.Region)
 		}
-		return
+		return // other refusals: resent by Tick
 	}
-	switch s.Command.Kind {
-	case protocol.CmdBind:
-		for _, sh := range s.Command.Shards {
-			rec := c.table[sh]
-			if rec.Region == s.Region && rec.Incarnation == r.Info.Incarnation && rec.State == protocol.StateAllocating {
-				rec.State = protocol.StateActive
-				rec.Epoch = c.epoch
-				c.write(rec)
+	cmd := s.Command
+	for i, sh := range cmd.Shards {
+		rec := c.table[sh]
+		var h uint64
+		if i < len(cmd.Handoffs) {
+			h = cmd.Handoffs[i]
+		}
+		switch cmd.Kind {
+		case protocol.CmdHandOff:
+			if rec.State == protocol.StateHandoff && rec.Handoff == h && rec.Source == s.Region && ev.Reply.Complete {
+				c.steps[sh].complete = true
+				c.chooseTarget(sh, rec.Source)
+			}
+		case protocol.CmdBind:
+			if rec.State == protocol.StateBinding && rec.Handoff == h && rec.Region == s.Region && !c.steps[sh].bound {
+				c.steps[sh].bound = true
+				if rec.Source == "" {
+					c.out = append(c.out, Unpark{Shard: sh, Handoff: h})
+				} else {
+					c.sendRelease(sh)
+				}
+			}
+		case protocol.CmdRelease:
+			if rec.State == protocol.StateBinding && rec.Handoff == h && rec.Source == s.Region {
+				c.activate(sh)
 			}
 		}
-	case protocol.CmdProbe:
-		c.reconcile(r, ev.Reply.Held)
+	}
+	if cmd.Kind == protocol.CmdProbe {
+		c.reconcile(r, ev.Reply.Held, s.At)
 	}
 }
 
-// reconcile compares what a region says it holds with the table: shards it
-// should hold but does not are bound again; shards it holds but should not
-// are dropped.
-func (c *Core) reconcile(r *regionState, held []int) {
+// reconcile compares what a region said it holds, in answer to a probe
+// sent at tick at, with the table: a shard it holds without reason is
+// dropped; a shard that was already active on it when the probe was sent
+// and that it does not hold is parked and allocated again. (Commands run
+// concurrently, so a probe may overtake the Bind of a shard.)
+func (c *Core) reconcile(r *regionState, held []int, at int) {
 	has := make(map[int]bool, len(held))
 	var drop []int
 	for _, sh := range held {
@@ -224,80 +408,269 @@ func (c *Core) reconcile(r *regionState, held []int) {
 			continue
 		}
 		has[sh] = true
-		if !c.ownedBy(sh, r) {
+		rec := c.table[sh]
+		owner := rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation
+		source := rec.Source == r.Info.ID && rec.SourceIncarnation == r.Info.Incarnation
+		if !owner && !source {
 			drop = append(drop, sh)
 		}
 	}
-	var bind []int
-	for i := range c.table {
-		if c.ownedBy(i, r) && !has[i] {
-			bind = append(bind, i)
-			c.bindAt[i] = c.tick
+	if len(drop) > 0 {
+		c.send(r, protocol.CmdDrop, drop, nil)
+	}
+	for sh, rec := range c.table {
+		if rec.State == protocol.StateActive && rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation && !has[sh] && c.steps[sh].at < at {
+			c.park(sh)
 		}
 	}
-	if len(drop) > 0 {
-		c.send(r, protocol.CmdDrop, drop)
-	}
-	if len(bind) > 0 {
-		c.send(r, protocol.CmdBind, bind)
-	}
+	c.allocate()
 }
 
-// allocate gives every unowned shard to a region chosen by the strategy.
-// The first allocation waits for MinRegions; later ones (re-homing) do not.
+// park makes the coordinator the holder of shard sh under a new handoff id:
+// it starts diverting first, then records it.
+func (c *Core) park(sh int) {
+	c.order++
+	rec := c.table[sh]
+	c.out = append(c.out, Park{Shard: sh, Handoff: c.order})
+	c.write(protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Order: rec.Order, Epoch: c.epoch, Handoff: c.order})
+	c.steps[sh] = step{at: c.tick}
+}
+
+// allocate binds every parked shard to a region chosen by the strategy.
+// The first allocation waits for MinRegions; later ones never do.
 func (c *Core) allocate() {
-	c.started = c.started || len(c.regions) >= c.cfg.MinRegions
-	if len(c.regions) == 0 || !c.started {
+	c.started = c.started || len(c.regions) >= max(c.cfg.MinRegions, 1)
+	if !c.started {
 		return
 	}
-	var view []strategies.Region
-	index := map[string]int{}
-	batches := map[string][]int{}
-	for sh := range c.table {
-		if c.table[sh].Region != "" {
+	var binds map[string][]int
+	for sh, rec := range c.table {
+		if rec.State != protocol.StateParked {
 			continue
 		}
-		if view == nil {
-			view = c.strategyView()
-			for i, v := range view {
-				index[v.ID] = i
-			}
+		target, ok := c.pickTarget(sh, "")
+		if !ok {
+			return // no region can take shards now
 		}
-		id, err := c.cfg.Strategy.Allocate(sh, "", view)
-		r, ok := c.regions[id]
-		if err != nil || !ok || r.Info.Leaving {
-			continue // no region can take it now; Tick tries again
+		c.bindTo(sh, target, "", "")
+		if binds == nil {
+			binds = map[string][]int{}
 		}
-		c.order++
-		c.write(protocol.ShardRecord{
-			Shard: sh, Region: id, Incarnation: r.Info.Incarnation,
-			State: protocol.StateAllocating, Order: c.order, Epoch: c.epoch,
-		})
-		view[index[id]].Shards = append(view[index[id]].Shards, sh)
-		batches[id] = append(batches[id], sh)
-		c.bindAt[sh] = c.tick
+		binds[target] = append(binds[target], sh)
 	}
-	for _, id := range sortedKeys(batches) {
-		c.send(c.regions[id], protocol.CmdBind, batches[id])
+	for _, id := range sortedKeys(binds) {
+		c.sendBindBatch(id, binds[id])
 	}
 }
 
-// resendBinds sends Bind again for shards still allocating: all of them
-// (at takeover) or those whose last Bind is older than BindRetry ticks.
-func (c *Core) resendBinds(all bool) {
-	batches := map[string][]int{}
-	for sh, rec := range c.table {
-		if rec.State != protocol.StateAllocating || !c.owns(sh) {
+// startMove begins the handoff of an active shard from its owner.
+func (c *Core) startMove(sh int) {
+	c.order++
+	rec := c.table[sh]
+	rec.State = protocol.StateHandoff
+	rec.Source, rec.SourceIncarnation = rec.Region, rec.Incarnation
+	rec.Handoff = c.order
+	rec.Epoch = c.epoch
+	c.write(rec)
+	c.steps[sh] = step{at: c.tick}
+	c.sendHandOff(sh)
+}
+
+// chooseTarget continues a paused shard's move: bind it to a target other
+// than exclude (its source), or, with none available, take it over (park)
+// and release the source.
+func (c *Core) chooseTarget(sh int, exclude string) {
+	rec := c.table[sh]
+	target, ok := c.pickTarget(sh, exclude)
+	if !ok {
+		src := c.regions[rec.Source]
+		h := rec.Handoff
+		c.park(sh)
+		if src != nil {
+			c.send(src, protocol.CmdRelease, []int{sh}, []uint64{h})
+		}
+		return
+	}
+	c.bindTo(sh, target, rec.Source, rec.SourceIncarnation)
+	c.sendBind(sh)
+}
+
+// retarget gives a binding shard whose target died another target.
+func (c *Core) retarget(sh int) {
+	rec := c.table[sh]
+	target, ok := c.pickTarget(sh, rec.Source)
+	if !ok {
+		if rec.Source == "" {
+			c.park(sh)
+		} else if src := c.regions[rec.Source]; src != nil {
+			h := rec.Handoff
+			c.park(sh)
+			c.send(src, protocol.CmdRelease, []int{sh}, []uint64{h})
+		} else {
+			c.park(sh)
+		}
+		return
+	}
+	c.bindTo(sh, target, rec.Source, rec.SourceIncarnation)
+	c.sendBind(sh)
+}
+
+// bindTo records shard sh binding to target; the caller sends the Bind.
+func (c *Core) bindTo(sh int, target, source, sourceInc string) {
+	rec := c.table[sh]
+	r := c.regions[target]
+	rec.State = protocol.StateBinding
+	rec.Region, rec.Incarnation = target, r.Info.Incarnation
+	rec.Source, rec.SourceIncarnation = source, sourceInc
+	rec.Epoch = c.epoch
+	c.write(rec)
+	want := c.steps[sh].want
+	c.steps[sh] = step{at: c.tick, sentAt: c.tick, want: want}
+}
+
+func (c *Core) activate(sh int) {
+	rec := c.table[sh]
+	c.write(protocol.ShardRecord{
+		Shard: sh, Region: rec.Region, Incarnation: rec.Incarnation,
+		State: protocol.StateActive, Order: rec.Handoff, Epoch: c.epoch,
+	})
+	c.steps[sh] = step{at: c.tick}
+}
+
+// handOffTimedOut: the source did not pause in time. The coordinator takes
+// the shard over (parks it under the same id: the source writes no marker
+// for it), tells the source to drop it, and continues the move. This is the
+// documented forced reallocation: the source's stuck entities may still run.
+func (c *Core) handOffTimedOut(sh int) {
+	rec := c.table[sh]
+	source := rec.Source
+	c.out = append(c.out, Warn{Msg: fmt.Sprintf("handoff of shard %d from region %s timed out; dropping it there and reallocating", sh, source)})
+	c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
+	if src, ok := c.regions[source]; ok {
+		c.send(src, protocol.CmdDrop, []int{sh}, nil)
+	}
+	rec.Source, rec.SourceIncarnation = "", ""
+	c.table[sh] = rec
+	c.chooseTarget(sh, source)
+}
+
+// pickTarget chooses where shard sh goes: the operator's wish if it can
+// take it, else the strategy's choice among the regions other than exclude.
+func (c *Core) pickTarget(sh int, exclude string) (string, bool) {
+	if want := c.steps[sh].want; want != "" && want != exclude {
+		if r, ok := c.regions[want]; ok && !r.Info.Leaving {
+			return want, true
+		}
+	}
+	view := c.strategyView(exclude)
+	if len(view) == 0 {
+		return "", false
+	}
+	id, err := c.cfg.Strategy.Allocate(sh, "", view)
+	if r, ok := c.regions[id]; err != nil || !ok || r.Info.Leaving || id == exclude {
+		return "", false
+	}
+	return id, true
+}
+
+// moveOffLeaving starts moves of the shards of leaving regions, within the
+// bound on moves in flight.
+func (c *Core) moveOffLeaving() {
+	budget := c.cfg.MaxMoves - c.movesInFlight()
+	for _, id := range c.sortedRegionIDs() {
+		r := c.regions[id]
+		if !r.Info.Leaving {
 			continue
 		}
-		if all || c.tick-c.bindAt[sh] >= c.cfg.BindRetry {
-			batches[rec.Region] = append(batches[rec.Region], sh)
-			c.bindAt[sh] = c.tick
+		for sh, rec := range c.table {
+			if budget <= 0 {
+				return
+			}
+			if rec.State == protocol.StateActive && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
+				c.startMove(sh)
+				budget--
+			}
 		}
 	}
-	for _, id := range sortedKeys(batches) {
-		c.send(c.regions[id], protocol.CmdBind, batches[id])
+}
+
+// rebalance runs a strategy round when it is due and Akka's gates allow:
+// one round at a time (nothing in flight, nothing parked), membership
+// settled for a round's length, no region leaving.
+func (c *Core) rebalance() {
+	if c.cfg.RebalanceEvery < 0 || c.tick-c.lastRound < c.cfg.RebalanceEvery || c.tick-c.lastFlux < c.cfg.RebalanceEvery {
+		return
 	}
+	c.lastRound = c.tick
+	var busy []int
+	for sh, rec := range c.table {
+		if rec.State != protocol.StateActive {
+			busy = append(busy, sh)
+		} else if r := c.regions[rec.Region]; r != nil && r.Info.Leaving {
+			busy = append(busy, sh)
+		}
+	}
+	if len(c.regions) < 2 {
+		return
+	}
+	moves, err := c.cfg.Strategy.Rebalance(c.strategyView(""), busy)
+	if err != nil {
+		return
+	}
+	budget := c.cfg.MaxMoves - c.movesInFlight()
+	for _, sh := range moves {
+		if budget <= 0 {
+			break
+		}
+		if sh >= 0 && sh < c.cfg.Shards && c.table[sh].State == protocol.StateActive {
+			c.startMove(sh)
+			budget--
+		}
+	}
+}
+
+// movesInFlight counts moves of live shards: handoffs, and binds whose
+// source is a region.
+func (c *Core) movesInFlight() int {
+	n := 0
+	for _, rec := range c.table {
+		if rec.State == protocol.StateHandoff || rec.State == protocol.StateBinding && rec.Source != "" {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Core) sendHandOff(sh int) {
+	rec := c.table[sh]
+	if r, ok := c.regions[rec.Source]; ok {
+		c.steps[sh].sentAt = c.tick
+		c.send(r, protocol.CmdHandOff, []int{sh}, []uint64{rec.Handoff})
+	}
+}
+
+func (c *Core) sendBind(sh int) {
+	rec := c.table[sh]
+	if r, ok := c.regions[rec.Region]; ok {
+		c.steps[sh].sentAt = c.tick
+		c.send(r, protocol.CmdBind, []int{sh}, []uint64{rec.Handoff})
+	}
+}
+
+func (c *Core) sendRelease(sh int) {
+	rec := c.table[sh]
+	if r, ok := c.regions[rec.Source]; ok {
+		c.steps[sh].sentAt = c.tick
+		c.send(r, protocol.CmdRelease, []int{sh}, []uint64{rec.Handoff})
+	}
+}
+
+func (c *Core) sendBindBatch(region string, shards []int) {
+	hs := make([]uint64, len(shards))
+	for i, sh := range shards {
+		hs[i] = c.table[sh].Handoff
+	}
+	c.send(c.regions[region], protocol.CmdBind, shards, hs)
 }
 
 func (c *Core) probeAll() {
@@ -308,12 +681,12 @@ func (c *Core) probeAll() {
 
 func (c *Core) probe(r *regionState) {
 	r.probedAt = c.tick
-	c.send(r, protocol.CmdProbe, nil)
+	c.send(r, protocol.CmdProbe, nil, nil)
 }
 
-func (c *Core) send(r *regionState, kind protocol.CommandKind, shards []int) {
-	c.out = append(c.out, Send{Region: r.Info.ID, Command: protocol.Command{
-		Kind: kind, Epoch: c.epoch, Coordinator: c.self, Incarnation: r.Info.Incarnation, Shards: shards,
+func (c *Core) send(r *regionState, kind protocol.CommandKind, shards []int, handoffs []uint64) {
+	c.out = append(c.out, Send{At: c.tick, Region: r.Info.ID, Command: protocol.Command{
+		Kind: kind, Epoch: c.epoch, Coordinator: c.self, Incarnation: r.Info.Incarnation, Shards: shards, Handoffs: handoffs,
 	}})
 }
 
@@ -322,33 +695,25 @@ func (c *Core) write(rec protocol.ShardRecord) {
 	c.out = append(c.out, WriteShard{Record: rec})
 }
 
-// unown records shard i as having no owner.
-func (c *Core) unown(i int) {
-	c.write(protocol.ShardRecord{Shard: i, State: protocol.StateUnowned, Order: c.table[i].Order, Epoch: c.epoch})
+// live reports whether region id with incarnation inc is registered.
+func (c *Core) live(id, inc string) bool {
+	r, ok := c.regions[id]
+	return ok && id != "" && r.Info.Incarnation == inc
 }
 
-// owns reports whether shard i's recorded owner is a live region incarnation.
-func (c *Core) owns(i int) bool {
-	rec := c.table[i]
-	r, ok := c.regions[rec.Region]
-	return ok && r.Info.Incarnation == rec.Incarnation
-}
-
-func (c *Core) ownedBy(i int, r *regionState) bool {
-	rec := c.table[i]
-	return rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation
-}
-
-// strategyView is the regions as the strategy sees them: shards oldest
-// allocation first.
-func (c *Core) strategyView() []strategies.Region {
+// strategyView is the regions as the strategy sees them, except exclude:
+// each with its active and binding shards, oldest allocation first.
+func (c *Core) strategyView(exclude string) []strategies.Region {
 	view := make([]strategies.Region, 0, len(c.regions))
 	for _, id := range c.sortedRegionIDs() {
+		if id == exclude {
+			continue
+		}
 		r := c.regions[id]
 		var held []protocol.ShardRecord
-		for i := range c.table {
-			if c.ownedBy(i, r) {
-				held = append(held, c.table[i])
+		for _, rec := range c.table {
+			if (rec.State == protocol.StateActive || rec.State == protocol.StateBinding) && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
+				held = append(held, rec)
 			}
 		}
 		slices.SortFunc(held, func(a, b protocol.ShardRecord) int {

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -10,294 +11,391 @@ import (
 	"github.com/natshard/natshard/strategies"
 )
 
-// The scenarios below follow DESIGN.md section 6 (membership, allocation)
-// and section 7 (coordinator failover never moves a shard with a live owner).
+// Scenarios follow DESIGN.md section 6 (membership, parking, handoff,
+// rebalance, graceful leave, failover); the sim checks section 7's single
+// owner invariant after every action.
 
 func testConfig(shards int) CoreConfig {
-	return CoreConfig{Shards: shards, Strategy: strategies.NewLeastShard(20, 0.1), ProbeEvery: 5, BindRetry: 20}
+	return CoreConfig{Shards: shards, Strategy: strategies.NewLeastShard(1<<20, 1.0), ProbeEvery: 5, Retry: 10, HandOffTimeout: 100, RebalanceEvery: 20, MaxMoves: 16}
 }
 
-func up(id, inc string, rev uint64) RegionUp {
-	return RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: inc}, Revision: rev}}
-}
-
-// describe renders actions one per line, compactly, for assertions.
-func describe(actions []Action) []string {
-	var out []string
-	for _, a := range actions {
-		switch a := a.(type) {
-		case WriteShard:
-			r := a.Record
-			out = append(out, fmt.Sprintf("write %d %s %s/%s e%d", r.Shard, r.State, r.Region, r.Incarnation, r.Epoch))
-		case Send:
-			out = append(out, fmt.Sprintf("send %s %s/%s e%d %v", a.Command.Kind, a.Region, a.Command.Incarnation, a.Command.Epoch, a.Command.Shards))
-		case RemoveRegion:
-			out = append(out, fmt.Sprintf("remove %s rev%d", a.ID, a.Revision))
-		case StepDown:
-			out = append(out, "stepdown")
+func TestParkedUntilFirstRegionThenAllocated(t *testing.T) {
+	s := newSim(t, testConfig(8))
+	if len(s.parked) != 8 {
+		t.Fatalf("with no region every shard is parked, got %v", s.parked)
+	}
+	s.join("a")
+	s.settled()
+	// Each bind replayed up to the marker the coordinator wrote on unpark.
+	for sh := range 8 {
+		if len(s.markers[sh]) != 1 {
+			t.Fatalf("shard %d markers %v", sh, s.markers[sh])
 		}
 	}
-	return out
-}
-
-func count(lines []string, prefix string) int {
-	n := 0
-	for _, l := range lines {
-		if strings.HasPrefix(l, prefix) {
-			n++
-		}
-	}
-	return n
-}
-
-// confirm answers every Send in actions with OK (probes report held shards
-// as given by holds) and returns the actions that causes.
-func confirm(c *Core, actions []Action, holds map[string][]int) []Action {
-	var next []Action
-	for _, a := range actions {
-		if s, ok := a.(Send); ok {
-			reply := protocol.Reply{Epoch: c.Epoch(), Incarnation: s.Command.Incarnation}
-			if s.Command.Kind == protocol.CmdProbe {
-				reply.Held = holds[s.Region]
-			}
-			next = append(next, c.Step(CommandDone{Send: s, Outcome: OK, Reply: reply})...)
-		}
-	}
-	return next
-}
-
-func owners(c *Core) map[string][]int {
-	m := map[string][]int{}
-	for _, r := range c.Table() {
-		if r.Region != "" {
-			m[r.Region] = append(m[r.Region], r.Shard)
-		}
-	}
-	return m
-}
-
-func assertAllActive(t *testing.T, c *Core) {
-	t.Helper()
-	for _, r := range c.Table() {
-		if r.State != protocol.StateActive || r.Region == "" {
-			t.Fatalf("shard %d is %s on %q, want active", r.Shard, r.State, r.Region)
-		}
-	}
-}
-
-func TestJoinAllocatesEveryShardOnce(t *testing.T) {
-	c, acts := NewCore(testConfig(8), "r1", 7, nil, nil)
-	if len(acts) != 0 {
-		t.Fatalf("no regions: want no actions, got %v", describe(acts))
-	}
-	acts = c.Step(up("r1", "a", 1))
-	d := describe(acts)
-	if count(d, "write ") != 8 || count(d, "send bind r1/a e7 [0 1 2 3 4 5 6 7]") != 1 {
-		t.Fatalf("join: got %v", d)
-	}
-	// Table writes come before the command that depends on them.
-	if !strings.HasPrefix(d[len(d)-1], "send bind") {
-		t.Fatalf("bind must follow the writes: %v", d)
-	}
-	acts = confirm(c, acts, nil)
-	if got := count(describe(acts), "write "); got != 8 {
-		t.Fatalf("confirmation: want 8 writes to active, got %v", describe(acts))
-	}
-	assertAllActive(t, c)
 }
 
 func TestMinRegionsWaitsThenSpreads(t *testing.T) {
 	cfg := testConfig(10)
 	cfg.MinRegions = 2
-	c, _ := NewCore(cfg, "r1", 1, nil, nil)
-	if acts := c.Step(up("r1", "a", 1)); len(acts) != 0 {
-		t.Fatalf("one region of two: want nothing, got %v", describe(acts))
+	s := newSim(t, cfg)
+	s.join("a")
+	if got := s.counts()[""]; got != 10 {
+		t.Fatalf("one region of two: want all parked, got %v", s.counts())
 	}
-	confirm(c, c.Step(up("r2", "b", 2)), nil)
-	o := owners(c)
-	if len(o["r1"]) != 5 || len(o["r2"]) != 5 {
-		t.Fatalf("want 5+5, got %v", o)
+	s.join("b")
+	s.settled()
+	if c := s.counts(); c["a"] != 5 || c["b"] != 5 {
+		t.Fatalf("want 5+5, got %v", c)
 	}
-	assertAllActive(t, c)
 }
 
-func TestCrashDetectedByProbeRehomes(t *testing.T) {
+func TestCrashParksAndRehomes(t *testing.T) {
 	cfg := testConfig(6)
 	cfg.MinRegions = 2
-	c, _ := NewCore(cfg, "r1", 3, nil, nil)
-	c.Step(up("r1", "a", 10))
-	confirm(c, c.Step(up("r2", "b", 11)), nil)
-	before := owners(c)
-
-	// Probes go out on schedule; r2's gets "no responders".
-	var acts []Action
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	before := s.c.Table()
+	s.crash("b")
+	var parkedSeen bool
 	for range cfg.ProbeEvery {
-		acts = append(acts, c.Tick()...)
+		s.run(s.c.Tick())
+		parkedSeen = parkedSeen || len(s.parked) > 0
 	}
-	var probeR2 Send
-	for _, a := range acts {
-		if s, ok := a.(Send); ok && s.Region == "r2" && s.Command.Kind == protocol.CmdProbe {
-			probeR2 = s
+	s.settled()
+	if c := s.counts(); c["a"] != 6 {
+		t.Fatalf("want all on a, got %v", c)
+	}
+	for _, rec := range before {
+		if rec.Region == "a" && s.owner(rec.Shard) != "a" {
+			t.Fatalf("shard %d of the live region moved", rec.Shard)
 		}
 	}
-	if probeR2.Region == "" {
-		t.Fatalf("no probe of r2 after %d ticks: %v", cfg.ProbeEvery, describe(acts))
+}
+
+func TestMoveStepByStep(t *testing.T) {
+	cfg := testConfig(4)
+	cfg.MinRegions = 2
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	var steps []string
+	s.intercept = func(send Send) (CommandDone, bool) {
+		if len(send.Command.Shards) == 1 && send.Command.Shards[0] == sh {
+			steps = append(steps, fmt.Sprintf("%s->%s", send.Command.Kind, send.Region))
+		}
+		return CommandDone{}, false
 	}
-	acts = c.Step(CommandDone{Send: probeR2, Outcome: NoResponders})
-	d := describe(acts)
-	if d[0] != "remove r2 rev11" {
-		t.Fatalf("want the dead registration removed first, got %v", d)
+	acts, err := s.c.Move(sh, "b")
+	if err != nil {
+		t.Fatal(err)
 	}
-	wantBind := fmt.Sprintf("send bind r1/a e3 %v", before["r2"])
-	if count(d, wantBind) != 1 {
-		t.Fatalf("want %q, got %v", wantBind, d)
+	if rec := s.c.Table()[sh]; rec.State != protocol.StateHandoff || rec.Source != "a" {
+		t.Fatalf("after Move: %+v", rec)
 	}
-	confirm(c, acts, nil)
-	if o := owners(c); len(o["r1"]) != 6 {
-		t.Fatalf("r1 should own all 6 shards, got %v", o)
+	s.run(acts)
+	want := []string{"handoff->a", "bind->b", "release->a"}
+	if !slices.Equal(steps, want) {
+		t.Fatalf("steps %v, want %v", steps, want)
 	}
-	assertAllActive(t, c)
-	// r1's own shards were not touched.
-	for _, l := range d {
-		for _, sh := range before["r1"] {
-			if strings.HasPrefix(l, fmt.Sprintf("write %d ", sh)) {
-				t.Fatalf("shard %d of the live region was rewritten: %s", sh, l)
+	s.settled()
+	if s.owner(sh) != "b" {
+		t.Fatalf("shard %d on %s", sh, s.owner(sh))
+	}
+	if _, err := s.c.Move(sh, "nowhere"); err == nil {
+		t.Fatal("move to an unknown region accepted")
+	}
+}
+
+func TestSourceDiesMidHandoff(t *testing.T) {
+	cfg := testConfig(4)
+	cfg.MinRegions = 2
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s.crash("a") // HandOff gets no responders
+	acts, err := s.c.Move(sh, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.run(acts)
+	s.settled()
+	if c := s.counts(); c["b"] != 4 {
+		t.Fatalf("want every shard on b, got %v", c)
+	}
+}
+
+func TestSourceDiesAfterPausing(t *testing.T) {
+	cfg := testConfig(4)
+	cfg.MinRegions = 2
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	// a pauses, b binds, then a dies before it releases: the coordinator
+	// writes the end marker for it.
+	s.intercept = func(send Send) (CommandDone, bool) {
+		if send.Command.Kind == protocol.CmdRelease && send.Region == "a" {
+			s.regions["a"].dead = true
+		}
+		return CommandDone{}, false
+	}
+	acts, _ := s.c.Move(sh, "b")
+	s.run(acts)
+	s.settled()
+	if s.owner(sh) != "b" {
+		t.Fatalf("shard %d on %s", sh, s.owner(sh))
+	}
+}
+
+func TestTargetDiesMidReplay(t *testing.T) {
+	cfg := testConfig(6)
+	cfg.MinRegions = 3
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	s.join("c")
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	// b accepts the bind (it is replaying), then dies before the release.
+	s.intercept = func(send Send) (CommandDone, bool) {
+		if send.Command.Kind == protocol.CmdRelease && send.Region == "a" && !s.regions["b"].dead {
+			s.regions["b"].dead = true
+			return CommandDone{Send: send, Outcome: Failed}, true
+		}
+		return CommandDone{}, false
+	}
+	acts, _ := s.c.Move(sh, "b")
+	s.run(acts)
+	s.intercept = nil
+	for range 30 {
+		s.run(s.c.Tick())
+	}
+	s.settled()
+	if o := s.owner(sh); o != "a" && o != "c" {
+		t.Fatalf("shard %d on %s", sh, o)
+	}
+}
+
+func TestHandOffTimeoutForcesReallocation(t *testing.T) {
+	cfg := testConfig(2)
+	cfg.MinRegions = 2
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	// a pauses but its entities never stop.
+	var late CommandDone
+	s.intercept = func(send Send) (CommandDone, bool) {
+		if send.Command.Kind == protocol.CmdHandOff {
+			s.regions["a"].modes[sh] = "divert"
+			late = CommandDone{Send: send, Outcome: OK, Reply: protocol.Reply{Epoch: 1, Incarnation: "a-1", Complete: true}}
+			return CommandDone{Send: send, Outcome: OK, Reply: protocol.Reply{Epoch: 1, Incarnation: "a-1"}}, true
+		}
+		return CommandDone{}, false
+	}
+	acts, _ := s.c.Move(sh, "b")
+	s.run(acts)
+	s.ticks(cfg.HandOffTimeout + 1)
+	if len(s.warnings) != 1 || !strings.Contains(s.warnings[0], "timed out") {
+		t.Fatalf("warnings %v", s.warnings)
+	}
+	s.settled()
+	if s.owner(sh) != "b" || s.regions["a"].modes[sh] != "" {
+		t.Fatalf("shard %d: owner %s, a's mode %q", sh, s.owner(sh), s.regions["a"].modes[sh])
+	}
+	// A late completion changes nothing.
+	before := s.c.Table()
+	s.run(s.c.Step(late))
+	if !slices.Equal(before, s.c.Table()) {
+		t.Fatal("late completion changed the table")
+	}
+}
+
+func TestCoordinatorChangeMidHandoff(t *testing.T) {
+	for _, stop := range []protocol.CommandKind{protocol.CmdBind, protocol.CmdRelease} {
+		t.Run("before "+stop.String(), func(t *testing.T) {
+			cfg := testConfig(4)
+			cfg.MinRegions = 2
+			cfg.RebalanceEvery = -1
+			s := newSim(t, cfg)
+			s.join("a")
+			s.join("b")
+			sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+			// The old coordinator dies just before sending stop.
+			s.intercept = func(send Send) (CommandDone, bool) {
+				if send.Command.Kind == stop {
+					return CommandDone{Send: send, Outcome: Failed}, true
+				}
+				return CommandDone{}, false
 			}
-		}
-	}
-}
-
-func TestRegistrationExpiryRehomes(t *testing.T) {
-	c, _ := NewCore(testConfig(4), "r1", 1, nil, nil)
-	confirm(c, c.Step(up("r1", "a", 1)), nil)
-	d := describe(c.Step(RegionGone{ID: "r1"}))
-	// No region left: shards are recorded unowned, nothing is sent.
-	if count(d, "write ") != 4 || count(d, "send ") != 0 || count(d, "write 0 unowned") != 1 {
-		t.Fatalf("got %v", d)
-	}
-	confirm(c, c.Step(up("r2", "x", 5)), nil)
-	if o := owners(c); len(o["r2"]) != 4 {
-		t.Fatalf("want all shards on r2, got %v", o)
-	}
-}
-
-func TestFailoverKeepsLiveOwners(t *testing.T) {
-	// What a new coordinator reads at takeover: shards 0-1 active on r1,
-	// 2 allocating on r2, 3 active on r3 which is gone, 4 never written.
-	table := []protocol.ShardRecord{
-		{Shard: 0, Region: "r1", Incarnation: "a", State: protocol.StateActive, Order: 1, Epoch: 5},
-		{Shard: 1, Region: "r1", Incarnation: "a", State: protocol.StateActive, Order: 2, Epoch: 5},
-		{Shard: 2, Region: "r2", Incarnation: "b", State: protocol.StateAllocating, Order: 3, Epoch: 5},
-		{Shard: 3, Region: "r3", Incarnation: "c", State: protocol.StateActive, Order: 4, Epoch: 5},
-	}
-	regions := []RegionSeen{
-		{Info: protocol.RegionInfo{ID: "r1", Incarnation: "a"}, Revision: 1},
-		{Info: protocol.RegionInfo{ID: "r2", Incarnation: "b"}, Revision: 2},
-	}
-	c, acts := NewCore(testConfig(5), "r2", 9, table, regions)
-	d := describe(acts)
-	for _, l := range d {
-		if strings.HasPrefix(l, "write 0 ") || strings.HasPrefix(l, "write 1 ") {
-			t.Fatalf("a shard with a live owner was rewritten: %v", d)
-		}
-	}
-	for _, want := range []string{"send probe r1/a e9 []", "send probe r2/b e9 []", "send bind r2/b e9 [2]"} {
-		if count(d, want) != 1 {
-			t.Fatalf("want %q in %v", want, d)
-		}
-	}
-	// Shard 3 (dead owner) and 4 (never allocated) get new owners.
-	if count(d, "write 3 unowned") != 1 || count(d, "write 3 allocating") != 1 || count(d, "write 4 allocating") != 1 {
-		t.Fatalf("want shards 3 and 4 reallocated, got %v", d)
-	}
-	confirm(c, acts, map[string][]int{"r1": {0, 1}, "r2": {2}})
-	assertAllActive(t, c)
-	if o := owners(c); !slices.Contains(o["r1"], 0) || !slices.Contains(o["r1"], 1) {
-		t.Fatalf("shards 0 and 1 moved: %v", o)
+			acts, _ := s.c.Move(sh, "b")
+			s.run(acts)
+			s.intercept = nil
+			var regions []RegionSeen
+			for _, id := range []string{"a", "b"} {
+				regions = append(regions, RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: s.regions[id].inc}})
+			}
+			table := s.c.Table()
+			c, acts := NewCore(cfg, "coord2", 2, table, regions)
+			s.c = c
+			s.run(acts)
+			s.settled()
+			if s.owner(sh) != "b" {
+				t.Fatalf("move not rolled forward: shard %d on %s", sh, s.owner(sh))
+			}
+			for _, rec := range table {
+				if rec.State == protocol.StateActive && s.owner(rec.Shard) != rec.Region {
+					t.Fatalf("shard %d with a live owner moved", rec.Shard)
+				}
+			}
+		})
 	}
 }
 
 func TestStaleEpochRefusalStepsDown(t *testing.T) {
-	c, _ := NewCore(testConfig(2), "r1", 4, nil, nil)
-	acts := c.Step(up("r1", "a", 1))
-	bind := acts[len(acts)-1].(Send)
-	d := describe(c.Step(CommandDone{Send: bind, Outcome: Refused, Reply: protocol.Reply{Epoch: 6, Incarnation: "a", Error: "stale epoch"}}))
-	if len(d) != 1 || d[0] != "stepdown" {
-		t.Fatalf("want stepdown, got %v", d)
+	s := newSim(t, testConfig(2))
+	s.intercept = func(send Send) (CommandDone, bool) {
+		return CommandDone{Send: send, Outcome: Refused, Reply: protocol.Reply{Epoch: 6, Incarnation: s.regions[send.Region].inc, Error: "stale epoch"}}, true
 	}
-	// Shards stay allocating: the refused bind did not make them active.
-	for _, r := range c.Table() {
-		if r.State == protocol.StateActive {
-			t.Fatalf("shard %d active after a refused bind", r.Shard)
+	s.join("a")
+	if s.stepDowns == 0 {
+		t.Fatal("no step down after a region reported a newer epoch")
+	}
+}
+
+func TestJoinRebalancesAfterFlux(t *testing.T) {
+	cfg := testConfig(12)
+	cfg.MinRegions = 3
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	s.join("c")
+	s.settled()
+	s.join("d")
+	if c := s.counts(); c["d"] != 0 {
+		t.Fatalf("d got shards before a round: %v", c)
+	}
+	s.ticks(cfg.RebalanceEvery - 1)
+	if c := s.counts(); c["d"] != 0 {
+		t.Fatalf("a round ran while membership was in flux: %v", c)
+	}
+	s.ticks(2 * cfg.RebalanceEvery)
+	s.settled()
+	if c := s.counts(); spread(c) > 0 || c["d"] != 3 {
+		t.Fatalf("want 3 each, got %v", c)
+	}
+}
+
+func TestGracefulLeaveMovesEverything(t *testing.T) {
+	cfg := testConfig(30)
+	cfg.MinRegions = 3
+	cfg.MaxMoves = 4
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	s.join("c")
+	before := s.c.Table()
+	var inFlight int
+	s.intercept = func(send Send) (CommandDone, bool) {
+		inFlight = max(inFlight, s.c.movesInFlight())
+		return CommandDone{}, false
+	}
+	s.leave("b")
+	s.ticks(40)
+	s.settled()
+	if c := s.counts(); c["b"] != 0 {
+		t.Fatalf("leaving region keeps shards: %v", c)
+	}
+	if inFlight > cfg.MaxMoves {
+		t.Fatalf("%d moves in flight, limit %d", inFlight, cfg.MaxMoves)
+	}
+	for _, rec := range before {
+		if rec.Region != "b" && s.owner(rec.Shard) != rec.Region {
+			t.Fatalf("shard %d of a staying region moved", rec.Shard)
 		}
-	}
-}
-
-func TestNewIncarnationLosesOldShards(t *testing.T) {
-	c, _ := NewCore(testConfig(3), "r1", 1, nil, nil)
-	confirm(c, c.Step(up("r1", "a", 1)), nil)
-	d := describe(c.Step(up("r1", "a2", 9)))
-	if count(d, "send bind r1/a2 e1 [0 1 2]") != 1 {
-		t.Fatalf("want all shards bound to the new incarnation, got %v", d)
-	}
-	// A late confirmation from the old incarnation changes nothing.
-	late := Send{Region: "r1", Command: protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: "a", Shards: []int{0}}}
-	if acts := c.Step(CommandDone{Send: late, Outcome: OK}); len(acts) != 0 {
-		t.Fatalf("late answer of a dead incarnation acted on: %v", describe(acts))
-	}
-}
-
-func TestProbeReconciles(t *testing.T) {
-	cfg := testConfig(4)
-	cfg.MinRegions = 2
-	c, _ := NewCore(cfg, "r1", 2, nil, nil)
-	c.Step(up("r1", "a", 1))
-	confirm(c, c.Step(up("r2", "b", 2)), nil)
-	o := owners(c)
-	// r1 claims one of r2's shards and lacks one of its own.
-	claim := []int{o["r1"][0], o["r2"][0]}
-	probe := Send{Region: "r1", Command: protocol.Command{Kind: protocol.CmdProbe, Epoch: 2, Incarnation: "a"}}
-	d := describe(c.Step(CommandDone{Send: probe, Outcome: OK, Reply: protocol.Reply{Epoch: 2, Incarnation: "a", Held: claim}}))
-	want := []string{
-		fmt.Sprintf("send drop r1/a e2 [%d]", o["r2"][0]),
-		fmt.Sprintf("send bind r1/a e2 [%d]", o["r1"][1]),
-	}
-	if !slices.Equal(d, want) {
-		t.Fatalf("got %v, want %v", d, want)
-	}
-}
-
-func TestUnconfirmedBindIsRetried(t *testing.T) {
-	cfg := testConfig(2)
-	c, _ := NewCore(cfg, "r1", 1, nil, nil)
-	acts := c.Step(up("r1", "a", 1))
-	bind := acts[len(acts)-1].(Send)
-	c.Step(CommandDone{Send: bind, Outcome: Failed})
-	var resent int
-	for range cfg.BindRetry {
-		resent += count(describe(c.Tick()), "send bind r1/a e1 [0 1]")
-	}
-	if resent != 1 {
-		t.Fatalf("want one resend within %d ticks, got %d", cfg.BindRetry, resent)
 	}
 }
 
 func TestDeterministic(t *testing.T) {
-	run := func() []string {
+	run := func() string {
 		cfg := testConfig(32)
 		cfg.MinRegions = 3
-		c, _ := NewCore(cfg, "r1", 1, nil, nil)
-		var log []string
-		for _, ev := range []Event{up("r3", "c", 3), up("r1", "a", 1), up("r2", "b", 2)} {
-			acts := c.Step(ev)
-			log = append(log, describe(acts)...)
-			log = append(log, describe(confirm(c, acts, nil))...)
-		}
-		log = append(log, describe(c.Step(RegionGone{ID: "r2"}))...)
-		return log
+		s := newSim(t, cfg)
+		s.join("c")
+		s.join("a")
+		s.join("b")
+		s.join("d")
+		s.ticks(60)
+		s.deregister("b")
+		s.ticks(60)
+		return fmt.Sprint(s.c.Table())
 	}
-	a, b := run(), run()
-	if !slices.Equal(a, b) {
-		t.Fatalf("same inputs, different outputs")
+	if a, b := run(), run(); a != b {
+		t.Fatal("same inputs, different tables")
+	}
+}
+
+// TestRandomHistories throws random joins, crashes, leaves, moves, ticks
+// and coordinator changes at the core; the sim checks the invariants after
+// every action, and after a quiet period every shard must be active on a
+// live region.
+func TestRandomHistories(t *testing.T) {
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		cfg := testConfig(16)
+		cfg.HandOffTimeout = 30
+		s := newSim(t, cfg)
+		next := 0
+		epoch := uint64(1)
+		for range 60 {
+			alive := []string{}
+			for _, id := range sortedKeys(s.regions) {
+				if !s.regions[id].dead {
+					alive = append(alive, id)
+				}
+			}
+			switch op := rng.IntN(10); {
+			case op < 3 || len(alive) == 0:
+				next++
+				s.join(fmt.Sprintf("r%d", next))
+			case op == 3 && len(alive) > 1:
+				s.crash(alive[rng.IntN(len(alive))])
+			case op == 4 && len(alive) > 1:
+				s.leave(alive[rng.IntN(len(alive))])
+			case op == 5:
+				sh, to := rng.IntN(cfg.Shards), alive[rng.IntN(len(alive))]
+				if acts, err := s.c.Move(sh, to); err == nil {
+					s.run(acts)
+				}
+			case op == 6:
+				epoch++
+				var regions []RegionSeen
+				for _, id := range alive {
+					regions = append(regions, RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: s.regions[id].inc}})
+				}
+				c, acts := NewCore(cfg, "coord", epoch, s.c.Table(), regions)
+				s.c = c
+				s.run(acts)
+			default:
+				s.ticks(1 + rng.IntN(15))
+			}
+		}
+		// Quiet period: leavers finish leaving, then a final live region.
+		next++
+		s.join(fmt.Sprintf("r%d", next))
+		s.ticks(300)
+		for _, rec := range s.c.Table() {
+			r := s.regions[rec.Region]
+			if rec.State != protocol.StateActive || r == nil || r.dead || r.modes[rec.Shard] != "live" {
+				t.Fatalf("seed %d: shard %d not settled: %+v", seed, rec.Shard, rec)
+			}
+		}
 	}
 }

@@ -45,10 +45,26 @@ type CommandDone struct {
 	Reply   protocol.Reply // when Outcome is OK or Refused
 }
 
+// Unparked: the driver finished an Unpark: it stopped diverting the shard
+// and appended the end marker Handoff.
+type Unparked struct {
+	Shard   int
+	Handoff uint64
+}
+
+// Marked: the driver appended the end marker Handoff to the shard's buffer
+// on behalf of a source that died.
+type Marked struct {
+	Shard   int
+	Handoff uint64
+}
+
 func (RegionUp) isEvent()      {}
 func (RegionGone) isEvent()    {}
 func (RegionsSynced) isEvent() {}
 func (CommandDone) isEvent()   {}
+func (Unparked) isEvent()      {}
+func (Marked) isEvent()        {}
 
 // Action is an output of Core: something the driver must do, in order.
 type Action interface{ isAction() }
@@ -62,6 +78,7 @@ type WriteShard struct{ Record protocol.ShardRecord }
 type Send struct {
 	Region  string
 	Command protocol.Command
+	At      int // the core's tick when the command was decided
 }
 
 // RemoveRegion: delete the region's registration if it is still at
@@ -74,7 +91,36 @@ type RemoveRegion struct {
 // StepDown: this coordinator learned that a newer epoch exists.
 type StepDown struct{ Reason string }
 
+// Park: subscribe to the shard's subject and divert what arrives to its
+// buffer (the coordinator holds the shard until an owner binds).
+// Idempotent.
+type Park struct {
+	Shard   int
+	Handoff uint64
+}
+
+// Unpark: keep diverting for the grace period, unsubscribe, append the end
+// marker Handoff, then report Unparked.
+type Unpark struct {
+	Shard   int
+	Handoff uint64
+}
+
+// Mark: append the end marker Handoff to the shard's buffer (its source
+// died before it could), then report Marked.
+type Mark struct {
+	Shard   int
+	Handoff uint64
+}
+
+// Warn: something an operator should see (a handoff timed out).
+type Warn struct{ Msg string }
+
 func (WriteShard) isAction()   {}
 func (Send) isAction()         {}
 func (RemoveRegion) isAction() {}
 func (StepDown) isAction()     {}
+func (Park) isAction()         {}
+func (Unpark) isAction()       {}
+func (Mark) isAction()         {}
+func (Warn) isAction()         {}

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,15 +18,20 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseTTL       = 4 * time.Second
-	DefaultTick           = 100 * time.Millisecond
-	DefaultCommandTimeout = 2 * time.Second
+	DefaultLeaseTTL          = 4 * time.Second
+	DefaultTick              = 100 * time.Millisecond
+	DefaultCommandTimeout    = 2 * time.Second
+	DefaultHandOffTimeout    = 10 * time.Second
+	DefaultRebalanceInterval = 2 * time.Second
+	DefaultMaxMoves          = 16
+	DefaultReleaseGrace      = 200 * time.Millisecond
 )
 
 // Config configures a Node.
 type Config struct {
 	Conn     *nats.Conn
 	Store    *kvstate.Store
+	Buffer   *kvstate.Buffer // where parked shards' messages wait
 	Subjects protocol.Subjects
 	Shards   int
 	// Region is the id of the process this candidate runs in (for display).
@@ -36,7 +42,13 @@ type Config struct {
 	LeaseTTL       time.Duration
 	Tick           time.Duration // one core tick
 	CommandTimeout time.Duration // bound on each command to a region
-	Logger         *slog.Logger
+	// HandOffTimeout: how long a source may take to pause a shard.
+	HandOffTimeout time.Duration
+	// RebalanceInterval between strategy rounds; negative disables them.
+	RebalanceInterval time.Duration
+	MaxMoves          int           // moves of live shards in flight
+	ReleaseGrace      time.Duration // unpark: keep diverting this long first
+	Logger            *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -51,6 +63,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.CommandTimeout <= 0 {
 		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.HandOffTimeout <= 0 {
+		c.HandOffTimeout = DefaultHandOffTimeout
+	}
+	if c.RebalanceInterval == 0 {
+		c.RebalanceInterval = DefaultRebalanceInterval
+	}
+	if c.MaxMoves <= 0 {
+		c.MaxMoves = DefaultMaxMoves
+	}
+	if c.ReleaseGrace <= 0 {
+		c.ReleaseGrace = DefaultReleaseGrace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -75,8 +99,8 @@ func New(cfg Config) *Node {
 // holds it and returns nil. It returns an error only for a configuration it
 // cannot work with.
 func (n *Node) Run(ctx context.Context) error {
-	if n.cfg.Conn == nil || n.cfg.Store == nil || n.cfg.Shards <= 0 {
-		return errors.New("coordinator: Conn, Store and Shards are required")
+	if n.cfg.Conn == nil || n.cfg.Store == nil || n.cfg.Buffer == nil || n.cfg.Shards <= 0 {
+		return errors.New("coordinator: Conn, Store, Buffer and Shards are required")
 	}
 	for ctx.Err() == nil {
 		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli()}
@@ -131,8 +155,9 @@ type leader struct {
 	lease     kvstate.Lease
 	renewedAt time.Time // when the last successful renewal was sent
 	core      *Core
-	results   chan CommandDone
+	events    chan Event // command outcomes, unparks and marks, from other goroutines
 	admin     chan *nats.Msg
+	parker    *parker
 }
 
 var errStepDown = errors.New("coordinator: stepping down")
@@ -167,10 +192,21 @@ func (l *leader) lead(ctx context.Context) error {
 	for i, e := range entries {
 		regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
 	}
-	core, acts := NewCore(CoreConfig{Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions}, l.cfg.Region, epoch, table, regions)
+	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
+	rebalance := -1
+	if l.cfg.RebalanceInterval > 0 {
+		rebalance = ticks(l.cfg.RebalanceInterval)
+	}
+	core, acts := NewCore(CoreConfig{
+		Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
+		ProbeEvery: ticks(500 * time.Millisecond), Retry: ticks(time.Second),
+		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, MaxMoves: l.cfg.MaxMoves,
+	}, l.cfg.Region, epoch, table, regions)
 	l.core = core
-	l.results = make(chan CommandDone, 256)
+	l.events = make(chan Event, 1024)
 	l.admin = make(chan *nats.Msg, 16)
+	l.parker = newParker(l.cfg.Conn, l.cfg.Buffer, l.cfg.Subjects, l.log)
+	defer l.parker.stop()
 	l.log.Info("leading", "epoch", epoch, "regions", len(regions), "rows", len(table))
 
 	adminSub, err := l.cfg.Conn.ChanSubscribe(l.cfg.Subjects.AdminAll(), l.admin)
@@ -202,12 +238,12 @@ func (l *leader) lead(ctx context.Context) error {
 				continue
 			}
 			acts = core.Step(ev)
-		case res := <-l.results:
-			acts = core.Step(res)
+		case ev := <-l.events:
+			acts = core.Step(ev)
 		case <-tick.C:
 			acts = core.Tick()
 		case m := <-l.admin:
-			l.answerAdmin(m)
+			acts = l.answerAdmin(m)
 		}
 		if err := l.execute(ctx, acts); err != nil {
 			return err
@@ -238,6 +274,7 @@ func (l *leader) renew(ctx context.Context) error {
 // fenced: a refused write ends the term. Commands run concurrently and
 // report back through l.results.
 func (l *leader) execute(ctx context.Context, acts []Action) error {
+	var unparks []Unpark
 	for _, a := range acts {
 		switch a := a.(type) {
 		case WriteShard:
@@ -254,9 +291,64 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			}
 		case StepDown:
 			return fmt.Errorf("%w: %s", errStepDown, a.Reason)
+		case Park:
+			if err := l.parker.park(a.Shard, a.Handoff); err != nil {
+				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
+			}
+		case Unpark:
+			unparks = append(unparks, a)
+		case Mark:
+			go l.mark(ctx, a)
+		case Warn:
+			l.log.Warn(a.Msg)
 		}
 	}
+	if len(unparks) > 0 {
+		go l.unpark(ctx, unparks)
+	}
 	return nil
+}
+
+// unpark ends the parking of shards whose new owner is replaying their
+// buffer: after the grace period (so that the owner's subscription is known
+// to every server of a cluster), it unsubscribes and appends the end
+// markers, then reports each shard Unparked.
+func (l *leader) unpark(ctx context.Context, us []Unpark) {
+	sleep(ctx, l.cfg.ReleaseGrace)
+	for _, u := range us {
+		l.parker.unsubscribe(u.Shard, u.Handoff)
+	}
+	for _, u := range us {
+		if l.markRetrying(ctx, u.Shard, u.Handoff) {
+			l.post(ctx, Unparked(u))
+		}
+	}
+}
+
+// mark appends an end marker for a source that died.
+func (l *leader) mark(ctx context.Context, m Mark) {
+	if l.markRetrying(ctx, m.Shard, m.Handoff) {
+		l.post(ctx, Marked(m))
+	}
+}
+
+func (l *leader) markRetrying(ctx context.Context, shard int, handoff uint64) bool {
+	for ctx.Err() == nil {
+		if _, err := l.cfg.Buffer.Mark(ctx, shard, handoff); err == nil {
+			return true
+		} else {
+			l.log.Warn("cannot write an end marker; retrying", "shard", shard, "handoff", handoff, "err", err)
+		}
+		sleep(ctx, 500*time.Millisecond)
+	}
+	return false
+}
+
+func (l *leader) post(ctx context.Context, ev Event) {
+	select {
+	case l.events <- ev:
+	case <-ctx.Done():
+	}
 }
 
 func (l *leader) send(ctx context.Context, s Send) {
@@ -282,10 +374,7 @@ func (l *leader) send(ctx context.Context, s Send) {
 	if err != nil || done.Outcome == Refused {
 		l.log.Debug("command", "kind", s.Command.Kind, "region", s.Region, "outcome", done.Outcome, "err", err, "refusal", done.Reply.Error)
 	}
-	select {
-	case l.results <- done:
-	case <-ctx.Done():
-	}
+	l.post(ctx, done)
 }
 
 // watchRegions turns registry changes into core events. The returned
@@ -329,18 +418,50 @@ func (l *leader) watchRegions(ctx context.Context) <-chan Event {
 	return out
 }
 
-func (l *leader) answerAdmin(m *nats.Msg) {
-	var body any
+// answerAdmin answers an admin API request; move and drain return the
+// actions they start.
+func (l *leader) answerAdmin(m *nats.Msg) []Action {
+	var body any = map[string]any{"ok": true}
+	var acts []Action
+	var err error
 	switch verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb {
 	case protocol.AdminStatus:
 		body = l.status()
+	case protocol.AdminMove:
+		var req protocol.MoveRequest
+		if err = decodeAdmin(m.Data, &req); err == nil {
+			acts, err = l.core.Move(req.Shard, req.Region)
+		}
+	case protocol.AdminDrain:
+		var req protocol.DrainRequest
+		if err = decodeAdmin(m.Data, &req); err == nil {
+			acts, err = l.core.Drain(req.Region)
+		}
 	default:
-		body = protocol.AdminError{Error: fmt.Sprintf("unknown admin verb %q", verb)}
+		err = fmt.Errorf("unknown admin verb %q", verb)
+	}
+	if err != nil {
+		body = protocol.AdminError{Error: err.Error()}
 	}
 	data, _ := json.Marshal(body)
 	if m.Reply != "" {
 		_ = m.Respond(data)
 	}
+	return acts
+}
+
+// decodeAdmin decodes an admin request strictly: unknown fields and
+// trailing data are errors.
+func decodeAdmin(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request: %w", err)
+	}
+	if dec.More() {
+		return errors.New("bad request: trailing data")
+	}
+	return nil
 }
 
 func (l *leader) status() protocol.Status {
@@ -351,7 +472,7 @@ func (l *leader) status() protocol.Status {
 	}
 	count := map[string]int{}
 	for _, r := range l.core.Table() {
-		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State)})
+		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source})
 		count[r.Region]++
 	}
 	for _, r := range l.core.Regions() {

@@ -50,12 +50,17 @@ func TestGracefulHandover(t *testing.T) {
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, natstest.URL(srv))
 	ctx := context.Background()
-	store, err := kvstate.Open(ctx, natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	subjects := protocol.MustSubjects("", "", "kv")
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +77,7 @@ func TestGracefulHandover(t *testing.T) {
 		c := candidate{cancel: cancel, done: make(chan struct{})}
 		go func() {
 			defer close(c.done)
-			coordinator.New(coordinator.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, Region: name, LeaseTTL: ttl}).Run(cctx)
+			coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name, LeaseTTL: ttl}).Run(cctx)
 		}()
 		return c
 	}

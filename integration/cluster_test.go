@@ -23,7 +23,8 @@ func TestThreeShardd(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	subjects := protocol.MustSubjects("", "", "kv")
-	common := []string{"--type", "kv", "--kind", "kv", "--min-regions", "3"}
+	// No strategy rounds: this test proves that failover moves nothing.
+	common := []string{"--type", "kv", "--kind", "kv", "--min-regions", "3", "--rebalance-interval", "0"}
 	start := func(name string, extra ...string) *proc {
 		args := append([]string{"--region", name}, common...)
 		return startShardd(t, name, append(args, extra...)...)
@@ -118,6 +119,8 @@ func TestThreeShardd(t *testing.T) {
 		victim, coord, countOwned(before, victim), time.Since(t0).Round(time.Millisecond))
 	assertKept(t, before, owners(st), victim)
 	assertEntities(t, nc, subjects, st.Shards)
+	// The last coordinator candidate stops, then a, which finds no
+	// coordinator to hand off to and says so.
 	for _, name := range []string{coord, "a"} {
 		if err := procs[name].stop(30 * time.Second); err != nil {
 			t.Errorf("graceful stop of %s: %v\n%s", name, err, lastLines(procs[name].log.String(), 30))

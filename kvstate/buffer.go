@@ -3,11 +3,16 @@ package kvstate
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
-	"github.com/natshard/natshard/protocol"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/protocol"
 )
 
 // DefaultBufferPerShard bounds a shard's buffer (Akka's buffer-size).
@@ -17,7 +22,85 @@ const DefaultBufferPerShard = 100_000
 // was not buffered.
 var ErrBufferFull = errors.New("kvstate: shard buffer is full")
 
-var errTODO = errors.New("kvstate: buffer not implemented yet")
+// Buffer stream settings.
+const (
+	// bufferDuplicates is the stream's de-duplication window: a message
+	// whose Nats-Msg-Id the stream saw less than this long ago is
+	// acknowledged as a duplicate and not stored again.
+	bufferDuplicates = 2 * time.Minute
+	// bufferMaxAge drops buffered messages nobody replayed (a handoff that
+	// never completed) after a day.
+	bufferMaxAge = 24 * time.Hour
+	// bufferMaxPending is the number of Appends that may wait for their
+	// acknowledgement at once, over all shards of a Buffer. Beyond it
+	// Append waits for a free slot for at most bufferStallWait, then fails.
+	bufferMaxPending = 1 << 16
+	// bufferStallWait: see bufferMaxPending.
+	bufferStallWait = 200 * time.Millisecond
+	// bufferAckTimeout is how long an Append waits for its acknowledgement
+	// (at least Timeout) before it fails with ErrUnavailable. It only
+	// matters when the acknowledgement is lost (its server died, the
+	// connection was closed); it must exceed by far the time the stream
+	// takes to store a burst of pending Appends (seconds for tens of
+	// thousands on R3), because a timed-out message may be stored anyway.
+	bufferAckTimeout = 30 * time.Second
+	// replayInactive is the inactive threshold of Replay's consumers: the
+	// server deletes the consumer of a Replay that vanished (its process
+	// died) after this long. A live Replay whose consumer was deleted
+	// recreates it where it left off.
+	replayInactive = time.Minute
+	// replayBatch is the number of messages Replay's consumer keeps
+	// buffered on the client.
+	replayBatch = 1000
+)
+
+// codeStoreFailed is the JetStream API error code with which the server
+// refuses to store a message (JSStreamStoreFailedF in nats-server's
+// errors.json, status 503). Its description is the reason; for a subject
+// at its MaxMsgsPerSubject with DiscardNewPerSubject it is
+// msgMaxPerSubject (nats-server's ErrMaxMsgsPerSubject), on a single
+// server as on a cluster (checked before and after the raft proposal).
+const codeStoreFailed jetstream.ErrorCode = 10077
+
+const msgMaxPerSubject = "maximum messages per subject exceeded"
+
+// codeDuplicateInProcess: a replicated stream (R>1) refuses a message whose
+// Nats-Msg-Id is that of a message it has proposed to its raft group but
+// not yet stored (JSStreamDuplicateMessageConflict, "duplicate message id
+// is in process", status 409), where a single server would acknowledge a
+// duplicate. Append takes it for the duplicate it is: should the first
+// message fail after all, its own Append reports that.
+const codeDuplicateInProcess jetstream.ErrorCode = 10158
+
+// Header escaping. A buffered message must carry the original headers
+// back unchanged, but the buffer stream is itself a JetStream stream that
+// interprets (and strips) headers named Nats-...: an original
+// Nats-Expected-Stream, Nats-Expected-Last-Sequence, Nats-Rollup (the
+// stream allows no rollups, which would purge the shard's buffer) or
+// Nats-TTL (no per-message TTLs) would make the server refuse the message,
+// Nats-Expected-* and Nats-Batch-* are removed before storing, and headers
+// that later servers learn to interpret could do anything. And an original
+// header named like natshard's own (Natshard-Marker) must not pass for a
+// marker at replay. So Append stores every header whose name starts with "Nats-"
+// (except Nats-Msg-Id, which is kept on purpose for de-duplication) or
+// "Natshard-" under escapePrefix+name, and Replay restores the name. Header
+// names are case-sensitive, in nats.go as in the server.
+const escapePrefix = "Natshard-Esc-"
+
+func escapeHeader(name string) string {
+	if name == protocol.HeaderMsgID {
+		return name
+	}
+	if strings.HasPrefix(name, "Nats-") || strings.HasPrefix(name, "Natshard-") {
+		return escapePrefix + name
+	}
+	return name
+}
+
+// noRetry makes an async publish fail at once on "no responders" (no
+// stream leader) instead of publishing again later, which would store the
+// message after those appended after it.
+var noRetry = jetstream.WithRetryAttempts(0)
 
 // BufferOptions configure OpenBuffer.
 type BufferOptions struct {
@@ -33,10 +116,40 @@ type BufferOptions struct {
 // replays the shard's buffer in order up to its marker. Safe for concurrent
 // use; Append calls for one shard must come from one goroutine at a time to
 // keep their order.
+//
+// A Buffer publishes through its own JetStream context on the connection
+// of the JetStream given to OpenBuffer (same domain or API prefix), so
+// that its asynchronous publishes, their limit and their acknowledgement
+// handlers are its own.
 type Buffer struct {
 	js       jetstream.JetStream
 	subjects protocol.Subjects
 	opts     BufferOptions
+
+	stream jetstream.Stream
+	name   string // of the stream
+
+	mu       sync.Mutex
+	pending  map[*nats.Msg]appendRec // buffered message -> its Append
+	inflight int                     // Appends not yet acknowledged or failed
+	// epochs counts the Appends in flight per Flush generation, oldest
+	// first; the last one takes new Appends. Flush closes the open
+	// generation (a new one takes later Appends) and waits until it and all
+	// older ones are done, so that Appends made after Flush began never
+	// delay it.
+	epochs []*flushEpoch
+}
+
+// appendRec is one Append waiting for its acknowledgement.
+type appendRec struct {
+	orig   *nats.Msg
+	failed func(*nats.Msg, error)
+	epoch  *flushEpoch
+}
+
+type flushEpoch struct {
+	n    int           // Appends of this generation in flight
+	done chan struct{} // closed when this and older generations are done; nil until a Flush waits
 }
 
 // BufferStream is the name of the buffer stream of type typ.
@@ -46,8 +159,124 @@ func BufferStream(typ string) string { return "natshard_buf_" + typ }
 // MaxMsgsPerSubject MaxPerShard with DiscardNew per subject (a full buffer
 // refuses new messages instead of dropping old ones), duplicate window 2
 // minutes (publishers' Nats-Msg-Id de-duplicate), MaxAge 24h.
+//
+// An existing stream is bound as it is, never updated (its replicas and
+// limits win over opts); it must capture subjects.BufferAll(), otherwise
+// OpenBuffer fails with ErrConfigMismatch.
 func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.Subjects, opts BufferOptions) (*Buffer, error) {
-	return nil, errTODO
+	if js == nil {
+		return nil, errors.New("kvstate: OpenBuffer with nil JetStream")
+	}
+	if subjects.Type() == "" {
+		return nil, errors.New("kvstate: OpenBuffer with zero Subjects")
+	}
+	if opts.Replicas < 0 || opts.Replicas > 5 {
+		return nil, fmt.Errorf("kvstate: %d replicas; use 1 to 5 (0 means 1)", opts.Replicas)
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.MaxPerShard < 0 {
+		return nil, fmt.Errorf("kvstate: buffer of %d messages per shard", opts.MaxPerShard)
+	}
+	if opts.MaxPerShard == 0 {
+		opts.MaxPerShard = DefaultBufferPerShard
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = defaultTimeout
+	}
+	b := &Buffer{
+		subjects: subjects,
+		opts:     opts,
+		name:     BufferStream(subjects.Type()),
+		pending:  make(map[*nats.Msg]appendRec),
+		epochs:   []*flushEpoch{{}},
+	}
+	own, err := ownJetStream(js,
+		jetstream.WithPublishAsyncMaxPending(bufferMaxPending),
+		// An acknowledgement lost with its server, or a closed connection
+		// (which, unlike a reconnection, does not fail pending publishes),
+		// would otherwise keep Flush waiting forever.
+		jetstream.WithPublishAsyncTimeout(max(opts.Timeout, bufferAckTimeout)),
+		jetstream.WithPublishAsyncAckHandler(b.acked),
+		jetstream.WithPublishAsyncErrHandler(b.refused),
+	)
+	if err != nil {
+		return nil, err
+	}
+	b.js = own
+
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	stream, err := own.CreateStream(ctx, jetstream.StreamConfig{
+		Name:                 b.name,
+		Description:          "natshard handoff buffer of type " + subjects.Type(),
+		Subjects:             []string{subjects.BufferAll()},
+		Storage:              jetstream.FileStorage,
+		Replicas:             opts.Replicas,
+		MaxMsgsPerSubject:    opts.MaxPerShard,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		Duplicates:           bufferDuplicates,
+		MaxAge:               bufferMaxAge,
+	})
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		stream, err = own.Stream(ctx, b.name)
+		if err == nil && !slices.Contains(stream.CachedInfo().Config.Subjects, subjects.BufferAll()) {
+			return nil, fmt.Errorf("%w: stream %s has subjects %q, not %q",
+				ErrConfigMismatch, b.name, stream.CachedInfo().Config.Subjects, subjects.BufferAll())
+		}
+	}
+	if err != nil {
+		return nil, translate(fmt.Errorf("open buffer stream %s: %w", b.name, err), ErrConflict)
+	}
+	b.stream = stream
+	return b, nil
+}
+
+// ownJetStream is a new JetStream context on js's connection that talks to
+// the same JetStream API (domain or prefix, default timeout, trace) as js.
+func ownJetStream(js jetstream.JetStream, opts ...jetstream.JetStreamOpt) (jetstream.JetStream, error) {
+	o := js.Options()
+	if o.DefaultTimeout > 0 {
+		opts = append(opts, jetstream.WithDefaultTimeout(o.DefaultTimeout))
+	}
+	if o.ClientTrace != nil {
+		opts = append(opts, jetstream.WithClientTrace(o.ClientTrace))
+	}
+	switch {
+	case o.Domain != "":
+		return jetstream.NewWithDomain(js.Conn(), o.Domain, opts...)
+	case o.APIPrefix != "":
+		return jetstream.NewWithAPIPrefix(js.Conn(), o.APIPrefix, opts...)
+	}
+	return jetstream.New(js.Conn(), opts...)
+}
+
+// ctx bounds ctx by Timeout unless it has a deadline already.
+func (b *Buffer) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.opts.Timeout)
+}
+
+// bufferErr translates an error of a publish to the buffer stream:
+// ErrBufferFull when the shard's subject is at its limit, ErrUnavailable
+// when the acknowledgement did not come in time or too many were pending,
+// translate otherwise.
+func bufferErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == codeStoreFailed && strings.Contains(api.Description, msgMaxPerSubject) {
+		return fmt.Errorf("%w: %w", ErrBufferFull, err)
+	}
+	if errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return translate(err, ErrConflict)
 }
 
 // Append buffers m for shard without waiting for the server's
@@ -56,17 +285,164 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 // subject and reply subject in protocol.HeaderSubject and HeaderReply. If
 // the server refuses it (ErrBufferFull, or another error), failed is called
 // with m and the error, from another goroutine.
+//
+// Details. Headers that JetStream would interpret are stored escaped (see
+// escapePrefix) and restored by Replay. A message whose Nats-Msg-Id the
+// stream stored less than two minutes ago (on any shard, even if purged
+// since), or is storing (codeDuplicateInProcess), is acknowledged as a
+// duplicate and not stored again: that is a success, failed is not called.
+// Other errors are ErrUnavailable (no stream leader; no acknowledgement
+// within bufferAckTimeout, in which case the message may be stored after
+// all; more than bufferMaxPending Appends waiting for theirs for longer
+// than bufferStallWait), an error for a message without subject, or as
+// translate leaves them. failed calls are not ordered among themselves;
+// failed may be nil. Append blocks only while bufferMaxPending Appends are
+// in flight, for at most bufferStallWait. m is neither modified nor kept,
+// except to be passed to failed: its data is copied out before Append
+// returns.
 func (b *Buffer) Append(shard int, m *nats.Msg, failed func(m *nats.Msg, err error)) {
+	bm := &nats.Msg{
+		Subject: b.subjects.Buffer(shard),
+		Data:    m.Data,
+		Header:  make(nats.Header, len(m.Header)+2),
+	}
+	for k, v := range m.Header {
+		bm.Header[escapeHeader(k)] = slices.Clone(v)
+	}
+	bm.Header[protocol.HeaderSubject] = []string{m.Subject}
+	if m.Reply != "" {
+		bm.Header[protocol.HeaderReply] = []string{m.Reply}
+	}
+
+	// Registered before publishing: the acknowledgement may arrive before
+	// PublishMsgAsync returns.
+	b.mu.Lock()
+	ep := b.epochs[len(b.epochs)-1]
+	ep.n++
+	b.inflight++
+	b.pending[bm] = appendRec{orig: m, failed: failed, epoch: ep}
+	b.mu.Unlock()
+
+	if m.Subject == "" {
+		b.refused(nil, bm, errors.New("kvstate: append of a message without subject"))
+		return
+	}
+	if _, err := b.js.PublishMsgAsync(bm, noRetry, jetstream.WithStallWait(bufferStallWait)); err != nil {
+		b.refused(nil, bm, err)
+	}
+}
+
+// take removes bm's Append from the pending ones; false if it was done
+// already (every Append ends exactly once).
+func (b *Buffer) take(bm *nats.Msg) (appendRec, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rec, ok := b.pending[bm]
+	if ok {
+		delete(b.pending, bm)
+	}
+	return rec, ok
+}
+
+// acked is the JetStream context's acknowledgement handler; it runs on
+// the context's reply subscription and must not block.
+func (b *Buffer) acked(_ jetstream.JetStream, bm *nats.Msg, _ *jetstream.PubAck) {
+	if rec, ok := b.take(bm); ok {
+		b.done(rec.epoch)
+	}
+}
+
+// refused is the JetStream context's error handler, also called for
+// publishes that fail at once. failed runs on its own goroutine, and the
+// Append counts as done (for Flush) once failed returned.
+func (b *Buffer) refused(_ jetstream.JetStream, bm *nats.Msg, err error) {
+	if apiCode(err) == codeDuplicateInProcess {
+		b.acked(nil, bm, nil)
+		return
+	}
+	rec, ok := b.take(bm)
+	if !ok {
+		return
+	}
+	if rec.failed == nil {
+		b.done(rec.epoch)
+		return
+	}
+	err = bufferErr(err)
+	go func() {
+		defer b.done(rec.epoch)
+		rec.failed(rec.orig, err)
+	}()
+}
+
+// done ends an Append of generation ep and wakes the Flushes whose
+// generations are all done.
+func (b *Buffer) done(ep *flushEpoch) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ep.n--
+	b.inflight--
+	for len(b.epochs) > 1 && b.epochs[0].n == 0 {
+		if d := b.epochs[0].done; d != nil {
+			close(d)
+		}
+		b.epochs[0] = nil
+		b.epochs = b.epochs[1:]
+	}
 }
 
 // Flush waits until every Append so far was acknowledged or failed.
-func (b *Buffer) Flush(ctx context.Context) error { return errTODO }
+//
+// "Failed" includes the return of its failed callback. Appends made after
+// Flush began do not delay it. Flush returns nil or ctx's error (as
+// ErrUnavailable); failures are reported through failed only.
+func (b *Buffer) Flush(ctx context.Context) error {
+	b.mu.Lock()
+	if b.inflight == 0 {
+		b.mu.Unlock()
+		return nil
+	}
+	ep := b.epochs[len(b.epochs)-1]
+	if ep.done == nil {
+		ep.done = make(chan struct{})
+	}
+	wait := ep.done
+	b.epochs = append(b.epochs, &flushEpoch{})
+	b.mu.Unlock()
+
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	select {
+	case <-wait:
+		return nil
+	case <-ctx.Done():
+		return translate(fmt.Errorf("flush buffer %s: %w", b.name, ctx.Err()), ErrConflict)
+	}
+}
 
 // Mark flushes, then appends the end marker of handoff to shard's buffer
 // (a message with protocol.HeaderMarker set to the id, no Nats-Msg-Id) and
 // returns its sequence. Appending the same marker twice is harmless.
+//
+// Markers have their own subject (protocol.Subjects.BufferMarker), so
+// they do not count against MaxPerShard: a full buffer still takes the
+// marker that ends its handoff. Appends to shard made while Mark runs may
+// be stored before or after the marker.
 func (b *Buffer) Mark(ctx context.Context, shard int, handoff uint64) (uint64, error) {
-	return 0, errTODO
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	if err := b.Flush(ctx); err != nil {
+		return 0, err
+	}
+	m := &nats.Msg{
+		Subject: b.subjects.BufferMarker(shard),
+		Header:  nats.Header{protocol.HeaderMarker: []string{strconv.FormatUint(handoff, 10)}},
+	}
+	ack, err := b.js.PublishMsg(ctx, m)
+	if err != nil {
+		return 0, fmt.Errorf("mark handoff %d in %s: %w", handoff, m.Subject, bufferErr(err))
+	}
+	return ack.Sequence, nil
 }
 
 // Replay reads shard's buffer in order from its first message and calls fn
@@ -75,13 +451,139 @@ func (b *Buffer) Mark(ctx context.Context, shard int, handoff uint64) (uint64, e
 // markers of other handoffs, until the end marker of handoff; it waits for
 // more messages until then. It returns the marker's sequence, or ctx's
 // error. fn runs on Replay's goroutine, one message at a time.
+//
+// Replay reads through an ordered consumer (memory, R1) that it deletes
+// when it returns; the server deletes it after a minute of inactivity
+// if Replay's process dies. A message without protocol.HeaderSubject was
+// not appended by Append: it is skipped silently. A restored message has a
+// nil Header when the original had none; Data may be an empty slice
+// instead of nil. Replay does not remove anything: see Purge.
 func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(m *nats.Msg)) (uint64, error) {
-	return 0, errTODO
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	subject := b.subjects.BufferShard(shard) // messages and markers, in stream order
+	want := strconv.FormatUint(handoff, 10)
+
+	cctx, cancel := b.ctx(ctx)
+	cons, err := b.js.OrderedConsumer(cctx, b.name, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{subject},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: replayInactive,
+	})
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(replayBatch))
+	if err != nil {
+		b.deleteConsumer(cons)
+		return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
+	}
+	// Stop also ends Next while it recreates a lost consumer, which
+	// NextContext would not.
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer func() {
+		stop()
+		it.Stop()
+		b.deleteConsumer(cons)
+	}()
+
+	for {
+		jm, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
+		}
+		h := jm.Headers()
+		if v, ok := h[protocol.HeaderMarker]; ok {
+			if len(v) == 0 || v[0] != want {
+				continue // the marker of another handoff
+			}
+			md, err := jm.Metadata()
+			if err != nil {
+				return 0, fmt.Errorf("replay %s: marker of handoff %d: %w", subject, handoff, err)
+			}
+			return md.Sequence.Stream, nil
+		}
+		if m := restore(h, jm.Data()); m != nil {
+			fn(m)
+		}
+	}
+}
+
+// restore rebuilds the message Append buffered from the buffered headers
+// and data; nil if they lack protocol.HeaderSubject.
+func restore(h nats.Header, data []byte) *nats.Msg {
+	subj := h.Get(protocol.HeaderSubject)
+	if subj == "" {
+		return nil
+	}
+	m := &nats.Msg{Subject: subj, Reply: h.Get(protocol.HeaderReply), Data: data}
+	for k, v := range h {
+		if k == protocol.HeaderSubject || k == protocol.HeaderReply {
+			continue
+		}
+		if m.Header == nil {
+			m.Header = make(nats.Header, len(h))
+		}
+		m.Header[strings.TrimPrefix(k, escapePrefix)] = v
+	}
+	return m
+}
+
+// deleteConsumer deletes the ordered consumer's current server consumer,
+// in the background (it would expire anyway, see replayInactive).
+func (b *Buffer) deleteConsumer(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	name := info.Name
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), b.opts.Timeout)
+		defer cancel()
+		_ = b.js.DeleteConsumer(ctx, b.name, name)
+	}()
 }
 
 // Purge removes shard's buffered messages with sequence up to and
 // including upTo.
-func (b *Buffer) Purge(ctx context.Context, shard int, upTo uint64) error { return errTODO }
+//
+// Markers up to upTo go too. Purge(shard, 0) removes nothing;
+// Purge(shard, math.MaxUint64) everything. (The server's purge request
+// takes a sequence to purge up to but not including.)
+func (b *Buffer) Purge(ctx context.Context, shard int, upTo uint64) error {
+	if upTo == 0 {
+		return nil
+	}
+	subject := b.subjects.BufferShard(shard)
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subject)}
+	if upTo < ^uint64(0) {
+		opts = append(opts, jetstream.WithPurgeSequence(upTo+1))
+	}
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	if err := b.stream.Purge(ctx, opts...); err != nil {
+		return translate(fmt.Errorf("purge %s up to %d: %w", subject, upTo, err), ErrConflict)
+	}
+	return nil
+}
 
-// Len is the number of messages in shard's buffer.
-func (b *Buffer) Len(ctx context.Context, shard int) (uint64, error) { return 0, errTODO }
+// Len is the number of messages in shard's buffer, markers excluded: what
+// counts against MaxPerShard.
+func (b *Buffer) Len(ctx context.Context, shard int) (uint64, error) {
+	subject := b.subjects.Buffer(shard)
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	info, err := b.stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return 0, translate(fmt.Errorf("length of %s: %w", subject, err), ErrConflict)
+	}
+	return info.State.Subjects[subject], nil
+}

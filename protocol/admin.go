@@ -6,7 +6,21 @@ package protocol
 // Admin verbs.
 const (
 	AdminStatus = "status"
+	AdminMove   = "move"  // body MoveRequest
+	AdminDrain  = "drain" // body DrainRequest
 )
+
+// MoveRequest asks the coordinator to move an active shard to a region.
+type MoveRequest struct {
+	Shard  int    `json:"shard"`
+	Region string `json:"region"`
+}
+
+// DrainRequest asks the coordinator to move every shard off a region and
+// give it no more (the region marks itself leaving).
+type DrainRequest struct {
+	Region string `json:"region"`
+}
 
 // AdminError is the answer to an admin request that failed.
 type AdminError struct {
@@ -42,4 +56,7 @@ type ShardView struct {
 	Shard  int    `json:"shard"`
 	Region string `json:"region"`
 	State  string `json:"state"`
+	// Source is the region a moving shard comes from ("" for the
+	// coordinator, or when not moving).
+	Source string `json:"source,omitempty"`
 }

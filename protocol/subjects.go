@@ -41,7 +41,8 @@ const (
 //	<control>.<type>.region.<region id>    coordinator -> region commands
 //	<control>.<type>.coord                 region -> coordinator reports
 //	<control>.<type>.admin.<verb>          admin API, JSON (shardctl, nats req)
-//	<control>.<type>.buf.<shard>           the shard's handoff buffer (JetStream)
+//	<control>.<type>.buf.<shard>.m         the shard's buffered messages (JetStream)
+//	<control>.<type>.buf.<shard>.e         the shard's end markers (JetStream)
 type Subjects struct {
 	data    string // "<data>.<type>."
 	control string // "<control>.<type>."
@@ -110,12 +111,25 @@ func (s Subjects) Region(id string) string { return s.control + "region." + id }
 // and pings.
 func (s Subjects) Coordinator() string { return s.control + "coord" }
 
-// Buffer is the subject of a shard's handoff buffer in the buffer stream.
-func (s Subjects) Buffer(shard int) string { return s.control + "buf." + strconv.Itoa(shard) }
+// Buffer is the subject of a shard's buffered messages in the buffer
+// stream.
+func (s Subjects) Buffer(shard int) string { return s.control + "buf." + strconv.Itoa(shard) + ".m" }
+
+// BufferMarker is the subject of a shard's end markers in the buffer
+// stream. Markers have their own subject so that a full buffer (the limit
+// is per subject) still takes the marker that ends its handoff.
+func (s Subjects) BufferMarker(shard int) string {
+	return s.control + "buf." + strconv.Itoa(shard) + ".e"
+}
+
+// BufferShard matches a shard's messages and markers, in stream order.
+func (s Subjects) BufferShard(shard int) string {
+	return s.control + "buf." + strconv.Itoa(shard) + ".*"
+}
 
 // BufferAll matches the buffer subjects of every shard: the buffer
 // stream's subjects.
-func (s Subjects) BufferAll() string { return s.control + "buf.*" }
+func (s Subjects) BufferAll() string { return s.control + "buf.*.*" }
 
 // Admin is the subject of an admin API verb.
 func (s Subjects) Admin(verb string) string { return s.control + "admin." + verb }

@@ -119,8 +119,8 @@ func (c *Command) Validate(n int) error {
 
 // Reply answers a Command. Error is empty on success.
 type Reply struct {
-	Epoch       uint64 `msgpack:"e"` // the newest epoch the region has seen
-	Incarnation string `msgpack:"i"` // the region's incarnation
+	Epoch       uint64 `msgpack:"e"`           // the newest epoch the region has seen
+	Incarnation string `msgpack:"i"`           // the region's incarnation
 	Held        []int  `msgpack:"h,omitempty"` // shards subscribed (serving, replaying or diverting)
 	Error       string `msgpack:"x,omitempty"`
 	// Complete answers handoff: every shard of the command is paused and

@@ -2,7 +2,6 @@ package region
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +18,10 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultIdleTimeout = 120 * time.Second
-	DefaultLeaseTTL    = 4 * time.Second
+	DefaultIdleTimeout  = 120 * time.Second
+	DefaultLeaseTTL     = 4 * time.Second
+	DefaultReleaseGrace = 200 * time.Millisecond
+	DefaultHandOffWait  = time.Second
 )
 
 // ErrClosed is returned by an Agent that was closed.
@@ -30,6 +31,7 @@ var ErrClosed = errors.New("region: closed")
 type Config struct {
 	Conn     *nats.Conn
 	Store    *kvstate.Store
+	Buffer   *kvstate.Buffer // the type's handoff buffer (required)
 	Subjects protocol.Subjects
 	Shards   int    // shard count of the type, as stored in KV
 	ID       string // region id, unique per process
@@ -41,49 +43,72 @@ type Config struct {
 	// LeaseTTL of the registration; renewed every LeaseTTL/4. The region
 	// stops serving when it could not renew for 3/4 of it (self-fencing).
 	LeaseTTL time.Duration
-	Logger   *slog.Logger
+	// ReleaseGrace: how long the source of a handoff keeps diverting after
+	// Release, so that the interest of the new owner's subscription reaches
+	// every server of a cluster (default 200ms).
+	ReleaseGrace time.Duration
+	// HandOffWait: how long a HandOff command waits for the shards'
+	// entities to stop before it answers Complete=false (default 1s).
+	HandOffWait time.Duration
+	// MaxHeld bounds the messages a binding shard holds while it replays
+	// the buffer (default kvstate.DefaultBufferPerShard); beyond it
+	// arrivals are refused visibly.
+	MaxHeld int
+	Logger  *slog.Logger
 }
 
 // Agent hosts one type's region in this process: it registers, obeys the
 // coordinator and dispatches messages to entities. Create it with Open and
-// end it with Close.
+// end it with Leave (optional: hands the shards off) and Close.
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger
 	host *host
 
-	gates []gate // per shard: whether messages are dispatched
+	// ctx lives until Close; the background work (replays, releases,
+	// answers that wait) ends with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	renewMu sync.Mutex // serializes the writes of the registration
 
 	mu          sync.Mutex // guards what follows
-	subs        map[int]*nats.Subscription
+	shards      map[int]*shardState
+	stopping    map[int]chan struct{} // shard -> closed when its entities have stopped
 	incarnation string
 	started     int64 // unix ms of the current incarnation's registration
 	lease       kvstate.Lease
 	registered  bool
 	renewedAt   time.Time // when the last successful registration write was sent
 	maxEpoch    uint64
+	leaving     bool
 	closed      bool
 
 	cmdSub *nats.Subscription
 	stats  Stats
 	limit  logLimiter
-	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
 // Stats are counters of an Agent. Read them with Agent.Stats.
 type Stats struct {
-	Delivered atomic.Uint64 // messages handed to entities
+	Delivered atomic.Uint64 // messages handed to entities (live, replayed or held)
 	Malformed atomic.Uint64 // malformed subjects or wrong shard
 	NotOwned  atomic.Uint64 // messages for a shard this region no longer serves
 	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage)
+
+	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
+	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error
+	Replayed          atomic.Uint64 // buffered messages replayed to entities
+	DuplicatesSkipped atomic.Uint64 // held messages skipped: their Nats-Msg-Id was replayed
+	HeldOverflow      atomic.Uint64 // arrivals refused while replaying: MaxHeld reached
 }
 
 // Open registers the region and starts serving commands. It returns when
 // the region is registered, or with the error that prevented it.
 func Open(ctx context.Context, cfg Config) (*Agent, error) {
-	if cfg.Conn == nil || cfg.Store == nil || cfg.Factory == nil || cfg.Shards <= 0 {
-		return nil, errors.New("region: Conn, Store, Factory and Shards are required")
+	if cfg.Conn == nil || cfg.Store == nil || cfg.Buffer == nil || cfg.Factory == nil || cfg.Shards <= 0 {
+		return nil, errors.New("region: Conn, Store, Buffer, Factory and Shards are required")
 	}
 	if err := protocol.ValidateName("region id", cfg.ID); err != nil {
 		return nil, err
@@ -94,14 +119,23 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
+	if cfg.ReleaseGrace <= 0 {
+		cfg.ReleaseGrace = DefaultReleaseGrace
+	}
+	if cfg.HandOffWait <= 0 {
+		cfg.HandOffWait = DefaultHandOffWait
+	}
+	if cfg.MaxHeld <= 0 {
+		cfg.MaxHeld = kvstate.DefaultBufferPerShard
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:   cfg,
-		log:   cfg.Logger.With("component", "region", "region", cfg.ID),
-		gates: make([]gate, cfg.Shards),
-		subs:  make(map[int]*nats.Subscription),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "region", "region", cfg.ID),
+		shards:   make(map[int]*shardState),
+		stopping: make(map[int]chan struct{}),
 	}
 	idle := cfg.IdleTimeout
 	if idle < 0 {
@@ -111,19 +145,21 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.register(ctx); err != nil {
 		return nil, err
 	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
+		a.cancel()
 		return nil, fmt.Errorf("region: subscribe to commands: %w", err)
 	}
 	a.cmdSub = sub
 	if err := cfg.Conn.Flush(); err != nil {
+		a.cancel()
+		_ = sub.Unsubscribe()
 		return nil, fmt.Errorf("region: %w", err)
 	}
-	lctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
 	a.wg.Add(2)
-	go a.leaseLoop(lctx)
-	go a.passivationLoop(lctx)
+	go a.leaseLoop(a.ctx)
+	go a.passivationLoop(a.ctx)
 	a.log.Info("region registered", "incarnation", a.incarnation)
 	return a, nil
 }
@@ -131,7 +167,8 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 // ID is the region's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
-// Held returns the shards the region serves, ascending.
+// Held returns the shards the region is subscribed to (serving, replaying
+// or diverting), ascending.
 func (a *Agent) Held() []int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -139,8 +176,8 @@ func (a *Agent) Held() []int {
 }
 
 func (a *Agent) heldLocked() []int {
-	held := make([]int, 0, len(a.subs))
-	for s := range a.subs {
+	held := make([]int, 0, len(a.shards))
+	for s := range a.shards {
 		held = append(held, s)
 	}
 	slices.Sort(held)
@@ -156,8 +193,13 @@ func (a *Agent) Active() int { return a.host.active() }
 // register writes a new registration with a new incarnation. A region
 // starts every incarnation holding no shard.
 func (a *Agent) register(ctx context.Context) error {
+	a.renewMu.Lock()
+	defer a.renewMu.Unlock()
 	inc, started := nuid.Next(), time.Now().UnixMilli()
-	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Started: started}
+	a.mu.Lock()
+	leaving := a.leaving
+	a.mu.Unlock()
+	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Leaving: leaving, Started: started}
 	sent := time.Now()
 	lease, err := a.cfg.Store.RegisterRegion(ctx, info, a.cfg.LeaseTTL)
 	if err != nil {
@@ -169,8 +211,47 @@ func (a *Agent) register(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) info() protocol.RegionInfo {
-	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Started: a.started}
+// infoLocked is the registration's value; a.mu is held.
+func (a *Agent) infoLocked() protocol.RegionInfo {
+	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Leaving: a.leaving, Started: a.started}
+}
+
+// errNotRegistered: the region has no registration to renew (fenced; the
+// lease loop registers a new incarnation).
+var errNotRegistered = errors.New("region is not registered")
+
+// renew rewrites the registration with a fresh TTL and the current value
+// (leaving or not). It fences the region when the registration was lost,
+// or could not be renewed for 3/4 of the TTL. The lease loop and Leave
+// both call it; renewMu keeps their compare-and-set writes in order.
+func (a *Agent) renew(ctx context.Context) error {
+	a.renewMu.Lock()
+	defer a.renewMu.Unlock()
+	a.mu.Lock()
+	registered, lease, info, renewedAt := a.registered, a.lease, a.infoLocked(), a.renewedAt
+	a.mu.Unlock()
+	if !registered {
+		return errNotRegistered
+	}
+	sent := time.Now()
+	next, err := a.cfg.Store.Renew(ctx, lease, info)
+	switch {
+	case err == nil:
+		a.mu.Lock()
+		if a.registered && a.incarnation == info.Incarnation {
+			a.lease, a.renewedAt = next, sent
+		}
+		a.mu.Unlock()
+	case ctx.Err() != nil:
+		// Our own caller gave up (Close): no verdict on the registration.
+	case errors.Is(err, kvstate.ErrConflict):
+		a.Fence("registration lost (removed by the coordinator, or taken over)")
+	case time.Since(renewedAt) > a.cfg.LeaseTTL*3/4:
+		a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
+	default:
+		a.log.Warn("registration renewal failed; will retry", "err", err)
+	}
+	return err
 }
 
 // leaseLoop renews the registration, fences the region when it cannot, and
@@ -185,33 +266,18 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		registered, lease, info, renewedAt := a.registered, a.lease, a.info(), a.renewedAt
-		a.mu.Unlock()
-		if !registered {
-			if err := a.register(ctx); err != nil {
-				a.log.Warn("cannot register; retrying", "err", err)
-			} else {
-				a.log.Info("registered as a new incarnation", "incarnation", a.incarnation)
-			}
+		err := a.renew(ctx)
+		if !errors.Is(err, errNotRegistered) {
 			continue
 		}
-		sent := time.Now()
-		next, err := a.cfg.Store.Renew(ctx, lease, info)
-		switch {
-		case err == nil:
-			a.mu.Lock()
-			if a.registered && a.incarnation == info.Incarnation {
-				a.lease, a.renewedAt = next, sent
-			}
-			a.mu.Unlock()
-		case errors.Is(err, kvstate.ErrConflict):
-			a.Fence("registration lost (removed by the coordinator, or taken over)")
-		case time.Since(renewedAt) > a.cfg.LeaseTTL*3/4:
-			a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
-		default:
-			a.log.Warn("registration renewal failed; will retry", "err", err)
+		if err := a.register(ctx); err != nil {
+			a.log.Warn("cannot register; retrying", "err", err)
+			continue
 		}
+		a.mu.Lock()
+		inc := a.incarnation
+		a.mu.Unlock()
+		a.log.Info("registered as a new incarnation", "incarnation", inc)
 	}
 }
 
@@ -240,7 +306,9 @@ func (a *Agent) passivationLoop(ctx context.Context) {
 // The region fences itself when its registration is lost or cannot be
 // renewed in time, and the process calls Fence when its NATS connection
 // drops, so that a region cut off from NATS never serves a shard that the
-// coordinator may have given to another.
+// coordinator may have given to another. Shards being handed off are
+// dropped too, without end marker: the coordinator re-homes them as after
+// a crash.
 func (a *Agent) Fence(reason string) {
 	a.mu.Lock()
 	if !a.registered {
@@ -248,206 +316,60 @@ func (a *Agent) Fence(reason string) {
 		return
 	}
 	a.registered = false
-	dropped := a.unbindLocked(a.heldLocked())
+	dropped := a.unbindLocked(a.heldLocked(), "region fenced")
 	a.mu.Unlock()
 	a.log.Warn("fenced: stopped serving every shard", "reason", reason, "shards", len(dropped))
-	a.stopEntities(dropped)
 }
 
-// unbindLocked stops dispatching and unsubscribes the shards; a.mu is held.
-func (a *Agent) unbindLocked(shards []int) []int {
-	var done []int
-	for _, s := range shards {
-		sub, ok := a.subs[s]
-		if !ok {
-			continue
-		}
-		a.gates[s].set(false)
-		_ = sub.Unsubscribe()
-		delete(a.subs, s)
-		done = append(done, s)
-	}
-	return done
-}
-
-// stopEntities stops the entities of dropped shards in the background.
-func (a *Agent) stopEntities(shards []int) {
-	if len(shards) == 0 {
-		return
-	}
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for _, s := range shards {
-			if err := a.host.stopShard(ctx, s); err != nil {
-				a.log.Warn("stopping a shard's entities", "shard", s, "err", err)
-			}
-		}
-	}()
-}
-
-// onCommand handles a coordinator command. It runs on the command
-// subscription's goroutine, so commands are handled one at a time.
-func (a *Agent) onCommand(m *nats.Msg) {
-	var cmd protocol.Command
-	err := protocol.Decode(m.Data, &cmd)
-	if err == nil {
-		err = cmd.Validate(a.cfg.Shards)
-	}
-	if err != nil {
-		a.stats.Refused.Add(1)
-		a.limit.log(a.log, "bad-command", "refused a malformed command", "err", err)
-		a.answer(m, protocol.Reply{Error: err.Error()})
-		return
-	}
+// markLeaving sets the leaving flag; it reports false when the agent is
+// closed.
+func (a *Agent) markLeaving() bool {
 	a.mu.Lock()
-	reply := protocol.Reply{Incarnation: a.incarnation}
-	switch {
-	case a.closed:
-		reply.Error = "region is closing"
-	case !a.registered:
-		reply.Error = "region is not registered"
-	case cmd.Epoch < a.maxEpoch:
-		reply.Error = fmt.Sprintf("stale epoch %d: have seen %d", cmd.Epoch, a.maxEpoch)
-	case cmd.Incarnation != a.incarnation:
-		reply.Error = fmt.Sprintf("command for incarnation %s, this is %s", cmd.Incarnation, a.incarnation)
+	defer a.mu.Unlock()
+	if a.closed {
+		return false
 	}
-	if reply.Error != "" {
-		reply.Epoch = a.maxEpoch
-		a.mu.Unlock()
-		a.stats.Refused.Add(1)
-		a.limit.log(a.log, "refused-command", "refused a command", "kind", cmd.Kind, "epoch", cmd.Epoch, "why", reply.Error)
-		a.answer(m, reply)
-		return
+	if !a.leaving {
+		a.log.Info("region leaving: waiting for its shards to be handed off")
 	}
-	a.maxEpoch = cmd.Epoch
-	reply.Epoch = cmd.Epoch
-	var dropped []int
-	switch cmd.Kind {
-	case protocol.CmdBind:
-		err = a.bindLocked(cmd.Shards)
-	case protocol.CmdDrop:
-		dropped = a.unbindLocked(cmd.Shards)
-	}
-	reply.Held = a.heldLocked()
-	a.mu.Unlock()
-	if err != nil {
-		reply.Error = err.Error()
-	}
-	if len(dropped) > 0 {
-		a.log.Info("dropped shards", "shards", dropped, "epoch", cmd.Epoch)
-		a.stopEntities(dropped)
-	}
-	a.answer(m, reply)
+	a.leaving = true
+	return true
 }
 
-// bindLocked subscribes to the shards' subjects; a.mu is held. It flushes
-// so that the server knows the subscriptions before the coordinator hears
-// that they exist.
-func (a *Agent) bindLocked(shards []int) error {
-	var added []int
-	for _, s := range shards {
-		if _, ok := a.subs[s]; ok {
-			continue
+// Leave is the graceful start of a shutdown: it marks the region leaving
+// in its registration (at once, and in every renewal after), so that the
+// coordinator gives it no new shard and hands all of its shards off, then
+// waits until the region holds no shard. It returns ctx's error when ctx
+// ends first: the shards still held are then re-homed by the coordinator
+// as after a crash once the region closes. Call Close afterwards.
+func (a *Agent) Leave(ctx context.Context) error {
+	if !a.markLeaving() {
+		return ErrClosed
+	}
+	// Written at once even when ctx is done already (the store bounds the
+	// write by its own timeout).
+	if err := a.renew(context.WithoutCancel(ctx)); err != nil {
+		a.log.Warn("cannot write the leaving registration now; the next renewal will", "err", err)
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if len(a.Held()) == 0 {
+			return nil
 		}
-		shard := s
-		sub, err := a.cfg.Conn.Subscribe(a.cfg.Subjects.Shard(shard), func(m *nats.Msg) { a.onMessage(shard, m) })
-		if err != nil {
-			return fmt.Errorf("subscribe shard %d: %w", shard, err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
 		}
-		_ = sub.SetPendingLimits(-1, -1) // never drop on a slow entity: the mailbox absorbs bursts
-		a.subs[shard] = sub
-		a.gates[shard].set(true)
-		added = append(added, shard)
 	}
-	if len(added) == 0 {
-		return nil
-	}
-	if err := a.cfg.Conn.Flush(); err != nil {
-		return fmt.Errorf("flush subscriptions: %w", err)
-	}
-	a.log.Info("bound shards", "shards", added)
-	return nil
-}
-
-func (a *Agent) answer(m *nats.Msg, r protocol.Reply) {
-	if m.Reply == "" {
-		return
-	}
-	data, err := protocol.Encode(r)
-	if err == nil {
-		err = m.Respond(data)
-	}
-	if err != nil {
-		a.log.Debug("cannot answer a command", "err", err)
-	}
-}
-
-// onMessage dispatches a data-plane message of shard to its entity. It runs
-// on the shard subscription's goroutine, so messages of a shard reach the
-// host in arrival order.
-func (a *Agent) onMessage(shard int, m *nats.Msg) {
-	_, id, err := a.cfg.Subjects.ParseEntity(m.Subject, a.cfg.Shards)
-	if err != nil {
-		a.stats.Malformed.Add(1)
-		a.limit.log(a.log, "malformed", "dropped a malformed message", "subject", m.Subject, "err", err)
-		a.reply(m, nil, err)
-		return
-	}
-	g := &a.gates[shard]
-	g.mu.RLock()
-	if g.serving {
-		// Under the gate's read lock: once unbind has closed the gate, no
-		// message of the shard reaches the host, so stopShard is final.
-		a.host.deliver(shard, id, m)
-		g.mu.RUnlock()
-		a.stats.Delivered.Add(1)
-		return
-	}
-	g.mu.RUnlock()
-	a.stats.NotOwned.Add(1)
-	a.limit.log(a.log, "not-owned", "dropped a message for a shard not served here", "shard", shard)
-	a.reply(m, nil, fmt.Errorf("shard %d is not served by region %s", shard, a.cfg.ID))
-}
-
-// gate says whether a shard's messages are dispatched. Closing it waits for
-// a dispatch in progress, so after set(false) returns none is under way.
-type gate struct {
-	mu      sync.RWMutex
-	serving bool
-}
-
-func (g *gate) set(serving bool) {
-	g.mu.Lock()
-	g.serving = serving
-	g.mu.Unlock()
-}
-
-// reply answers a request; err becomes the Natshard-Error header. Plain
-// publishes get no answer.
-func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
-	if m.Reply == "" {
-		return
-	}
-	if err == nil {
-		_ = a.cfg.Conn.Publish(m.Reply, data)
-		return
-	}
-	out := nats.NewMsg(m.Reply)
-	out.Header.Set(protocol.HeaderError, err.Error())
-	out.Data = data
-	if out.Data == nil {
-		out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})
-	}
-	_ = a.cfg.Conn.PublishMsg(out)
 }
 
 // Close stops serving: it unsubscribes every shard, stops their entities
 // (running their stop hooks), deregisters and returns. The connection is
 // left to the caller. Messages published to the region's shards until the
-// coordinator re-homes them are not delivered.
+// coordinator re-homes them are not delivered; call Leave first to hand
+// the shards off without loss.
 func (a *Agent) Close(ctx context.Context) error {
 	a.mu.Lock()
 	if a.closed {
@@ -455,14 +377,19 @@ func (a *Agent) Close(ctx context.Context) error {
 		return ErrClosed
 	}
 	a.closed = true
-	held := a.unbindLocked(a.heldLocked())
-	lease, registered := a.lease, a.registered
-	a.registered = false
+	held := a.unbindLocked(a.heldLocked(), "region closing")
 	a.mu.Unlock()
 	_ = a.cmdSub.Unsubscribe()
 	a.cancel()
 	err := a.host.stopAll(ctx)
 	a.wg.Wait()
+	// The lease loop has ended: no renewal races the release.
+	a.renewMu.Lock()
+	a.mu.Lock()
+	lease, registered := a.lease, a.registered
+	a.registered = false
+	a.mu.Unlock()
+	a.renewMu.Unlock()
 	if registered {
 		if rerr := a.cfg.Store.Release(ctx, lease); rerr != nil && !errors.Is(rerr, kvstate.ErrConflict) {
 			err = errors.Join(err, fmt.Errorf("region: deregister: %w", rerr))

@@ -21,22 +21,29 @@ const shards = 8
 type fixture struct {
 	nc       *nats.Conn
 	store    *kvstate.Store
+	buffer   *kvstate.Buffer
 	subjects protocol.Subjects
 	agent    *region.Agent
 	inc      string
+	handoff  uint64 // last handoff id used
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, natstest.URL(srv))
-	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{nc: nc, store: store, subjects: protocol.MustSubjects("", "", "kv")}
+	f.buffer, err = kvstate.OpenBuffer(context.Background(), js, f.subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.agent, err = region.Open(context.Background(), region.Config{
-		Conn: nc, Store: store, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -73,9 +80,28 @@ func (f *fixture) send(t *testing.T, c protocol.Command) protocol.Reply {
 	return f.command(t, data)
 }
 
+// bind binds the shards as a fresh allocation: a Bind with new handoff
+// ids, whose end markers the test writes itself (as the parking
+// coordinator would), so that the shards go live at once.
+func (f *fixture) bind(t *testing.T, epoch uint64, shards ...int) protocol.Reply {
+	t.Helper()
+	ids := make([]uint64, len(shards))
+	for i := range ids {
+		f.handoff++
+		ids[i] = f.handoff
+	}
+	r := f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: epoch, Incarnation: f.inc, Shards: shards, Handoffs: ids})
+	for i, s := range shards {
+		if _, err := f.buffer.Mark(context.Background(), s, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
 func TestCommandsAndEpochs(t *testing.T) {
 	f := newFixture(t)
-	r := f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 5, Incarnation: f.inc, Shards: []int{1, 3}})
+	r := f.bind(t, 5, 1, 3)
 	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) {
 		t.Fatalf("bind: %+v", r)
 	}
@@ -135,7 +161,7 @@ func TestGarbageCommandsAreRefused(t *testing.T) {
 
 func TestMalformedDataMessages(t *testing.T) {
 	f := newFixture(t)
-	f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{0, 1, 2, 3, 4, 5, 6, 7}})
+	f.bind(t, 1, 0, 1, 2, 3, 4, 5, 6, 7)
 	id := idIn(2)
 	wrong := (protocol.ShardOf(id, shards) + 1) % shards
 	for _, subject := range []string{
@@ -172,7 +198,7 @@ func TestMalformedDataMessages(t *testing.T) {
 // serving everything and registers again as a new incarnation.
 func TestRemovedRegistrationFences(t *testing.T) {
 	f := newFixture(t)
-	f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: 1, Incarnation: f.inc, Shards: []int{0, 1}})
+	f.bind(t, 1, 0, 1)
 	regions, err := f.store.Regions(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -9,4 +9,33 @@
 // messages one at a time in arrival order, run concurrently with each other
 // and are passivated when idle. An idle entity costs a map entry and a small
 // struct: no goroutine lives for it.
+//
+// # Handoff
+//
+// Each held shard is in one of three modes (shards.go):
+//
+//   - replaying (Bind): subscribed; the shard's buffer is replayed to the
+//     entities up to the end marker of the bind's handoff id while new
+//     arrivals are held in memory (at most Config.MaxHeld); at the marker the
+//     held messages are delivered, except those whose Nats-Msg-Id was
+//     replayed, the shard goes live and the buffer is purged up to the marker;
+//   - live: arrivals go straight to the entities;
+//   - paused (HandOff): arrivals are appended to the shard's buffer and the
+//     entities stop; Release keeps diverting for Config.ReleaseGrace, drains
+//     the subscription (what it received is still buffered), forgets the shard
+//     and appends the end marker.
+//
+// Drop, Fence and Close end any mode at once, without end marker. The mode
+// changes under the shard's lock and every delivery to the entities happens
+// under it, so once a shard left live (or replaying) none of its messages
+// reaches an entity of this region. Every command is idempotent; a Release
+// of a shard that is live or replaying, and a Bind of a paused shard, are
+// refused as coordinator errors. Messages refused on the way (buffer full,
+// too many held, shard not served) are counted in Stats, logged at most
+// every 10 s per kind and, for a request, answered with the Natshard-Error
+// header.
+//
+// Leave (and the leave command) marks the region leaving in its
+// registration, at once and in every renewal after; the coordinator then
+// hands its shards off.
 package region

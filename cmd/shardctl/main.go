@@ -3,8 +3,8 @@
 //	shardctl [--nats URL] [--type T] <command> [args] [--json]
 //
 // Commands: status, regions, shards, locate <entity>, send <entity>
-// <payload>, request <entity> <payload>. A payload of "-" is read from
-// standard input.
+// <payload>, request <entity> <payload>, move <shard> <region>, drain
+// <region>. A payload of "-" is read from standard input.
 package main
 
 import (
@@ -60,6 +60,8 @@ var commands = []command{
 	{"locate", "<entity>", "the shard, subject and owner of an entity", 1, cmdLocate},
 	{"send", "<entity> <payload>", "publish a message to an entity", 2, cmdSend},
 	{"request", "<entity> <payload>", "send a request to an entity and print the answer", 2, cmdRequest},
+	{"move", "<shard> <region>", "hand a shard off to a region", 2, cmdMove},
+	{"drain", "<region>", "hand every shard of a region off and give it no more", 1, cmdDrain},
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -99,7 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 	}
 	if cmd == nil {
-		return fmt.Errorf("%w: unknown command %q (commands: status, regions, shards, locate, send, request)", errUsage, rest[0])
+		return fmt.Errorf("%w: unknown command %q (commands: status, regions, shards, locate, send, request, move, drain)", errUsage, rest[0])
 	}
 	// Flags may also follow the command: shardctl shards --json.
 	cargs, err := parseInterleaved(fs, rest[1:])

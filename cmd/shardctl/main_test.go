@@ -39,7 +39,11 @@ func startSystem(t *testing.T, shards int) *system {
 		t.Fatal(err)
 	}
 	subjects := protocol.MustSubjects("", "", "kv")
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.KV(store)})
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.KV(store)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +52,7 @@ func startSystem(t *testing.T, shards int) *system {
 	s := &system{url: url, stopCoord: cancel, coordDone: make(chan struct{})}
 	go func() {
 		defer close(s.coordDone)
-		coordinator.New(coordinator.Config{Conn: nc, Store: store, Subjects: subjects, Shards: shards, Region: "r1"}).Run(cctx)
+		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1"}).Run(cctx)
 	}()
 	t.Cleanup(func() { cancel(); <-s.coordDone })
 	// Wait until every shard is active.
@@ -130,12 +134,23 @@ func TestCommands(t *testing.T) {
 
 	// Tables for people.
 	out, _, err = ctl(t, s.url, "shards")
-	if err != nil || !strings.HasPrefix(out, "SHARD  REGION  STATE\n0      r1      active\n") {
+	if err != nil || !strings.HasPrefix(out, "SHARD  REGION  STATE   FROM\n0      r1      active  -\n") {
 		t.Fatalf("shards table:\n%s %v", out, err)
 	}
 	out, _, err = ctl(t, s.url, "status")
 	if err != nil || !strings.Contains(out, "shards:      16 allocated (16 active), 0 unowned") {
 		t.Fatalf("status text:\n%s %v", out, err)
+	}
+
+	// Moves and drains go to the coordinator, which checks them.
+	if out, _, err = ctl(t, s.url, "move", "3", "r1"); err != nil || !strings.Contains(out, "moving shard 3 to r1") {
+		t.Fatalf("move to the current owner: %q %v", out, err)
+	}
+	if _, _, err = ctl(t, s.url, "move", "3", "nowhere"); err == nil || !strings.Contains(err.Error(), "move refused") || !strings.Contains(err.Error(), "no such live region") {
+		t.Fatalf("move to an unknown region: %v", err)
+	}
+	if _, _, err = ctl(t, s.url, "drain", "nowhere"); err == nil || !strings.Contains(err.Error(), "drain refused") {
+		t.Fatalf("drain of an unknown region: %v", err)
 	}
 
 	// With no coordinator, status still prints what KV knows, and says so.
@@ -162,6 +177,10 @@ func TestErrors(t *testing.T) {
 		{[]string{"--type", "nope", "status"}, false, `unknown type "nope"`},
 		{[]string{"--type", "bad type", "status"}, true, "invalid name"},
 		{[]string{"--timeout", "0s", "status"}, true, "--timeout"},
+		{[]string{"move", "x", "r1"}, true, "not a number"},
+		{[]string{"move", "4", "r1"}, true, "not a number in 0..3"},
+		{[]string{"move", "1", "r 1"}, true, "invalid name"},
+		{[]string{"drain"}, true, "drain takes 1 argument"},
 	} {
 		_, _, err := ctl(t, s.url, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, errUsage) != tc.usage {

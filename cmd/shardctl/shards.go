@@ -15,7 +15,14 @@ func cmdShards(ctx context.Context, c *client, _ []string, out io.Writer) error 
 	}
 	rows := make([][]any, len(v.Table))
 	for i, r := range v.Table {
-		rows[i] = []any{r.Shard, orDash(r.Region), r.State}
+		from := "-"
+		if r.State == "handoff" || r.State == "binding" {
+			from = r.Source
+			if from == "" {
+				from = "(coordinator)"
+			}
+		}
+		rows[i] = []any{r.Shard, orDash(r.Region), r.State, from}
 	}
-	return table(out, []string{"SHARD", "REGION", "STATE"}, rows)
+	return table(out, []string{"SHARD", "REGION", "STATE", "FROM"}, rows)
 }

@@ -31,10 +31,16 @@ type config struct {
 	Replicas      int
 	IdleTimeout   time.Duration
 	LeaseTTL      time.Duration
-	DataPrefix    string
-	ControlPrefix string
-	LogLevel      string
-	LogFormat     string
+	// Handoff and rebalance.
+	HandOffTimeout    time.Duration
+	RebalanceInterval time.Duration
+	MaxMoves          int
+	ReleaseGrace      time.Duration
+	BufferSize        int
+	DataPrefix        string
+	ControlPrefix     string
+	LogLevel          string
+	LogFormat         string
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -95,6 +101,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 1), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", 120*time.Second), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDur("NATSHARD_LEASE_TTL", 4*time.Second), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
+	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
+	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
+	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
+	fs.DurationVar(&c.ReleaseGrace, "release-grace", envDur("NATSHARD_RELEASE_GRACE", 200*time.Millisecond), "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation) [NATSHARD_RELEASE_GRACE]")
+	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", 100_000), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
 	fs.StringVar(&c.LogLevel, "log-level", env("NATSHARD_LOG_LEVEL", "info"), "debug, info, warn or error [NATSHARD_LOG_LEVEL]")
@@ -140,6 +151,21 @@ func (c *config) Validate() error {
 	}
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
+	}
+	if c.HandOffTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("--handoff-timeout: %s is shorter than 1s", c.HandOffTimeout))
+	}
+	if c.RebalanceInterval < 0 {
+		errs = append(errs, fmt.Errorf("--rebalance-interval: %s is negative", c.RebalanceInterval))
+	}
+	if c.MaxMoves < 1 {
+		errs = append(errs, fmt.Errorf("--max-moves: %d is less than 1", c.MaxMoves))
+	}
+	if c.ReleaseGrace < 0 || c.ReleaseGrace > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--release-grace: %s is out of range 0..10s", c.ReleaseGrace))
+	}
+	if c.BufferSize < 1 {
+		errs = append(errs, fmt.Errorf("--buffer-size: %d is less than 1", c.BufferSize))
 	}
 	if c.NATS == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: needed for the embedded server"))

@@ -48,8 +48,9 @@ func main() {
 }
 
 // run starts shardd and blocks until ctx ends, then shuts down gracefully:
-// the region stops serving and deregisters (entities persist), the
-// coordinator lease is released, the connection drained.
+// the region leaves (the coordinator hands its shards off, for at most
+// 30s), stops serving and deregisters (entities persist), the coordinator
+// lease is released, the connection drained.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
@@ -118,13 +119,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{Replicas: cfg.Replicas, MaxPerShard: int64(cfg.BufferSize)})
+	if err != nil {
+		return fmt.Errorf("open the handoff buffer of type %q: %w", cfg.Type, err)
+	}
 	factory := entities.Echo()
 	if cfg.Kind == "kv" {
 		factory = entities.KV(store)
 	}
 	a, err := region.Open(ctx, region.Config{
-		Conn: nc, Store: store, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
+		Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
 		Factory: factory, IdleTimeout: idleOrNever(cfg.IdleTimeout), LeaseTTL: cfg.LeaseTTL, Logger: log,
+		ReleaseGrace: cfg.ReleaseGrace, MaxHeld: cfg.BufferSize,
 	})
 	if err != nil {
 		return err
@@ -139,8 +145,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		close(coordDone)
 	} else {
 		node := coordinator.New(coordinator.Config{
-			Conn: nc, Store: store, Subjects: subjects, Shards: shards, Region: cfg.Region,
+			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: cfg.Region,
 			MinRegions: cfg.MinRegions, LeaseTTL: cfg.LeaseTTL, Logger: log,
+			HandOffTimeout: cfg.HandOffTimeout, RebalanceInterval: rebalanceOrNever(cfg.RebalanceInterval),
+			MaxMoves: cfg.MaxMoves, ReleaseGrace: cfg.ReleaseGrace,
 		})
 		go func() {
 			defer close(coordDone)
@@ -152,7 +160,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	log.Info("shardd running", "region", cfg.Region, "kind", cfg.Kind, "shards", shards, "nats", url, "coordinator_candidate", !cfg.NoCoordinator)
 
 	<-ctx.Done()
-	log.Info("shutting down")
+	log.Info("shutting down: leaving, waiting for the shards to be handed off")
+	lctx, cancelLeave := context.WithTimeout(context.Background(), 30*time.Second)
+	if !nc.IsConnected() {
+		log.Warn("not connected to NATS: the shards are not handed off", "shards", len(a.Held()))
+	} else if _, _, err := store.Coordinator(lctx); errors.Is(err, kvstate.ErrNotFound) {
+		log.Warn("no coordinator is running: the shards are not handed off; messages sent to them are lost until a coordinator re-homes them", "shards", len(a.Held()))
+	} else if err := a.Leave(lctx); err != nil {
+		log.Warn("shards not all handed off in time; the coordinator re-homes the rest as after a crash", "err", err, "shards", a.Held())
+	}
+	cancelLeave()
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := a.Close(sctx); err != nil {
@@ -192,6 +209,13 @@ func ensureShards(ctx context.Context, store *kvstate.Store, flagShards int) (in
 		return 0, fmt.Errorf("store type configuration: %w", err)
 	}
 	return got.Shards, nil
+}
+
+func rebalanceOrNever(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func idleOrNever(d time.Duration) time.Duration {

@@ -50,7 +50,12 @@ func TestRunCluster(t *testing.T) {
 		}
 	}
 	for {
-		if _, err := js.Publish(ctx, "s.2", nil); err == nil {
+		// Each attempt has its own short bound: one sent into the dying
+		// connection must not use up the whole budget.
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Publish(actx, "s.2", nil)
+		acancel()
+		if err == nil {
 			break
 		} else if ctx.Err() != nil {
 			t.Fatalf("no publish after the stream leader %s shut down: %v", info.Cluster.Leader, err)

@@ -1,0 +1,85 @@
+package coordinator
+
+import (
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// parker holds the shards that have no live owner: it subscribes to their
+// subjects and diverts what arrives to their buffers (DESIGN.md 6,
+// Parking), exactly as a pausing region does.
+type parker struct {
+	nc       *nats.Conn
+	buffer   *kvstate.Buffer
+	subjects protocol.Subjects
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	parked map[int]*parked
+}
+
+type parked struct {
+	sub     *nats.Subscription
+	handoff uint64
+}
+
+func newParker(nc *nats.Conn, b *kvstate.Buffer, s protocol.Subjects, log *slog.Logger) *parker {
+	return &parker{nc: nc, buffer: b, subjects: s, log: log, parked: map[int]*parked{}}
+}
+
+// park starts diverting shard's messages, or, when it does already,
+// records the new handoff id.
+func (p *parker) park(shard int, handoff uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pk, ok := p.parked[shard]; ok {
+		pk.handoff = handoff
+		return nil
+	}
+	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
+		p.buffer.Append(shard, m, p.failed)
+	})
+	if err != nil {
+		return err
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	p.parked[shard] = &parked{sub: sub, handoff: handoff}
+	return p.nc.Flush()
+}
+
+// failed makes a refused append visible: an error reply to a request, and a
+// log line.
+func (p *parker) failed(m *nats.Msg, err error) {
+	p.log.Warn("a parked shard's message could not be buffered", "subject", m.Subject, "err", err)
+	if m.Reply != "" {
+		out := nats.NewMsg(m.Reply)
+		out.Header.Set(protocol.HeaderError, "not buffered: "+err.Error())
+		out.Data = []byte(`{"ok":false,"error":"not buffered"}`)
+		_ = p.nc.PublishMsg(out)
+	}
+}
+
+// unsubscribe stops diverting shard if it is parked under handoff.
+func (p *parker) unsubscribe(shard int, handoff uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pk, ok := p.parked[shard]; ok && pk.handoff == handoff {
+		_ = pk.sub.Unsubscribe()
+		delete(p.parked, shard)
+	}
+}
+
+// stop ends every parking (the term of leadership ended; the next
+// coordinator parks again).
+func (p *parker) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for shard, pk := range p.parked {
+		_ = pk.sub.Unsubscribe()
+		delete(p.parked, shard)
+	}
+}

@@ -1,0 +1,227 @@
+package coordinator
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// sim is a world of regions that answer the core's commands the way
+// region.Agent does, and checks DESIGN.md 7's invariants after every action:
+// no shard is live in two regions, and no shard is diverted (by a region or
+// the coordinator) while a region serves it live.
+type sim struct {
+	t       *testing.T
+	c       *Core
+	regions map[string]*simRegion
+	table   map[int]protocol.ShardRecord // rows as written so far by WriteShard actions
+	parked  map[int]uint64               // shards the coordinator diverts, with handoff id
+	markers map[int][]uint64             // end markers written per shard
+	// hooks let a scenario intercept a command before the region answers.
+	intercept func(s Send) (CommandDone, bool)
+	warnings  []string
+	stepDowns int
+}
+
+type simRegion struct {
+	id, inc string
+	dead    bool
+	modes   map[int]string // shard -> live, hold, divert
+	holdFor map[int]uint64 // shard in hold -> marker it waits for
+}
+
+func newSim(t *testing.T, cfg CoreConfig) *sim {
+	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}}
+	c, acts := NewCore(cfg, "coord", 1, nil, nil)
+	s.c = c
+	s.run(acts)
+	return s
+}
+
+func (s *sim) join(id string) {
+	r := &simRegion{id: id, inc: id + "-1", modes: map[int]string{}, holdFor: map[int]uint64{}}
+	s.regions[id] = r
+	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc}, Revision: 1}}))
+}
+
+func (s *sim) leave(id string) {
+	r := s.regions[id]
+	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Leaving: true}, Revision: 2}}))
+}
+
+// crash kills a region; the core finds out through a probe.
+func (s *sim) crash(id string) { s.regions[id].dead = true }
+
+// deregister: the region's registration is gone (expired or released).
+func (s *sim) deregister(id string) {
+	s.regions[id].dead = true
+	s.run(s.c.Step(RegionGone{ID: id}))
+}
+
+func (s *sim) ticks(n int) {
+	for range n {
+		s.run(s.c.Tick())
+	}
+}
+
+// run carries out actions, and the actions that their outcomes cause,
+// until none is left.
+func (s *sim) run(acts []Action) {
+	for len(acts) > 0 {
+		a := acts[0]
+		acts = acts[1:]
+		var ev Event
+		switch a := a.(type) {
+		case WriteShard:
+			s.table[a.Record.Shard] = a.Record
+		case Send:
+			ev = s.answer(a)
+		case Park:
+			s.parked[a.Shard] = a.Handoff
+		case Unpark:
+			delete(s.parked, a.Shard)
+			s.mark(a.Shard, a.Handoff)
+			ev = Unparked(a)
+		case Mark:
+			s.mark(a.Shard, a.Handoff)
+			ev = Marked(a)
+		case Warn:
+			s.warnings = append(s.warnings, a.Msg)
+		case StepDown:
+			s.stepDowns++
+		}
+		s.check()
+		if ev != nil {
+			acts = append(acts, s.c.Step(ev)...)
+		}
+	}
+}
+
+func (s *sim) mark(sh int, h uint64) {
+	s.markers[sh] = append(s.markers[sh], h)
+	for _, r := range s.regions {
+		if r.modes[sh] == "hold" && r.holdFor[sh] == h {
+			r.modes[sh] = "live"
+		}
+	}
+}
+
+func (s *sim) answer(send Send) Event {
+	if s.intercept != nil {
+		if done, ok := s.intercept(send); ok {
+			return done
+		}
+	}
+	r := s.regions[send.Region]
+	if r == nil || r.dead {
+		return CommandDone{Send: send, Outcome: NoResponders}
+	}
+	cmd := send.Command
+	reply := protocol.Reply{Epoch: cmd.Epoch, Incarnation: r.inc}
+	if cmd.Incarnation != r.inc {
+		reply.Error = "other incarnation"
+		return CommandDone{Send: send, Outcome: Refused, Reply: reply}
+	}
+	complete := true
+	for i, sh := range cmd.Shards {
+		switch cmd.Kind {
+		case protocol.CmdBind:
+			if r.modes[sh] == "" {
+				r.modes[sh], r.holdFor[sh] = "hold", cmd.Handoffs[i]
+				if slices.Contains(s.markers[sh], cmd.Handoffs[i]) {
+					r.modes[sh] = "live"
+				}
+			}
+		case protocol.CmdHandOff:
+			switch r.modes[sh] {
+			case "live":
+				r.modes[sh] = "divert"
+			case "hold":
+				complete = false
+			}
+		case protocol.CmdRelease:
+			if r.modes[sh] == "divert" {
+				delete(r.modes, sh)
+			}
+			s.mark(sh, cmd.Handoffs[i])
+		case protocol.CmdDrop:
+			delete(r.modes, sh)
+		}
+	}
+	reply.Complete = complete
+	for sh := range r.modes {
+		reply.Held = append(reply.Held, sh)
+	}
+	slices.Sort(reply.Held)
+	return CommandDone{Send: send, Outcome: OK, Reply: reply}
+}
+
+// check asserts the invariants of the world as it is now.
+func (s *sim) check() {
+	s.t.Helper()
+	for sh := range s.c.cfg.Shards {
+		var live, divert []string
+		for _, id := range sortedKeys(s.regions) {
+			r := s.regions[id]
+			if r.dead {
+				continue
+			}
+			switch r.modes[sh] {
+			case "live":
+				live = append(live, id)
+			case "divert":
+				divert = append(divert, id)
+			}
+		}
+		if _, ok := s.parked[sh]; ok {
+			divert = append(divert, "coordinator")
+		}
+		if len(live) > 1 {
+			s.t.Fatalf("shard %d is live in %v", sh, live)
+		}
+		if len(live) == 1 && len(divert) > 0 {
+			s.t.Fatalf("shard %d is live in %s while %v divert it", sh, live[0], divert)
+		}
+		// A shard the table records as parked is caught by the coordinator.
+		if rec := s.table[sh]; rec.State == protocol.StateParked && s.parked[sh] == 0 {
+			s.t.Fatalf("shard %d is parked in the table but nobody diverts it", sh)
+		}
+	}
+}
+
+// settled asserts that every shard is active on a live region that serves
+// it, and that nobody diverts.
+func (s *sim) settled() {
+	s.t.Helper()
+	for _, rec := range s.c.Table() {
+		r := s.regions[rec.Region]
+		if rec.State != protocol.StateActive || r == nil || r.dead || r.modes[rec.Shard] != "live" {
+			s.t.Fatalf("shard %d not settled: %+v (region modes %v)", rec.Shard, rec, r)
+		}
+	}
+	if len(s.parked) > 0 {
+		s.t.Fatalf("still parked: %v", s.parked)
+	}
+}
+
+func (s *sim) counts() map[string]int {
+	m := map[string]int{}
+	for _, rec := range s.c.Table() {
+		m[rec.Region]++
+	}
+	return m
+}
+
+func (s *sim) owner(sh int) string { return s.c.Table()[sh].Region }
+
+func spread(m map[string]int) int {
+	lo, hi := 1<<30, 0
+	for _, n := range m {
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	return hi - lo
+}
+
+func (s *sim) String() string { return fmt.Sprint(s.counts()) }

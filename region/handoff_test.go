@@ -1,0 +1,902 @@
+package region_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+)
+
+// The tests of this file play the coordinator: they send the handoff
+// commands to two (or more) agents of one type, each with its own NATS
+// connection, store and buffer, as the coordinator and the regions of
+// separate processes would.
+
+// cluster is a NATS server, the test's connection (coordinator and
+// publisher) and the agents.
+type cluster struct {
+	t        *testing.T
+	url      string
+	nc       *nats.Conn
+	store    *kvstate.Store
+	buffer   *kvstate.Buffer // the test's own, to write end markers as a parker would
+	subjects protocol.Subjects
+	rec      *recorder
+	epoch    uint64
+	handoff  uint64 // last handoff id used
+
+	agents map[string]*region.Agent
+	incs   map[string]string
+}
+
+func newCluster(t *testing.T, bufOpts kvstate.BufferOptions) *cluster {
+	t.Helper()
+	srv := natstest.RunServer(t)
+	c := &cluster{
+		t: t, url: natstest.URL(srv), subjects: protocol.MustSubjects("", "", "kv"),
+		rec: newRecorder(), epoch: 1, agents: map[string]*region.Agent{}, incs: map[string]string{},
+	}
+	c.nc = natstest.Connect(t, c.url)
+	js := natstest.JetStream(t, c.nc)
+	var err error
+	if c.store, err = kvstate.Open(context.Background(), js, "kv", kvstate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	// The first to open the buffer stream sets its limits.
+	if c.buffer, err = kvstate.OpenBuffer(context.Background(), js, c.subjects, bufOpts); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// addAgent opens agent id on a connection of its own; tweak may change
+// its configuration.
+func (c *cluster) addAgent(id string, tweak func(*region.Config)) *region.Agent {
+	t := c.t
+	t.Helper()
+	nc := natstest.Connect(t, c.url)
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := kvstate.OpenBuffer(context.Background(), js, c.subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := region.Config{
+		Conn: nc, Store: store, Buffer: buf, Subjects: c.subjects, Shards: shards, ID: id,
+		Factory: c.rec.factory(id), IdleTimeout: -1,
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	a, err := region.Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(context.Background()) })
+	c.agents[id] = a
+	c.incs[id] = c.incarnation(id)
+	return a
+}
+
+// incarnation reads region id's current incarnation from its registration.
+func (c *cluster) incarnation(id string) string {
+	info, ok := c.registration(id)
+	if !ok {
+		c.t.Fatalf("region %s is not registered", id)
+	}
+	return info.Incarnation
+}
+
+func (c *cluster) registration(id string) (protocol.RegionInfo, bool) {
+	regions, err := c.store.Regions(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, r := range regions {
+		if r.Info.ID == id {
+			return r.Info, true
+		}
+	}
+	return protocol.RegionInfo{}, false
+}
+
+// newHandoffs returns n fresh handoff ids.
+func (c *cluster) newHandoffs(n int) []uint64 {
+	ids := make([]uint64, n)
+	for i := range ids {
+		c.handoff++
+		ids[i] = c.handoff
+	}
+	return ids
+}
+
+// command sends a command to region id (epoch and incarnation filled in
+// when zero) and returns its answer.
+func (c *cluster) command(id string, cmd protocol.Command) protocol.Reply {
+	c.t.Helper()
+	if cmd.Epoch == 0 {
+		cmd.Epoch = c.epoch
+	}
+	if cmd.Incarnation == "" {
+		cmd.Incarnation = c.incs[id]
+	}
+	data, err := protocol.Encode(cmd)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	m, err := c.nc.Request(c.subjects.Region(id), data, 10*time.Second)
+	if err != nil {
+		c.t.Fatalf("%s to %s: %v", cmd.Kind, id, err)
+	}
+	var r protocol.Reply
+	if err := protocol.Decode(m.Data, &r); err != nil {
+		c.t.Fatalf("%s to %s: reply: %v", cmd.Kind, id, err)
+	}
+	return r
+}
+
+// must sends a command that must succeed.
+func (c *cluster) must(id string, cmd protocol.Command) protocol.Reply {
+	c.t.Helper()
+	r := c.command(id, cmd)
+	if r.Error != "" {
+		c.t.Fatalf("%s %v to %s: %s", cmd.Kind, cmd.Shards, id, r.Error)
+	}
+	return r
+}
+
+// allocate binds fresh shards to region id: Bind, and the end markers
+// written by the test as the parking coordinator would.
+func (c *cluster) allocate(id string, shards ...int) {
+	c.t.Helper()
+	hs := c.newHandoffs(len(shards))
+	c.must(id, protocol.Command{Kind: protocol.CmdBind, Shards: shards, Handoffs: hs})
+	for i, s := range shards {
+		if _, err := c.buffer.Mark(context.Background(), s, hs[i]); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// handOff asks region id to pause the shards until it answers Complete.
+func (c *cluster) handOff(id string, shards []int, hs []uint64) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := c.must(id, protocol.Command{Kind: protocol.CmdHandOff, Shards: shards, Handoffs: hs})
+		if r.Complete {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("handoff of %v by %s never complete", shards, id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// move hands the shards off from one region to another, as the
+// coordinator does: HandOff until complete, Bind, Release.
+func (c *cluster) move(shards []int, from, to string) {
+	c.t.Helper()
+	hs := c.newHandoffs(len(shards))
+	t0 := time.Now()
+	c.handOff(from, shards, hs)
+	t1 := time.Now()
+	c.must(to, protocol.Command{Kind: protocol.CmdBind, Shards: shards, Handoffs: hs})
+	t2 := time.Now()
+	c.must(from, protocol.Command{Kind: protocol.CmdRelease, Shards: shards, Handoffs: hs})
+	c.t.Logf("handoff %v, bind %v, release %v", t1.Sub(t0), t2.Sub(t1), time.Since(t2))
+}
+
+// totals sums a counter over the agents.
+func (c *cluster) totals(counter func(*region.Stats) uint64) uint64 {
+	var n uint64
+	for _, a := range c.agents {
+		n += counter(a.Stats())
+	}
+	return n
+}
+
+func (c *cluster) logStats() {
+	c.t.Helper()
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range c.agents {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		s := c.agents[id].Stats()
+		c.t.Logf("region %s: delivered %d, buffered %d, buffer failed %d, replayed %d, duplicates skipped %d, held overflow %d, not owned %d",
+			id, s.Delivered.Load(), s.Buffered.Load(), s.BufferFailed.Load(), s.Replayed.Load(),
+			s.DuplicatesSkipped.Load(), s.HeldOverflow.Load(), s.NotOwned.Load())
+	}
+}
+
+// waitFor polls ok until it holds, or fails the test after a generous
+// deadline (no timing is asserted).
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// recorder is the entity factory of the tests: its entities log every
+// message they handle (entity id, payload, region), and it reports any
+// entity that runs in two regions at once: created or handling in one
+// region while an incarnation of it in another region has not stopped, or
+// two Handle calls of one entity overlapping.
+type recorder struct {
+	mu         sync.Mutex
+	log        map[string][]received // entity id -> what it handled, in order
+	owner      map[string]string     // entity id -> region whose incarnation is live
+	running    map[string]int        // entity id -> Handle calls under way
+	violations []string
+	handled    atomic.Int64
+}
+
+type received struct {
+	payload string
+	region  string
+}
+
+func newRecorder() *recorder {
+	return &recorder{log: map[string][]received{}, owner: map[string]string{}, running: map[string]int{}}
+}
+
+func (r *recorder) violate(format string, args ...any) {
+	if len(r.violations) < 20 {
+		r.violations = append(r.violations, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *recorder) factory(regionID string) region.Factory {
+	return func(_ context.Context, id string) (region.Entity, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if other, ok := r.owner[id]; ok && other != regionID {
+			r.violate("entity %s created in %s while its incarnation in %s has not stopped", id, regionID, other)
+		}
+		r.owner[id] = regionID
+		return &recEntity{r: r, region: regionID, id: id}, nil
+	}
+}
+
+type recEntity struct {
+	r      *recorder
+	region string
+	id     string
+}
+
+func (e *recEntity) Handle(_ context.Context, m *region.Message) ([]byte, error) {
+	r := e.r
+	r.mu.Lock()
+	r.running[e.id]++
+	if r.running[e.id] > 1 {
+		r.violate("entity %s: two Handle calls at once (one in %s)", e.id, e.region)
+	}
+	if owner := r.owner[e.id]; owner != e.region {
+		r.violate("entity %s handles in %s while %q owns it", e.id, e.region, owner)
+	}
+	r.mu.Unlock()
+	runtime.Gosched() // widen the window in which an overlap would show
+	r.mu.Lock()
+	r.log[e.id] = append(r.log[e.id], received{payload: string(m.Data), region: e.region})
+	r.running[e.id]--
+	r.mu.Unlock()
+	r.handled.Add(1)
+	return []byte("ok " + string(m.Data)), nil
+}
+
+func (e *recEntity) Stop(context.Context) error {
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	if e.r.owner[e.id] == e.region {
+		delete(e.r.owner, e.id)
+	}
+	return nil
+}
+
+// seqs returns the sequence numbers entity id handled, in order.
+func (r *recorder) seqs(t *testing.T, id string) []int {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int, len(r.log[id]))
+	for i, m := range r.log[id] {
+		n, err := strconv.Atoi(m.payload)
+		if err != nil {
+			t.Fatalf("entity %s got payload %q", id, m.payload)
+		}
+		out[i] = n
+	}
+	return out
+}
+
+func (r *recorder) regionsOf(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.log[id] {
+		if len(out) == 0 || out[len(out)-1] != m.region {
+			out = append(out, m.region)
+		}
+	}
+	return out
+}
+
+func (r *recorder) check(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range r.violations {
+		t.Error("single owner violated: " + v)
+	}
+}
+
+// idsIn returns n entity ids (prefix-i) that fall in the given shards.
+func idsIn(prefix string, n int, in []int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		if slices.Contains(in, protocol.ShardOf(id, shards)) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// load is the traffic of TestHandoffUnderLoad: a publisher that sends
+// sequence-numbered messages round robin to its entities as fast as the
+// regions take them (at most window messages not yet handled), and
+// requesters that each send sequence-numbered requests to an entity of
+// their own and check every answer.
+type load struct {
+	c       *cluster
+	msgIDs  bool
+	window  int64
+	pubIDs  []string
+	reqIDs  []string
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	sent    map[string]int // entity id -> messages sent (after wait)
+	mu      sync.Mutex     // guards sent and errs
+	errs    []string
+	answers atomic.Int64
+	began   time.Time
+}
+
+func startLoad(c *cluster, in []int, msgIDs bool) *load {
+	l := &load{
+		c: c, msgIDs: msgIDs, window: 5_000,
+		pubIDs: idsIn("e", 200, in), reqIDs: idsIn("req", 4, in),
+		stop: make(chan struct{}), sent: map[string]int{}, began: time.Now(),
+	}
+	pub := natstest.Connect(c.t, c.url)
+	l.wg.Add(1)
+	go l.publish(pub)
+	for _, id := range l.reqIDs {
+		l.wg.Add(1)
+		go l.request(natstest.Connect(c.t, c.url), id)
+	}
+	return l
+}
+
+func (l *load) message(id string, seq int) *nats.Msg {
+	m := nats.NewMsg(l.c.subjects.EntityOf(id, shards))
+	m.Data = []byte(strconv.Itoa(seq))
+	if l.msgIDs {
+		m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("%s/%d", id, seq))
+	}
+	return m
+}
+
+func (l *load) fail(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errs) < 20 {
+		l.errs = append(l.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+func (l *load) publish(nc *nats.Conn) {
+	defer l.wg.Done()
+	seqs := make(map[string]int, len(l.pubIDs))
+	var published int64
+	defer func() {
+		if err := nc.Flush(); err != nil {
+			l.fail("flush: %v", err)
+		}
+		l.mu.Lock()
+		for id, n := range seqs {
+			l.sent[id] = n
+		}
+		l.mu.Unlock()
+	}()
+	for i := 0; ; i++ {
+		if i%100 == 0 {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			for published-l.c.rec.handled.Load() > l.window {
+				select {
+				case <-l.stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		}
+		id := l.pubIDs[i%len(l.pubIDs)]
+		seqs[id]++
+		if err := nc.PublishMsg(l.message(id, seqs[id])); err != nil {
+			l.fail("publish: %v", err)
+			return
+		}
+		published++
+	}
+}
+
+func (l *load) request(nc *nats.Conn, id string) {
+	defer l.wg.Done()
+	seq := 0
+	defer func() {
+		l.mu.Lock()
+		l.sent[id] = seq
+		l.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		seq++
+		m, err := nc.RequestMsg(l.message(id, seq), 60*time.Second)
+		switch {
+		case err != nil:
+			l.fail("request %s/%d: %v", id, seq, err)
+			return
+		case m.Header.Get(protocol.HeaderError) != "":
+			l.fail("request %s/%d: error answer %q", id, seq, m.Header.Get(protocol.HeaderError))
+			return
+		case string(m.Data) != "ok "+strconv.Itoa(seq):
+			l.fail("request %s/%d: answer %q", id, seq, m.Data)
+			return
+		}
+		l.answers.Add(1)
+	}
+}
+
+// finish stops the traffic and waits until every entity handled what it
+// was sent (distinct sequence numbers, with duplicates allowed).
+func (l *load) finish(t *testing.T) {
+	t.Helper()
+	close(l.stop)
+	l.wg.Wait()
+	for _, e := range l.errs {
+		t.Error(e)
+	}
+	waitFor(t, "every message handled", func() bool {
+		for id, n := range l.sent {
+			if distinctMax(l.c.rec.seqs(t, id)) < n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// distinctMax is the largest n such that 1..n all occur in seqs.
+func distinctMax(seqs []int) int {
+	seen := make(map[int]bool, len(seqs))
+	for _, s := range seqs {
+		seen[s] = true
+	}
+	n := 0
+	for seen[n+1] {
+		n++
+	}
+	return n
+}
+
+// checkOrder checks what entity id handled against n messages sent: with
+// exact, the sequence must be exactly 1..n; otherwise it may also hold
+// repeats of numbers already handled (duplicates), which it counts.
+func checkOrder(t *testing.T, id string, seqs []int, n int, exact bool) (duplicates int) {
+	t.Helper()
+	seen := make(map[int]bool, len(seqs))
+	next := 1
+	for i, s := range seqs {
+		switch {
+		case s == next:
+			seen[s] = true
+			next++
+		case seen[s] && !exact:
+			duplicates++
+		default:
+			t.Errorf("entity %s: message %d is seq %d, expected %d (history around it: %v)", id, i, s, next, seqs[max(0, i-5):min(len(seqs), i+5)])
+			return duplicates
+		}
+	}
+	if next-1 != n {
+		t.Errorf("entity %s handled 1..%d, was sent %d", id, next-1, n)
+	}
+	return duplicates
+}
+
+func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	c.addAgent("a", nil)
+	c.addAgent("b", nil)
+	moving := []int{1, 2, 5, 6}
+	c.allocate("a", moving...)
+	c.allocate("a", 0, 3, 4, 7) // the rest stays put
+
+	l := startLoad(c, moving, msgIDs)
+	// Move the shards while the traffic flows: a->b, b->a, a->b. Each
+	// move waits until some traffic reached the new owner.
+	moves := 0
+	for _, step := range [][2]string{{"a", "b"}, {"b", "a"}, {"a", "b"}} {
+		before := c.rec.handled.Load()
+		waitFor(t, "traffic", func() bool { return c.rec.handled.Load() > before+5_000 })
+		began := time.Now()
+		c.move(moving, step[0], step[1])
+		moves++
+		t.Logf("moved %v %s -> %s in %v", moving, step[0], step[1], time.Since(began).Round(time.Millisecond))
+	}
+	before := c.rec.handled.Load()
+	waitFor(t, "traffic after the last move", func() bool {
+		return c.rec.handled.Load() > before+5_000 && time.Since(l.began) > 3*time.Second
+	})
+	t.Logf("load ran %v", time.Since(l.began).Round(time.Millisecond))
+	l.finish(t)
+	t.Logf("all handled after %v", time.Since(l.began).Round(time.Millisecond))
+
+	if r := c.must("a", protocol.Command{Kind: protocol.CmdProbe}); !slices.Equal(r.Held, []int{0, 3, 4, 7}) {
+		t.Errorf("a holds %v", r.Held)
+	}
+	if r := c.must("b", protocol.Command{Kind: protocol.CmdProbe}); !slices.Equal(r.Held, moving) {
+		t.Errorf("b holds %v", r.Held)
+	}
+	c.rec.check(t)
+	total, dups := 0, 0
+	for id, n := range l.sent {
+		total += n
+		dups += checkOrder(t, id, c.rec.seqs(t, id), n, msgIDs)
+	}
+	// Every entity saw the moves: its messages were handled by a, b, a, b.
+	for _, id := range l.pubIDs[:10] {
+		if got := c.rec.regionsOf(id); !slices.Equal(got, []string{"a", "b", "a", "b"}) {
+			t.Errorf("entity %s handled in %v", id, got)
+		}
+	}
+	c.logStats()
+	buffered := c.totals(func(s *region.Stats) uint64 { return s.Buffered.Load() })
+	replayed := c.totals(func(s *region.Stats) uint64 { return s.Replayed.Load() })
+	skipped := c.totals(func(s *region.Stats) uint64 { return s.DuplicatesSkipped.Load() })
+	t.Logf("%d moves; %d messages sent to %d entities, %d requests answered; buffered %d, replayed %d, held duplicates skipped %d, duplicates handled %d",
+		moves, total, len(l.sent), l.answers.Load(), buffered, replayed, skipped, dups)
+	if failed := c.totals(func(s *region.Stats) uint64 { return s.BufferFailed.Load() + s.HeldOverflow.Load() + s.NotOwned.Load() }); failed != 0 {
+		t.Errorf("%d messages refused (buffer failed, held overflow or not owned)", failed)
+	}
+	if buffered == 0 || replayed == 0 {
+		t.Errorf("the moves buffered %d and replayed %d messages: the test did not exercise the buffer", buffered, replayed)
+	}
+	if msgIDs && dups != 0 {
+		t.Errorf("%d duplicates with Nats-Msg-Id", dups)
+	}
+	if !msgIDs && skipped != 0 {
+		t.Errorf("%d held messages skipped without Nats-Msg-Id", skipped)
+	}
+	if l.answers.Load() == 0 {
+		t.Error("no request was answered")
+	}
+}
+
+// TestHandoffUnderLoad moves shards back and forth between two regions
+// while a publisher floods their entities and requesters wait for
+// answers: with Nats-Msg-Id, every entity handles exactly 1..n in order,
+// never in two regions at once, and every request is answered.
+func TestHandoffUnderLoad(t *testing.T) { runHandoffUnderLoad(t, true) }
+
+// TestHandoffUnderLoadWithoutMsgID: without Nats-Msg-Id nothing is lost
+// and the order per entity holds, but the messages of the overlap (both
+// regions subscribed, steps 4/5) may be handled twice; they are counted.
+func TestHandoffUnderLoadWithoutMsgID(t *testing.T) { runHandoffUnderLoad(t, false) }
+
+// request sends a request to entity id and returns the answer (nil on
+// timeout).
+func (c *cluster) request(id, payload string, timeout time.Duration) (*nats.Msg, error) {
+	m := nats.NewMsg(c.subjects.EntityOf(id, shards))
+	m.Data = []byte(payload)
+	return c.nc.RequestMsg(m, timeout)
+}
+
+// TestHandoffCommandsIdempotentAndRefused: repeated commands with the
+// same ids do no harm, and commands that make no sense are refused.
+func TestHandoffCommandsIdempotentAndRefused(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	a := c.addAgent("a", nil)
+	b := c.addAgent("b", nil)
+	const s = 3
+	id := idsIn("x", 1, []int{s})[0]
+	h1 := c.newHandoffs(1)
+	bind1 := protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: h1}
+	c.must("a", bind1)
+	c.must("a", bind1) // repeated: no-op
+	// Replaying (no marker yet): a HandOff is not complete and changes
+	// nothing.
+	if r := c.must("a", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1)}); r.Complete {
+		t.Fatal("handoff of a replaying shard answered complete")
+	}
+	// Nor is a Release of it accepted.
+	if r := c.command("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{s}, Handoffs: h1}); !strings.Contains(r.Error, "refused") {
+		t.Fatalf("release of a replaying shard: %+v", r)
+	}
+	if _, err := c.buffer.Mark(context.Background(), s, h1[0]); err != nil {
+		t.Fatal(err)
+	}
+	// The request is answered once a is live.
+	if m, err := c.request(id, "1", 10*time.Second); err != nil || string(m.Data) != "ok 1" {
+		t.Fatalf("request: %v", err)
+	}
+	c.must("a", bind1) // still a no-op
+	if r := c.command("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{s}, Handoffs: h1}); !strings.Contains(r.Error, "refused") {
+		t.Fatalf("release of a live shard: %+v", r)
+	}
+	// Stale epochs are refused.
+	c.epoch = 7
+	c.must("a", protocol.Command{Kind: protocol.CmdProbe})
+	for _, kind := range []protocol.CommandKind{protocol.CmdHandOff, protocol.CmdRelease, protocol.CmdBind} {
+		r := c.command("a", protocol.Command{Kind: kind, Epoch: 6, Shards: []int{s}, Handoffs: c.newHandoffs(1)})
+		if !strings.Contains(r.Error, "stale epoch 6") || r.Epoch != 7 {
+			t.Fatalf("stale %s: %+v", kind, r)
+		}
+	}
+	if r := c.command("a", protocol.Command{Kind: protocol.CmdLeave, Epoch: 6}); !strings.Contains(r.Error, "stale epoch") {
+		t.Fatalf("stale leave: %+v", r)
+	}
+
+	// Move s from a to b, every step repeated.
+	h2 := c.newHandoffs(1)
+	handOff := protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: h2}
+	c.handOff("a", handOff.Shards, h2)
+	for range 3 {
+		if r := c.must("a", handOff); !r.Complete || !slices.Equal(r.Held, []int{s}) {
+			t.Fatalf("repeated handoff: %+v", r)
+		}
+	}
+	// Paused: a refuses to bind it again until released or dropped.
+	if r := c.command("a", bind1); !strings.Contains(r.Error, "paused") {
+		t.Fatalf("bind of a paused shard: %+v", r)
+	}
+	// Messages sent while paused are buffered.
+	for i := 2; i <= 11; i++ {
+		m := nats.NewMsg(c.subjects.EntityOf(id, shards))
+		m.Data = []byte(strconv.Itoa(i))
+		m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("%s/%d", id, i))
+		if err := c.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "10 buffered", func() bool { return a.Stats().Buffered.Load() == 10 })
+	bind2 := protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: h2}
+	c.must("b", bind2)
+	c.must("b", bind2)
+	// b replays (the marker is not written yet): its HandOff is not
+	// complete.
+	if r := c.must("b", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1)}); r.Complete {
+		t.Fatal("handoff of a replaying shard answered complete")
+	}
+	release := protocol.Command{Kind: protocol.CmdRelease, Shards: []int{s}, Handoffs: h2}
+	// Two releases at once: both answered after the marker is written.
+	var wg sync.WaitGroup
+	replies := make([]protocol.Reply, 2)
+	for i := range replies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data, _ := protocol.Encode(protocol.Command{Kind: release.Kind, Epoch: c.epoch, Incarnation: c.incs["a"], Shards: release.Shards, Handoffs: release.Handoffs})
+			if m, err := c.nc.Request(c.subjects.Region("a"), data, 10*time.Second); err == nil {
+				_ = protocol.Decode(m.Data, &replies[i])
+			} else {
+				replies[i].Error = err.Error()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, r := range replies {
+		if r.Error != "" || len(r.Held) != 0 {
+			t.Fatalf("release: %+v", r)
+		}
+	}
+	// And again, for a shard no longer held: a marker again, harmless.
+	c.must("a", release)
+	c.must("a", protocol.Command{Kind: protocol.CmdDrop, Shards: []int{s}}) // not held: no-op
+	if m, err := c.request(id, "12", 10*time.Second); err != nil || string(m.Data) != "ok 12" {
+		t.Fatalf("request after the move: %v", err)
+	}
+	if got := c.rec.seqs(t, id); !slices.Equal(got, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) {
+		t.Fatalf("entity handled %v", got)
+	}
+	if got := c.rec.regionsOf(id); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("entity handled in %v", got)
+	}
+	if r := c.must("b", bind2); !slices.Equal(r.Held, []int{s}) {
+		t.Fatalf("b holds %v", r.Held)
+	}
+	// Later, the second marker of h2 and the leftovers are skipped by the
+	// next move's replay: move s back to a.
+	c.move([]int{s}, "b", "a")
+	if m, err := c.request(id, "13", 10*time.Second); err != nil || string(m.Data) != "ok 13" {
+		t.Fatalf("request after the move back: %v", err)
+	}
+	if got := c.rec.seqs(t, id); len(got) != 13 {
+		t.Fatalf("entity handled %v", got)
+	}
+	c.rec.check(t)
+	if n := b.Stats().Replayed.Load(); n != 10 {
+		t.Errorf("b replayed %d, want 10", n)
+	}
+	c.logStats()
+}
+
+// TestLeave: a leaving region says so in its registration at once and in
+// every renewal, and Leave returns once the coordinator took every shard
+// away.
+func TestLeave(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	a := c.addAgent("a", func(cfg *region.Config) { cfg.LeaseTTL = 2 * time.Second })
+	c.addAgent("b", nil)
+	c.allocate("a", 0, 1, 2, 3)
+
+	// Leave with a context that ends: the shards are still held.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.Leave(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Leave with a cancelled context: %v", err)
+	}
+	if info, _ := c.registration("a"); !info.Leaving {
+		t.Fatalf("registration after Leave: %+v", info)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- a.Leave(context.Background()) }()
+	// The flag survives renewals: wait for a few writes of the key.
+	revs := map[uint64]bool{}
+	waitFor(t, "three renewals", func() bool {
+		regions, err := c.store.Regions(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range regions {
+			if r.Info.ID == "a" {
+				if !r.Info.Leaving {
+					t.Fatalf("registration lost the leaving flag: %+v", r.Info)
+				}
+				revs[r.Revision] = true
+			}
+		}
+		return len(revs) >= 3
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Leave returned %v while shards are held", err)
+	default:
+	}
+
+	// The coordinator hands two shards off and drops the other two.
+	c.move([]int{0, 1}, "a", "b")
+	c.must("a", protocol.Command{Kind: protocol.CmdDrop, Shards: []int{2}})
+	select {
+	case err := <-done:
+		t.Fatalf("Leave returned %v while shard 3 is held", err)
+	default:
+	}
+	c.must("a", protocol.Command{Kind: protocol.CmdDrop, Shards: []int{3}})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Leave did not return once every shard was gone")
+	}
+
+	// The leave command does the same for b.
+	if info, _ := c.registration("b"); info.Leaving {
+		t.Fatal("b leaving before it was told")
+	}
+	c.must("b", protocol.Command{Kind: protocol.CmdLeave})
+	if info, _ := c.registration("b"); !info.Leaving {
+		t.Fatalf("b after the leave command: %+v", info)
+	}
+	c.must("b", protocol.Command{Kind: protocol.CmdLeave}) // idempotent
+}
+
+// TestBufferOverflowIsVisible: a paused shard whose buffer is full refuses
+// further messages with an error answer and counts them; so does a
+// binding shard that holds MaxHeld messages already.
+func TestBufferOverflowIsVisible(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{MaxPerShard: 5})
+	a := c.addAgent("a", nil)
+	b := c.addAgent("b", func(cfg *region.Config) { cfg.MaxHeld = 3 })
+	const s = 2
+	id := idsIn("x", 1, []int{s})[0]
+	c.allocate("a", s)
+	if m, err := c.request(id, "1", 10*time.Second); err != nil || string(m.Data) != "ok 1" {
+		t.Fatalf("request: %v", err)
+	}
+	// The marker is purged once a is live: the buffer is empty.
+	waitFor(t, "purged buffer", func() bool {
+		n, err := c.buffer.Len(context.Background(), s)
+		return err == nil && n == 0
+	})
+	c.handOff("a", []int{s}, c.newHandoffs(1))
+	for i := 2; i <= 6; i++ {
+		if err := c.nc.Publish(c.subjects.EntityOf(id, shards), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "5 buffered", func() bool {
+		n, err := c.buffer.Len(context.Background(), s)
+		return err == nil && n == 5
+	})
+	for i := 7; i <= 9; i++ {
+		m, err := c.request(id, strconv.Itoa(i), 10*time.Second)
+		if err != nil {
+			t.Fatalf("request to a full buffer: %v", err)
+		}
+		if h := m.Header.Get(protocol.HeaderError); !strings.Contains(h, "full") {
+			t.Fatalf("request to a full buffer answered %q %q", h, m.Data)
+		}
+	}
+	if got := a.Stats().BufferFailed.Load(); got != 3 {
+		t.Fatalf("buffer failed %d, want 3", got)
+	}
+
+	// b binds another shard whose marker never comes: it holds 3, then
+	// refuses.
+	const s2 = 5
+	id2 := idsIn("y", 1, []int{s2})[0]
+	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{s2}, Handoffs: c.newHandoffs(1)})
+	for i := 1; i <= 3; i++ {
+		if err := c.nc.Publish(c.subjects.EntityOf(id2, shards), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := c.request(id2, "4", 10*time.Second)
+	if err != nil {
+		t.Fatalf("request beyond MaxHeld: %v", err)
+	}
+	if h := m.Header.Get(protocol.HeaderError); h == "" {
+		t.Fatalf("request beyond MaxHeld answered %q", m.Data)
+	}
+	if got := b.Stats().HeldOverflow.Load(); got != 1 {
+		t.Fatalf("held overflow %d, want 1", got)
+	}
+	c.logStats()
+}

@@ -1,0 +1,275 @@
+package region
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// mode is what a held shard does with the messages that arrive for it.
+//
+//	         Bind(X,H)            marker H replayed
+//	(none) ------------> hold ----------------------> live
+//	                                                    |
+//	  (none) <--- Release(X,H): grace, drain, mark --- divert <-- HandOff(X,H)
+//
+// Drop, Fence and Close take any mode back to (none) at once, without end
+// marker. Once a shard has left live (or hold), no message of it reaches
+// the entity host: the mode changes under the shard's lock, and every
+// delivery happens under it.
+type mode uint8
+
+const (
+	// modeGone: the shard is no longer held (dropped, released, fenced);
+	// its subscription callback may still run for a message already
+	// queued, which is refused as not owned.
+	modeGone mode = iota
+	// modeHold: bound; the buffer is being replayed to the entities and
+	// arrivals are held in memory until the replay reaches the marker.
+	modeHold
+	// modeLive: arrivals go straight to the entities.
+	modeLive
+	// modeDivert: paused for a handoff; arrivals are appended to the
+	// shard's buffer and the entities are stopping or stopped.
+	modeDivert
+)
+
+func (m mode) String() string {
+	switch m {
+	case modeGone:
+		return "gone"
+	case modeHold:
+		return "replaying"
+	case modeLive:
+		return "live"
+	case modeDivert:
+		return "paused"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// shardState is one held shard. The agent's map gives the current state
+// of each shard; a state that left the map stays modeGone for ever (a new
+// Bind makes a new state), so the subscription callbacks of a shard's
+// earlier life can tell that they are stale.
+//
+// Lock order: Agent.mu, then shardState.mu, then the host's locks.
+type shardState struct {
+	n   int
+	sub *nats.Subscription // set once, before the state is published
+
+	mu      sync.Mutex
+	mode    mode
+	handoff uint64 // hold: the marker being replayed to; divert: the handoff paused for
+
+	// hold
+	held   []heldMsg           // arrivals, in order
+	seen   map[string]struct{} // Nats-Msg-Id of the replayed messages
+	cancel context.CancelFunc  // ends the replay (and the purge after it)
+
+	// divert
+	stopped <-chan struct{} // closed when the entities have stopped
+
+	// released is non-nil once a Release began; closed when the
+	// subscription is gone. Guarded by Agent.mu.
+	released chan struct{}
+}
+
+// currentMode reads the shard's mode.
+func (st *shardState) currentMode() mode {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.mode
+}
+
+// heldMsg is a message held while replaying, with its parsed entity id.
+type heldMsg struct {
+	id string
+	m  *nats.Msg
+}
+
+// onMessage is the subscription callback of shard st. It runs on the
+// subscription's goroutine, so the shard's messages are handled one at a
+// time in arrival order, whatever the mode.
+func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
+	_, id, err := a.cfg.Subjects.ParseEntity(m.Subject, a.cfg.Shards)
+	if err != nil {
+		a.malformed(m, err)
+		return
+	}
+	st.mu.Lock()
+	switch st.mode {
+	case modeLive:
+		a.host.deliver(st.n, id, m)
+		st.mu.Unlock()
+		a.stats.Delivered.Add(1)
+	case modeHold:
+		if len(st.held) >= a.cfg.MaxHeld {
+			st.mu.Unlock()
+			a.stats.HeldOverflow.Add(1)
+			a.limit.log(a.log, "held-overflow", "refused a message: too many held while replaying the buffer", "shard", st.n, "max", a.cfg.MaxHeld)
+			a.reply(m, nil, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld))
+			return
+		}
+		st.held = append(st.held, heldMsg{id: id, m: m})
+		st.mu.Unlock()
+	case modeDivert:
+		// Append keeps the order of its calls; they all come from this
+		// goroutine, under the lock.
+		a.cfg.Buffer.Append(st.n, m, a.appendFailed)
+		st.mu.Unlock()
+		a.stats.Buffered.Add(1)
+	default:
+		st.mu.Unlock()
+		a.notOwned(st.n, m)
+	}
+}
+
+// appendFailed is called by the buffer, from its own goroutine, for a
+// message it could not buffer: the loss is counted, logged and answered.
+func (a *Agent) appendFailed(m *nats.Msg, err error) {
+	a.stats.BufferFailed.Add(1)
+	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
+	if errors.Is(err, kvstate.ErrBufferFull) {
+		err = fmt.Errorf("shard is moving and its buffer is full: %w", err)
+	} else {
+		err = fmt.Errorf("shard is moving and its message could not be buffered: %w", err)
+	}
+	a.reply(m, nil, err)
+}
+
+func (a *Agent) malformed(m *nats.Msg, err error) {
+	a.stats.Malformed.Add(1)
+	a.limit.log(a.log, "malformed", "dropped a malformed message", "subject", m.Subject, "err", err)
+	a.reply(m, nil, err)
+}
+
+func (a *Agent) notOwned(shard int, m *nats.Msg) {
+	a.stats.NotOwned.Add(1)
+	a.limit.log(a.log, "not-owned", "dropped a message for a shard not served here", "shard", shard)
+	a.reply(m, nil, fmt.Errorf("shard %d is not served by region %s", shard, a.cfg.ID))
+}
+
+// reply answers a request; err becomes the Natshard-Error header. Plain
+// publishes get no answer.
+func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
+	if m.Reply == "" {
+		return
+	}
+	if err == nil {
+		_ = a.cfg.Conn.Publish(m.Reply, data)
+		return
+	}
+	out := nats.NewMsg(m.Reply)
+	out.Header.Set(protocol.HeaderError, err.Error())
+	out.Data = data
+	if out.Data == nil {
+		out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})
+	}
+	_ = a.cfg.Conn.PublishMsg(out)
+}
+
+// bindLocked subscribes to shard n and starts replaying its buffer up to
+// marker handoff; a.mu is held. Arrivals are held until the replay is
+// done. The caller flushes the connection.
+func (a *Agent) bindLocked(n int, handoff uint64) error {
+	ctx, cancel := context.WithCancel(a.ctx)
+	st := &shardState{n: n, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), cancel: cancel}
+	sub, err := a.cfg.Conn.Subscribe(a.cfg.Subjects.Shard(n), func(m *nats.Msg) { a.onMessage(st, m) })
+	if err != nil {
+		cancel()
+		return fmt.Errorf("subscribe shard %d: %w", n, err)
+	}
+	_ = sub.SetPendingLimits(-1, -1) // never drop on a slow entity: the mailbox absorbs bursts
+	st.sub = sub
+	a.shards[n] = st
+	// Entities of the shard's previous life here, if any, must have
+	// stopped before the replay delivers to new ones.
+	prior := a.stopping[n]
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.replay(ctx, st, handoff, prior)
+	}()
+	return nil
+}
+
+// pauseLocked switches a live shard to divert for handoff and starts
+// stopping its entities; a.mu and st.mu are held.
+func (a *Agent) pauseLocked(st *shardState, handoff uint64) {
+	st.mode = modeDivert
+	st.handoff = handoff
+	st.stopped = a.stopEntitiesLocked(st.n)
+}
+
+// unbindLocked unsubscribes the shards at once, in whatever mode, ends
+// their replays, refuses what they held and stops their entities; no end
+// marker is written. a.mu is held. It returns the shards it unbound.
+func (a *Agent) unbindLocked(shards []int, why string) []int {
+	var done []int
+	for _, n := range shards {
+		st, ok := a.shards[n]
+		if !ok {
+			continue
+		}
+		delete(a.shards, n)
+		st.mu.Lock()
+		st.mode = modeGone
+		held := st.held
+		st.held, st.seen = nil, nil
+		st.mu.Unlock()
+		st.cancel()
+		_ = st.sub.Unsubscribe()
+		for _, h := range held {
+			a.reply(h.m, nil, fmt.Errorf("shard %d left region %s: %s", n, a.cfg.ID, why))
+		}
+		a.stopEntitiesLocked(n)
+		done = append(done, n)
+	}
+	return done
+}
+
+// forgetLocked removes a released shard (st, diverting) from the agent;
+// a.mu is held. Its entities were stopped by the handoff.
+func (a *Agent) forgetLocked(st *shardState) {
+	if a.shards[st.n] == st {
+		delete(a.shards, st.n)
+	}
+	st.mu.Lock()
+	st.mode = modeGone
+	st.mu.Unlock()
+	st.cancel()
+}
+
+// stopEntitiesLocked stops the entities of shard n in the background and
+// returns a channel closed when they all have; a.mu is held. A stop that
+// is already under way is joined.
+func (a *Agent) stopEntitiesLocked(n int) <-chan struct{} {
+	if ch, ok := a.stopping[n]; ok {
+		return ch
+	}
+	ch := make(chan struct{})
+	a.stopping[n] = ch
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		// Not bounded by a context: every stop hook is (StopTimeout), so
+		// the shard drains; and ch must mean "stopped".
+		if err := a.host.stopShard(context.Background(), n); err != nil {
+			a.log.Warn("stopping a shard's entities", "shard", n, "err", err)
+		}
+		a.mu.Lock()
+		if a.stopping[n] == ch {
+			delete(a.stopping, n)
+		}
+		a.mu.Unlock()
+		close(ch)
+	}()
+	return ch
+}
