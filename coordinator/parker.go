@@ -3,6 +3,7 @@ package coordinator
 import (
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/kvstate"
@@ -63,15 +64,37 @@ func (p *parker) failed(m *nats.Msg, err error) {
 	}
 }
 
-// unsubscribe stops diverting shard if it is parked under handoff.
+// unsubscribe stops diverting shard if it is parked under handoff. It
+// drains the subscription rather than unsubscribing: nats.go discards the
+// messages a subscription has received but not yet delivered when it is
+// unsubscribed, and those must still reach the buffer before the end
+// marker. It returns when the subscription is closed.
 func (p *parker) unsubscribe(shard int, handoff uint64) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pk, ok := p.parked[shard]; ok && pk.handoff == handoff {
+	pk, ok := p.parked[shard]
+	if !ok || pk.handoff != handoff {
+		p.mu.Unlock()
+		return
+	}
+	delete(p.parked, shard)
+	p.mu.Unlock()
+	closed := pk.sub.StatusChanged(nats.SubscriptionClosed)
+	if err := pk.sub.Drain(); err != nil {
 		_ = pk.sub.Unsubscribe()
-		delete(p.parked, shard)
+		return
+	}
+	t := time.NewTimer(drainTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		p.log.Warn("a parked shard's subscription did not drain in time; cut", "shard", shard)
+		_ = pk.sub.Unsubscribe()
 	}
 }
+
+// drainTimeout bounds the drain of a parked shard's subscription.
+const drainTimeout = 30 * time.Second
 
 // stop ends every parking (the term of leadership ended; the next
 // coordinator parks again).

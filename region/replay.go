@@ -18,8 +18,8 @@ const (
 // replay is the goroutine of a binding shard (modeHold): it replays the
 // shard's buffer up to the end marker handoff, delivering each message to
 // its entity at once (the source may still be appending meanwhile), then
-// delivers the held arrivals that were not replayed, goes live and purges
-// the buffer up to the marker. It ends early when ctx ends (the shard was
+// purges the buffer up to the marker, delivers the held arrivals that were
+// not replayed and goes live. It ends early when ctx ends (the shard was
 // dropped, or the region fenced or closed). prior, when not nil, is closed
 // when the entities of the shard's previous life in this region have
 // stopped; nothing is delivered before.
@@ -60,21 +60,24 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 		}
 		wait = min(wait*2, retryMax)
 	}
-	if !a.goLive(st, done) {
-		return
-	}
+	// Purge before going live: the shard's next move may start as soon as
+	// it is live, and its new owner replays the buffer from the start, so
+	// messages left in it would be handled twice (a load test caught that
+	// when the purge came after). Held arrivals wait meanwhile.
 	for wait = retryFirst; ; wait = min(wait*2, retryMax) {
 		err := a.cfg.Buffer.Purge(ctx, st.n, marker)
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
 			return
 		}
-		// Left unpurged, the messages would be replayed again by the
-		// shard's next move.
 		a.limit.log(a.log, "purge-failed", "purging a shard's buffer failed; retrying", "shard", st.n, "upto", marker, "err", err)
 		if !sleep(ctx, wait) {
 			return
 		}
 	}
+	a.goLive(st, done)
 }
 
 // deliverReplayed hands a replayed message to its entity and remembers its

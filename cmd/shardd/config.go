@@ -23,6 +23,7 @@ type config struct {
 	DataDir       string
 	Type          string
 	Kind          string
+	TraceSubject  string
 	Shards        int
 	Region        string
 	Version       string
@@ -92,7 +93,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.Listen, "listen", env("NATSHARD_LISTEN", "127.0.0.1:4222"), "address of the embedded NATS server [NATSHARD_LISTEN]")
 	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", defaultDataDir(getenv)), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
 	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
-	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "built-in entity kind: kv or echo [NATSHARD_KIND]")
+	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "built-in entity kind: kv, echo or trace (diagnostic) [NATSHARD_KIND]")
+	fs.StringVar(&c.TraceSubject, "trace-subject", env("NATSHARD_TRACE_SUBJECT", ""), "where trace entities publish their records (default natshard.trace.<type>) [NATSHARD_TRACE_SUBJECT]")
 	fs.IntVar(&c.Shards, "shards", envInt("NATSHARD_SHARDS", 0), "shard count; 0 uses the stored count, or 128 for a new type [NATSHARD_SHARDS]")
 	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", defaultRegion()), "region id, unique per process [NATSHARD_REGION]")
 	fs.StringVar(&c.Version, "app-version", env("NATSHARD_APP_VERSION", ""), "application version of this process, for rolling updates [NATSHARD_APP_VERSION]")
@@ -134,8 +136,8 @@ func (c *config) Validate() error {
 	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, "t"); err != nil {
 		errs = append(errs, fmt.Errorf("--data-prefix/--control-prefix: %w", err))
 	}
-	if c.Kind != "kv" && c.Kind != "echo" {
-		errs = append(errs, fmt.Errorf("--kind: %q is not kv or echo", c.Kind))
+	if c.Kind != "kv" && c.Kind != "echo" && c.Kind != "trace" {
+		errs = append(errs, fmt.Errorf("--kind: %q is not kv, echo or trace", c.Kind))
 	}
 	if c.Shards < 0 || c.Shards > protocol.MaxShards {
 		errs = append(errs, fmt.Errorf("--shards: %d is out of range 0..%d", c.Shards, protocol.MaxShards))

@@ -123,9 +123,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("open the handoff buffer of type %q: %w", cfg.Type, err)
 	}
-	factory := entities.Echo()
-	if cfg.Kind == "kv" {
+	var factory region.Factory
+	switch cfg.Kind {
+	case "kv":
 		factory = entities.KV(store)
+	case "echo":
+		factory = entities.Echo()
+	case "trace":
+		subject := cfg.TraceSubject
+		if subject == "" {
+			subject = "natshard.trace." + cfg.Type
+		}
+		factory = entities.Trace(nc.Publish, subject, cfg.Region)
 	}
 	a, err := region.Open(ctx, region.Config{
 		Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
