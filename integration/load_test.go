@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/natshard/natshard/internal/natstest"
-	"github.com/natshard/natshard/protocol"
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 )
 
 // loadRun is one variant of the load test.
@@ -92,13 +91,14 @@ func testLoad(t *testing.T, run loadRun) {
 	common := []string{"--type", "load", "--kind", "trace", "--trace-subject", traceSubject, "--min-regions", "3", "--shards", strconv.Itoa(loadShards)}
 	var url string
 	procs := map[string]*proc{}
+	// shardd without the race detector: this test measures throughput too;
+	// the region package's handoff test runs the same paths under -race.
 	start := func(name string, extra ...string) {
 		args := append([]string{"--region", name}, common...)
-		procs[name] = startShardd(t, name, append(args, extra...)...)
+		procs[name] = startProcess(t, "shardd-fast", name, append(args, extra...)...)
 	}
 	if run.cluster {
-		servers := natstest.RunCluster(t, 3)
-		url = natstest.ClusterURLs(servers)
+		url = startNATSCluster(t)
 		for _, name := range []string{"a", "b", "c"} {
 			start(name, "--nats", url, "--replicas", "3")
 		}

@@ -16,25 +16,41 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/protocol"
 )
 
 var binDir string
 
+// TestMain builds the binaries the tests run: shardd and shardctl (with the
+// race detector when the tests run with it), a shardd without it for the
+// load test (which measures throughput), and nats-server from its module
+// for tests that need a NATS cluster of separate processes.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "natshard-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	for _, name := range []string{"shardd", "shardctl"} {
-		cmd := exec.Command("go", "build", "-race", "-o", filepath.Join(dir, name), "github.com/natshard/natshard/cmd/"+name)
-		if !raceEnabled {
-			cmd = exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/natshard/natshard/cmd/"+name)
-		}
+	race := []string{}
+	if raceEnabled {
+		race = []string{"-race"}
+	}
+	builds := []struct {
+		out, pkg string
+		flags    []string
+	}{
+		{"shardd", "github.com/natshard/natshard/cmd/shardd", race},
+		{"shardctl", "github.com/natshard/natshard/cmd/shardctl", nil},
+		{"shardd-fast", "github.com/natshard/natshard/cmd/shardd", nil},
+		{"nats-server", "github.com/nats-io/nats-server/v2", nil},
+	}
+	for _, b := range builds {
+		args := append(append([]string{"build"}, b.flags...), "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd := exec.Command("go", args...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building", name, ":", err)
+			fmt.Fprintln(os.Stderr, "building", b.out, ":", err)
 			os.Exit(1)
 		}
 	}
@@ -74,12 +90,18 @@ func (s *syncBuffer) String() string {
 // startShardd starts shardd with args; its log is printed if the test fails.
 func startShardd(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startProcess(t, "shardd", name, args...)
+}
+
+// startProcess starts one of the binaries TestMain built.
+func startProcess(t *testing.T, bin, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, log: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(binDir, "shardd"), args...)
+	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
 	p.cmd.Env = append(os.Environ(), "NATS_URL=", "NATSHARD_LOG_LEVEL=debug")
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start shardd %s: %v", name, err)
+		t.Fatalf("start %s %s: %v", bin, name, err)
 	}
 	go func() {
 		p.exitErr = p.cmd.Wait()
@@ -88,7 +110,7 @@ func startShardd(t *testing.T, name string, args ...string) *proc {
 	t.Cleanup(func() {
 		p.kill()
 		if t.Failed() {
-			t.Logf("---- log of shardd %s ----\n%s", name, lastLines(p.log.String(), 80))
+			t.Logf("---- log of %s %s ----\n%s", bin, name, lastLines(p.log.String(), 80))
 		}
 	})
 	return p
@@ -219,4 +241,40 @@ func kvRequest(ctx context.Context, nc *nats.Conn, subject, body string) (map[st
 		return out, fmt.Errorf("error header: %s", e)
 	}
 	return out, nil
+}
+
+// startNATSCluster starts three nats-server processes forming a cluster with
+// JetStream, and returns their client URLs, comma-separated. It returns
+// once JetStream answers.
+func startNATSCluster(t *testing.T) string {
+	t.Helper()
+	var client, cluster [3]int
+	for i := range 3 {
+		client[i], cluster[i] = freePort(t), freePort(t)
+	}
+	var routes, urls []string
+	for i := range 3 {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cluster[i]))
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", client[i]))
+	}
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i+1)
+		startProcess(t, "nats-server", name,
+			"-a", "127.0.0.1", "-p", fmt.Sprint(client[i]), "-n", name,
+			"-js", "-sd", t.TempDir(),
+			"--cluster_name", "natshard-test", "--cluster", routes[i], "--routes", strings.Join(routes, ","))
+	}
+	all := strings.Join(urls, ",")
+	nc := connect(t, all)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "JetStream on the NATS cluster", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err
+	})
+	return all
 }

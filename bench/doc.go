@@ -1,0 +1,24 @@
+// Package bench holds natshard's benchmarks of DESIGN.md section 10 that
+// need a whole system in one process: an embedded NATS server with
+// JetStream, several regions (each on its own connection) and a
+// coordinator.
+//
+// The package has test files only. `go test ./bench/` runs one cheap test
+// that exercises every scenario once with tiny sizes; the benchmarks run
+// only when asked for:
+//
+//	go test -run '^$' -bench BenchmarkHandoff -benchtime 50x ./bench/
+//	go test -run '^$' -bench BenchmarkRebalanceDip -benchtime 1x ./bench/
+//
+// Figures are reported with b.ReportMetric as percentiles over many
+// samples and as ratios, never asserted: the machines they run on are
+// small and shared. See docs/BENCHMARKS.md for the figures measured and
+// what they mean.
+//
+// Flags (after -args, or directly on the go test command line):
+//
+//	-natshard.rate N         messages/s of BenchmarkHandoff's publisher (2000)
+//	-natshard.dip-rate N     messages/s of BenchmarkRebalanceDip's publisher (3000)
+//	-natshard.min-samples N  moves BenchmarkHandoff measures at least (20)
+//	-natshard.log            log regions and coordinator at debug level to stderr
+package bench

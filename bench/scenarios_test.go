@@ -1,0 +1,38 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestScenarios runs each benchmark's scenario once with tiny sizes, so
+// that `go test ./...` exercises the code of the benchmarks. It checks
+// that the scenarios complete, never how fast.
+func TestScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS servers and regions")
+	}
+	t.Run("handoff", func(t *testing.T) {
+		t.Parallel()
+		r := newHandoffRun(t, handoffConfig{shard: handoffShard, entities: 10, rate: 200})
+		var samples []handoffSample
+		for range 3 {
+			r.prepare()
+			samples = append(samples, r.moveOnce())
+		}
+		t.Log(r.describe(summarize(samples), true))
+	})
+	t.Run("rebalance-dip", func(t *testing.T) {
+		t.Parallel()
+		cfg := dipConfig{
+			entities:  300,
+			rate:      200,
+			warmup:    200 * time.Millisecond,
+			baseline:  500 * time.Millisecond,
+			rebalance: 300 * time.Millisecond,
+			tail:      200 * time.Millisecond,
+			timeout:   20 * time.Second,
+		}
+		t.Log(runDip(t, cfg).describe(cfg, true))
+	})
+}
