@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,5 +163,119 @@ func TestDeposedCoordinatorCannotWrite(t *testing.T) {
 	rows, err := store.Shards(ctx)
 	if err != nil || len(rows) != 1 || rows[0].Region != "c" {
 		t.Fatalf("table %+v %v", rows, err)
+	}
+}
+
+// recorder is an entity factory that records what each entity handled.
+type recorder struct {
+	mu  sync.Mutex
+	got map[string][]string
+}
+
+func (r *recorder) factory(_ context.Context, id string) (region.Entity, error) {
+	return recEntity{r: r, id: id}, nil
+}
+
+type recEntity struct {
+	r  *recorder
+	id string
+}
+
+func (e recEntity) Handle(_ context.Context, m *region.Message) ([]byte, error) {
+	e.r.mu.Lock()
+	defer e.r.mu.Unlock()
+	e.r.got[e.id] = append(e.r.got[e.id], string(m.Data))
+	return m.Data, nil
+}
+
+func (recEntity) Stop(context.Context) error { return nil }
+
+// TestParkedUntilFirstRegion: with a coordinator and no region at all,
+// published messages wait in the buffer (DESIGN.md 6, Parking) and are
+// processed, in order, when the first region comes; a request sent while no
+// region exists is answered then.
+func TestParkedUntilFirstRegion(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, natstest.URL(srv))
+	ctx := context.Background()
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c"}).Run(cctx)
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "every shard parked", func() error {
+		st, err := status(nc, subjects)
+		if err != nil {
+			return err
+		}
+		for _, s := range st.Table {
+			if s.State != "parked" {
+				return fmt.Errorf("shard %d is %s", s.Shard, s.State)
+			}
+		}
+		return nil
+	})
+
+	const entities, per = 20, 25
+	for i := range per {
+		for e := range entities {
+			id := fmt.Sprintf("e-%d", e)
+			if err := nc.Publish(subjects.EntityOf(id, shards), []byte(fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reply := nats.NewInbox()
+	answers, err := nc.SubscribeSync(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(subjects.EntityOf("asker", shards), reply, []byte("waiting")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &recorder{got: map[string][]string{}}
+	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "first", Factory: rec.factory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close(ctx)
+	m, err := answers.NextMsg(20 * time.Second)
+	if err != nil || string(m.Data) != "waiting" {
+		t.Fatalf("the request sent with no region: %v", err)
+	}
+	waitFor(t, "every parked message handled", func() error {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for e := range entities {
+			if got := len(rec.got[fmt.Sprintf("e-%d", e)]); got != per {
+				return fmt.Errorf("entity e-%d handled %d of %d", e, got, per)
+			}
+		}
+		return nil
+	})
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for e := range entities {
+		for i, v := range rec.got[fmt.Sprintf("e-%d", e)] {
+			if v != fmt.Sprint(i) {
+				t.Fatalf("entity e-%d: message %d is %q: out of order", e, i, v)
+			}
+		}
 	}
 }
