@@ -8,6 +8,20 @@
 // randomness, network or logging, give the same answer for the same input
 // (whatever the order of the regions), and never modify their arguments.
 //
+// The strategies:
+//
+//   - NewLeastShard: Akka's least-shard strategy (2.6.10+), below;
+//   - NewLegacyLeastShard: Akka's least-shard strategy before 2.6.10, with
+//     a rebalance threshold and a cap on shards in flight;
+//   - NewConsistentHashing: a hash ring over the regions, so that shards
+//     keep their homes as regions come and go;
+//   - NewExternal: shards pinned to regions by operators, the others left
+//     to another strategy;
+//   - NewLoadAware: balances the measured load of Region.Load rather than
+//     shard counts, with hysteresis.
+//
+// docs/STRATEGIES.md in the repository walks through each with an example.
+//
 // # Least-shard strategy
 //
 // NewLeastShard is Akka's LeastShardAllocationStrategy as rewritten in

@@ -209,6 +209,7 @@ func cloneRegions(regions []Region) []Region {
 	out := slices.Clone(regions)
 	for i := range out {
 		out[i].Shards = slices.Clone(out[i].Shards)
+		out[i].Load = slices.Clone(out[i].Load)
 	}
 	return out
 }

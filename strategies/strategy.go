@@ -8,6 +8,19 @@ type Region struct {
 	Shards  []int  // the shards it holds, oldest allocation first
 	Version string // application version of the process
 	Leaving bool   // shutting down or draining: never a target
+
+	// Load is the measured load of Shards[i] at Load[i], for the
+	// load-aware strategy; the others ignore it. A nil or shorter Load
+	// leaves the load of the remaining shards unknown (see NewLoadAware);
+	// entries past len(Shards) are ignored.
+	Load []ShardLoad
+}
+
+// ShardLoad is the load one shard puts on its region, as the region last
+// reported it.
+type ShardLoad struct {
+	MessagesPerSecond float64 // messages handled per second
+	Entities          int     // live entities
 }
 
 // Strategy decides where shards go. Implementations are pure functions of
