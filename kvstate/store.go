@@ -203,7 +203,8 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // EnsureConfig stores want if the bucket has no configuration yet and
 // returns the stored one. It returns ErrConfigMismatch, naming both values,
-// when the stored shard count differs from want's.
+// when the stored shard count differs from want's, or when both name a
+// strategy and the strategies differ.
 //
 // With ErrConfigMismatch the stored configuration is returned too.
 func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (protocol.TypeConfig, error) {
@@ -234,6 +235,10 @@ func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (pro
 		if got.Shards != want.Shards {
 			return got, fmt.Errorf("%w: bucket %s stores %d shards, this process is configured with %d",
 				ErrConfigMismatch, s.bucket, got.Shards, want.Shards)
+		}
+		if got.Strategy != "" && want.Strategy != "" && got.Strategy != want.Strategy {
+			return got, fmt.Errorf("%w: bucket %s stores strategy %q, this process is configured with %q",
+				ErrConfigMismatch, s.bucket, got.Strategy, want.Strategy)
 		}
 		return got, nil
 	}

@@ -132,6 +132,10 @@ type Reply struct {
 // the type must agree with it.
 type TypeConfig struct {
 	Shards int `msgpack:"n"`
+	// Strategy is the canonical spec of the allocation strategy
+	// (strategies.Parse); empty in buckets written before it existed,
+	// which means the default.
+	Strategy string `msgpack:"st,omitempty"`
 }
 
 // CoordinatorInfo is the value of the coordinator lease.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/strategies"
 )
 
 // config is shardd's configuration: flags, with NATSHARD_* environment
@@ -24,6 +25,7 @@ type config struct {
 	Type          string
 	Kind          string
 	TraceSubject  string
+	Strategy      string // canonical spec, or "" for the stored one
 	Shards        int
 	Region        string
 	Version       string
@@ -103,6 +105,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 1), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", 120*time.Second), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDur("NATSHARD_LEASE_TTL", 4*time.Second), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
+	fs.StringVar(&c.Strategy, "strategy", env("NATSHARD_STRATEGY", ""), "allocation strategy, <name>[:<param>=<value>,...]: least-shard (default), legacy-least-shard, consistent-hashing, load-aware; stored per type, a process that disagrees refuses to start [NATSHARD_STRATEGY]")
 	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
 	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
 	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
@@ -153,6 +156,13 @@ func (c *config) Validate() error {
 	}
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
+	}
+	if c.Strategy != "" {
+		if _, canonical, err := strategies.Parse(c.Strategy); err != nil {
+			errs = append(errs, fmt.Errorf("--strategy: %w", err))
+		} else {
+			c.Strategy = canonical
+		}
 	}
 	if c.HandOffTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("--handoff-timeout: %s is shorter than 1s", c.HandOffTimeout))

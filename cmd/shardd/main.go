@@ -23,6 +23,7 @@ import (
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
+	"github.com/natshard/natshard/strategies"
 )
 
 func main() {
@@ -111,9 +112,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("open KV bucket of type %q: %w", cfg.Type, err)
 	}
-	shards, err := ensureShards(ctx, store, cfg.Shards)
+	typeCfg, err := ensureConfig(ctx, store, cfg.Shards, cfg.Strategy)
 	if err != nil {
 		return err
+	}
+	shards := typeCfg.Shards
+	strategy, _, err := strategies.Parse(typeCfg.Strategy)
+	if err != nil {
+		return fmt.Errorf("the type's stored strategy: %w", err)
 	}
 	subjects, err := protocol.NewSubjects(cfg.DataPrefix, cfg.ControlPrefix, cfg.Type)
 	if err != nil {
@@ -154,7 +160,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		close(coordDone)
 	} else {
 		node := coordinator.New(coordinator.Config{
-			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: cfg.Region,
+			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: cfg.Region, Strategy: strategy,
 			MinRegions: cfg.MinRegions, LeaseTTL: cfg.LeaseTTL, Logger: log,
 			HandOffTimeout: cfg.HandOffTimeout, RebalanceInterval: rebalanceOrNever(cfg.RebalanceInterval),
 			MaxMoves: cfg.MaxMoves, ReleaseGrace: cfg.ReleaseGrace,
@@ -166,7 +172,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			}
 		}()
 	}
-	log.Info("shardd running", "region", cfg.Region, "kind", cfg.Kind, "shards", shards, "nats", url, "coordinator_candidate", !cfg.NoCoordinator)
+	log.Info("shardd running", "region", cfg.Region, "kind", cfg.Kind, "shards", shards, "strategy", typeCfg.Strategy, "nats", url, "coordinator_candidate", !cfg.NoCoordinator)
 
 	<-ctx.Done()
 	log.Info("shutting down: leaving, waiting for the shards to be handed off")
@@ -196,28 +202,43 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return nil
 }
 
-// ensureShards returns the type's shard count: the stored one, which a
-// non-zero flag must match, or the flag (default 128) for a new type.
-func ensureShards(ctx context.Context, store *kvstate.Store, flagShards int) (int, error) {
-	want := flagShards
-	if want == 0 {
-		cfg, err := store.Config(ctx)
+// ensureConfig returns the type's configuration: the stored one, which
+// the flags (when given: a non-zero shard count, a strategy) must match, or
+// the flags' (with the defaults, 128 shards and least-shard) for a new type.
+func ensureConfig(ctx context.Context, store *kvstate.Store, flagShards int, flagStrategy string) (protocol.TypeConfig, error) {
+	want := protocol.TypeConfig{Shards: flagShards, Strategy: flagStrategy}
+	stored, err := store.Config(ctx)
+	switch {
+	case errors.Is(err, kvstate.ErrNotFound):
+		if want.Shards == 0 {
+			want.Shards = protocol.DefaultShards
+		}
+		if want.Strategy == "" {
+			want.Strategy = strategies.DefaultSpec
+		}
+	case err != nil:
+		return stored, fmt.Errorf("read type configuration: %w", err)
+	default:
+		if want.Shards == 0 {
+			want.Shards = stored.Shards
+		}
+	}
+	got, err := store.EnsureConfig(ctx, want)
+	if errors.Is(err, kvstate.ErrConfigMismatch) {
 		switch {
-		case err == nil:
-			return cfg.Shards, nil
-		case !errors.Is(err, kvstate.ErrNotFound):
-			return 0, fmt.Errorf("read type configuration: %w", err)
+		case got.Shards != want.Shards:
+			return got, fmt.Errorf("--shards %d disagrees with the type's stored shard count %d; the shard count of a type cannot change while it has data (%w)", want.Shards, got.Shards, err)
+		default:
+			return got, fmt.Errorf("--strategy %q disagrees with the type's stored strategy %q; every process of a type must use the same strategy (%w)", want.Strategy, got.Strategy, err)
 		}
-		want = protocol.DefaultShards
 	}
-	got, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: want})
 	if err != nil {
-		if errors.Is(err, kvstate.ErrConfigMismatch) {
-			return 0, fmt.Errorf("--shards %d disagrees with the type's stored shard count %d; the shard count of a type cannot change while it has data (%w)", want, got.Shards, err)
-		}
-		return 0, fmt.Errorf("store type configuration: %w", err)
+		return got, fmt.Errorf("store type configuration: %w", err)
 	}
-	return got.Shards, nil
+	if got.Strategy == "" {
+		got.Strategy = strategies.DefaultSpec // a bucket from before strategies were stored
+	}
+	return got, nil
 }
 
 func rebalanceOrNever(d time.Duration) time.Duration {

@@ -35,6 +35,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"--log-format", "xml"}, nil, "--log-format"},
 		{[]string{"stray"}, nil, "unexpected argument"},
+		{[]string{"--strategy", "random"}, nil, "--strategy"},
+		{[]string{"--strategy", "least-shard:absolute=x"}, nil, "--strategy"},
 		{nil, map[string]string{"NATSHARD_SHARDS": "many"}, "NATSHARD_SHARDS"},
 		{nil, map[string]string{"NATSHARD_NO_COORDINATOR": "maybe"}, "NATSHARD_NO_COORDINATOR"},
 	} {
@@ -156,4 +158,30 @@ func (w *lockedWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
+}
+
+func TestRunStrategyStoredPerType(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(srv)))
+	ctx := context.Background()
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new type stores the strategy it was given (parseConfig makes the
+	// flag canonical).
+	const spec = "consistent-hashing:virtual-nodes=100,limit=4"
+	got, err := ensureConfig(ctx, store, 0, spec)
+	if err != nil || got.Shards != 128 || got.Strategy != spec {
+		t.Fatalf("new type: %+v %v", got, err)
+	}
+	// A process without --strategy adopts the stored one.
+	if got, err = ensureConfig(ctx, store, 0, ""); err != nil || got.Strategy != spec {
+		t.Fatalf("adopt: %+v %v", got, err)
+	}
+	// A process that disagrees refuses to start, naming both.
+	err = run(ctx, []string{"--nats", natstest.URL(srv), "--strategy", "least-shard"}, noEnv, &bytes.Buffer{})
+	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `--strategy "least-shard:absolute=20,relative=0.1" disagrees with the type's stored strategy "consistent-hashing:virtual-nodes=100,limit=4"`) {
+		t.Fatalf("err %v", err)
+	}
 }
