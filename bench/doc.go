@@ -7,7 +7,7 @@
 // that exercises every scenario once with tiny sizes; the benchmarks run
 // only when asked for:
 //
-//	go test -run '^$' -bench BenchmarkHandoff -benchtime 50x ./bench/
+//	go test -run '^$' -bench BenchmarkHandoff -benchtime 100x ./bench/
 //	go test -run '^$' -bench BenchmarkRebalanceDip -benchtime 1x ./bench/
 //
 // Figures are reported with b.ReportMetric as percentiles over many
@@ -15,10 +15,12 @@
 // small and shared. See docs/BENCHMARKS.md for the figures measured and
 // what they mean.
 //
-// Flags (after -args, or directly on the go test command line):
+// Flags, after the package on the go test command line (give values with
+// "=", e.g. -natshard.rate=5000):
 //
 //	-natshard.rate N         messages/s of BenchmarkHandoff's publisher (2000)
 //	-natshard.dip-rate N     messages/s of BenchmarkRebalanceDip's publisher (3000)
 //	-natshard.min-samples N  moves BenchmarkHandoff measures at least (20)
+//	-natshard.report=FILE    append the full reports (timelines, windows) to FILE
 //	-natshard.log            log regions and coordinator at debug level to stderr
 package bench

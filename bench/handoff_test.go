@@ -23,10 +23,14 @@ const handoffShard = 42
 //
 // Reported: p50-ms, p99-ms and max-ms of the samples (at least
 // -natshard.min-samples of them, whatever b.N; nearest rank, so with fewer
-// than 100 samples p99 is the largest or second largest), the medians of
-// the steps (see handoffSample), and ns/op, the time of a whole move from
-// decision to the shard recorded active (which includes the source's
-// release grace of 200 ms). Use -benchtime 50x for 50 moves.
+// than 100 samples p99 is the largest), delay-p50-ms (the median over the
+// moves of the longest publish-to-Handle delay of a message of X during
+// the move), the medians of the steps (see summarize), and ns/op, the time
+// of a whole move from the decision until the shard is recorded active
+// and every message published until then was handled (it includes the
+// source's release grace of 200 ms). -benchtime 100x makes 100 moves;
+// -natshard.report=FILE appends the whole timeline and each move's
+// figures to FILE.
 func BenchmarkHandoff(b *testing.B) {
 	for _, k := range []int{10, 1000, 10000} {
 		b.Run(fmt.Sprintf("entities=%d", k), func(b *testing.B) {
@@ -46,12 +50,13 @@ func BenchmarkHandoff(b *testing.B) {
 			b.ReportMetric(ms(s.total.p50), "p50-ms")
 			b.ReportMetric(ms(s.total.p99), "p99-ms")
 			b.ReportMetric(ms(s.total.max), "max-ms")
+			b.ReportMetric(ms(s.delay.p50), s.delay.metric)
 			for _, st := range s.steps {
 				if st.metric != "" {
 					b.ReportMetric(ms(st.p50), st.metric)
 				}
 			}
-			b.Log(r.describe(s, false))
+			b.Log(strings.TrimSuffix(r.describe(s, false), "\n"))
 			report(r.describe(s, true))
 		})
 	}
@@ -84,6 +89,12 @@ type handoffSample struct {
 	released time.Duration // the source answered Release (grace, drain, end marker)
 	marker   time.Duration // end marker appended to the buffer
 	active   time.Duration // table row "active" written
+
+	// delay is the longest a publisher message of the shard took from
+	// publication to its Handle (in either region), over the messages
+	// handled from the decision until every message published before the
+	// row active was handled.
+	delay time.Duration
 
 	incomplete int    // HandOff answers with Complete=false before the complete one
 	stops      int64  // Stop hooks run on the source
@@ -174,7 +185,20 @@ func (r *handoffRun) moveOnce() handoffSample {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	// The target may still hold messages that reached it after the
+	// source unsubscribed: it delivers them once it has replayed the
+	// buffer up to the end marker, which can be after the row is written.
+	// Wait until every message published so far was handled, so that
+	// their delays count.
+	sent := r.pub.sent.Load()
+	for r.sys.handled() < sent {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d messages published before the shard was active are not handled 30s after the move", sent-r.sys.handled())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	src.probe.disarm()
+	s.delay = time.Duration(max(src.probe.maxDelay.Load(), dst.probe.maxDelay.Load()))
 	s.stops = src.probe.stops.Load()
 	if last := time.Duration(src.probe.lastStop.Load()); last > 0 {
 		s.stopped = last - t0
@@ -227,12 +251,14 @@ type stat struct {
 type handoffSummary struct {
 	n          int
 	total      stat
+	delay      stat
 	steps      []stat // durations of the steps, in protocol order
 	marks      []stat // times since the decision
 	incomplete int
 	stops      int64
 	buffered   uint64
 	replayed   uint64
+	samples    []handoffSample
 }
 
 func distribution(name, metric string, vals []time.Duration) stat {
@@ -246,7 +272,7 @@ func distribution(name, metric string, vals []time.Duration) stat {
 }
 
 func summarize(samples []handoffSample) handoffSummary {
-	sum := handoffSummary{n: len(samples)}
+	sum := handoffSummary{n: len(samples), samples: samples}
 	col := func(f func(s handoffSample) time.Duration) []time.Duration {
 		out := make([]time.Duration, len(samples))
 		for i, s := range samples {
@@ -256,12 +282,7 @@ func summarize(samples []handoffSample) handoffSummary {
 	}
 	// diff is b - a, or unknown when either is.
 	diff := func(a, b func(s handoffSample) time.Duration) []time.Duration {
-		return col(func(s handoffSample) time.Duration {
-			if a(s) == unknown || b(s) == unknown {
-				return unknown
-			}
-			return b(s) - a(s)
-		})
+		return col(func(s handoffSample) time.Duration { return orUnknown(b(s), a(s)) })
 	}
 	type getter = func(s handoffSample) time.Duration
 	zero := getter(func(handoffSample) time.Duration { return 0 })
@@ -274,6 +295,7 @@ func summarize(samples []handoffSample) handoffSummary {
 	active := getter(func(s handoffSample) time.Duration { return s.active })
 
 	sum.total = distribution("decision -> first message handled by the new owner", "", col(total))
+	sum.delay = distribution("longest publish -> Handle delay of a message during the move", "delay-p50-ms", col(func(s handoffSample) time.Duration { return s.delay }))
 	sum.steps = []stat{
 		distribution("1 decide: move request -> HandOff sent (admin, fenced KV write)", "decide-p50-ms", diff(zero, handoff)),
 		distribution("2 pause+stop: HandOff sent -> source answers complete", "stop-p50-ms", diff(handoff, paused)),
@@ -321,6 +343,7 @@ func (r *handoffRun) describe(s handoffSummary, full bool) string {
 	}
 	fmt.Fprintf(&b, "  %-66s %8s %8s %8s %8s\n", "ms", "p50", "p90", "p99", "max")
 	row(s.total)
+	row(s.delay)
 	for _, st := range s.steps {
 		row(st)
 	}
@@ -329,6 +352,22 @@ func (r *handoffRun) describe(s handoffSummary, full bool) string {
 		for _, st := range s.marks {
 			row(st)
 		}
+		b.WriteString("  each move, ms: first message handled / pause+stop / release (Release sent -> answered) / longest message delay\n   ")
+		for i, m := range s.samples {
+			fmt.Fprintf(&b, " %.0f/%.0f/%.0f/%.0f", ms(m.total), ms(orUnknown(m.paused, m.handoff)), ms(orUnknown(m.released, m.release)), ms(m.delay))
+			if i%10 == 9 && i+1 < len(s.samples) {
+				b.WriteString("\n   ")
+			}
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// orUnknown is b - a, or unknown when either is.
+func orUnknown(b, a time.Duration) time.Duration {
+	if a == unknown || b == unknown {
+		return unknown
+	}
+	return b - a
 }

@@ -19,8 +19,10 @@ import (
 // rounds (interval 1 s, default strategy) move shards to it until every
 // shard is active and the regions are balanced within one shard.
 //
-// Reported: baseline-msgs/s, min-msgs/s (the lowest window from the join
-// until settled), min/baseline, baseline-min/baseline (the lowest window
+// Reported: baseline-msgs/s, min-msgs/s (the lowest window that starts
+// between the join and the settling) and min-window-published-msgs/s (what the publisher sent
+// in that window: when it is low too, the machine starved the publisher),
+// min/baseline, baseline-min/baseline (the lowest window
 // of the baseline itself: the noise floor), settle-s (join to the last
 // shard recorded active), rounds and moves. One iteration is a whole
 // scenario; run it with -benchtime 1x (more iterations report medians).
@@ -48,13 +50,15 @@ func BenchmarkRebalanceDip(b *testing.B) {
 	}
 	b.ReportMetric(med(func(r dipResult) float64 { return r.baseline }), "baseline-msgs/s")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.min }), "min-msgs/s")
+	b.ReportMetric(med(func(r dipResult) float64 { return r.minSent }), "min-window-published-msgs/s")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.min / r.baseline }), "min/baseline")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.baselineMin / r.baseline }), "baseline-min/baseline")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.settle.Seconds() }), "settle-s")
+	b.ReportMetric(med(func(r dipResult) float64 { return ms(r.delay) }), "delay-max-ms")
 	b.ReportMetric(med(func(r dipResult) float64 { return float64(r.rounds) }), "rounds")
 	b.ReportMetric(med(func(r dipResult) float64 { return float64(r.moves) }), "moves")
 	for _, r := range results {
-		b.Log(r.describe(cfg, false))
+		b.Log(strings.TrimSuffix(r.describe(cfg, false), "\n"))
 		report(r.describe(cfg, true))
 	}
 }
@@ -72,27 +76,31 @@ type dipConfig struct {
 type dipResult struct {
 	baseline    float64 // handled messages/s before the join
 	baselineMin float64 // the lowest window of the baseline, messages/s
-	min         float64 // the lowest window from the join until settled, messages/s
+	min         float64 // the lowest window starting from the join until settled, messages/s
+	minSent     float64 // what the publisher sent in that window, messages/s
 	minAt       time.Duration
 	settle      time.Duration // join -> last shard recorded active
 	balanced    bool          // settled with a spread <= 1 (else: rounds stopped moving)
 	spread      [2]int        // shards per region, least and most, when settled
 	rounds      int
 	moves       int
-	move        stat // one shard's move during the rebalance: row handoff -> row active
+	move        stat          // one shard's move during the rebalance: row handoff -> row active
+	baseDelay   time.Duration // the longest publish -> Handle delay of a message during the baseline
+	delay       time.Duration // the same from the join until the tail after settling
 	windows     []window
 	join        time.Duration
 	stalled     int64
 	sent        int64
 }
 
-// window is the handled count over one sampling period.
+// window is the handled and published counts over one sampling period.
 type window struct {
-	from, to time.Duration
-	handled  int64
+	from, to      time.Duration
+	handled, sent int64
 }
 
-func (w window) rate() float64 { return float64(w.handled) / (w.to - w.from).Seconds() }
+func (w window) rate() float64     { return float64(w.handled) / (w.to - w.from).Seconds() }
+func (w window) sentRate() float64 { return float64(w.sent) / (w.to - w.from).Seconds() }
 
 func runDip(tb testing.TB, cfg dipConfig) dipResult {
 	tb.Helper()
@@ -119,25 +127,28 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 		defer close(sampled)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		at, h := now(), sys.handled()
+		at, h, n := now(), sys.handled(), pub.sent.Load()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
 			}
-			at2, h2 := now(), sys.handled()
+			at2, h2, n2 := now(), sys.handled(), pub.sent.Load()
 			mu.Lock()
-			windows = append(windows, window{from: at, to: at2, handled: h2 - h})
+			windows = append(windows, window{from: at, to: at2, handled: h2 - h, sent: n2 - n})
 			mu.Unlock()
-			at, h = at2, h2
+			at, h, n = at2, h2, n2
 		}
 	}()
 
 	time.Sleep(cfg.warmup)
 	baseFrom := now()
+	sys.resetDelays()
 	time.Sleep(cfg.baseline)
 	res := dipResult{join: now()}
+	res.baseDelay = sys.maxDelay()
+	sys.resetDelays()
 	sys.startRegion("d")
 
 	// Settled: every shard active on four regions within one shard of
@@ -166,6 +177,7 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 		}
 	}
 	time.Sleep(cfg.tail)
+	res.delay = sys.maxDelay()
 	close(stop)
 	<-sampled
 	pub.close()
@@ -217,9 +229,9 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 			if res.baselineMin < 0 || w.rate() < res.baselineMin {
 				res.baselineMin = w.rate()
 			}
-		case w.to > res.join && w.from < settledAt:
+		case w.from >= res.join && w.from < settledAt:
 			if res.min < 0 || w.rate() < res.min {
-				res.min, res.minAt = w.rate(), w.from-res.join
+				res.min, res.minAt, res.minSent = w.rate(), w.from-res.join, w.sentRate()
 			}
 		}
 	}
@@ -244,30 +256,33 @@ func (r dipResult) describe(cfg dipConfig, full bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d entities on 128 shards, publisher %.0f msg/s (sent %d, window full %d ms), rebalance interval %v\n",
 		cfg.entities, cfg.rate, r.sent, r.stalled, cfg.rebalance)
-	fmt.Fprintf(&b, "  baseline %.0f msg/s (lowest window %.0f); lowest window after the join %.0f msg/s (%.2f of baseline) at +%.1fs\n",
-		r.baseline, r.baselineMin, r.min, r.min/r.baseline, r.minAt.Seconds())
+	fmt.Fprintf(&b, "  baseline %.0f msg/s (lowest window %.0f); lowest window after the join %.0f msg/s (%.2f of baseline; %.0f msg/s published) at +%.1fs\n",
+		r.baseline, r.baselineMin, r.min, r.min/r.baseline, r.minSent, r.minAt.Seconds())
 	how := "balanced"
 	if !r.balanced {
 		how = "rounds stopped moving"
 	}
 	fmt.Fprintf(&b, "  settled (%s, %d..%d shards per region) %.2fs after the join: %d moves in %d rounds; one move (row handoff -> row active) p50 %.0f ms, max %.0f ms\n",
 		how, r.spread[0], r.spread[1], r.settle.Seconds(), r.moves, r.rounds, ms(r.move.p50), ms(r.move.max))
+	fmt.Fprintf(&b, "  longest publish -> Handle delay of a message: %.1f ms in the baseline, %.1f ms from the join until the end\n",
+		ms(r.baseDelay), ms(r.delay))
 	if !full {
 		return b.String()
 	}
-	b.WriteString("  msg/s per 100 ms window from 1 s before the join (| = join):\n   ")
+	b.WriteString("  handled/published msg/s per 100 ms window from 1 s before the join (| = join):")
 	n := 0
 	for _, w := range r.windows {
 		if w.to < r.join-time.Second || w.from > r.join+r.settle+cfg.tail {
 			continue
 		}
+		if n%10 == 0 {
+			b.WriteString("\n   ")
+		}
+		n++
 		if w.from < r.join && w.to >= r.join {
 			b.WriteString(" |")
 		}
-		fmt.Fprintf(&b, " %.0f", w.rate())
-		if n++; n%20 == 0 {
-			b.WriteString("\n   ")
-		}
+		fmt.Fprintf(&b, " %.0f/%.0f", w.rate(), w.sentRate())
 	}
 	b.WriteString("\n")
 	return b.String()

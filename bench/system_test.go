@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -237,13 +238,31 @@ func (s *system) startCoordinator() {
 	s.onClose(func() { cancel(); <-done })
 }
 
-// handled is the number of publisher messages handled by every region.
+// handled is the number of publisher messages handled by every region
+// (duplicates included: with Nats-Msg-Id there are none).
 func (s *system) handled() int64 {
 	var n int64
 	for _, p := range *s.probes.Load() {
 		n += p.handled.Load()
 	}
 	return n
+}
+
+// resetDelays restarts every probe's longest delay.
+func (s *system) resetDelays() {
+	for _, p := range *s.probes.Load() {
+		p.maxDelay.Store(0)
+	}
+}
+
+// maxDelay is the longest publish -> Handle delay of every region since
+// resetDelays.
+func (s *system) maxDelay() time.Duration {
+	var d int64
+	for _, p := range *s.probes.Load() {
+		d = max(d, p.maxDelay.Load())
+	}
+	return time.Duration(d)
 }
 
 // status asks the coordinator for its status.
@@ -416,6 +435,9 @@ type probe struct {
 
 	lastStop atomic.Int64 // now() of the latest Stop hook
 	stops    atomic.Int64
+	// maxDelay is the longest time a publisher message took from its
+	// publication to its Handle since arm or system.resetDelays.
+	maxDelay atomic.Int64
 }
 
 // arm resets the probe: the returned channel is closed at the next Handle
@@ -427,6 +449,7 @@ func (p *probe) arm(shard int) <-chan struct{} {
 	p.ch.Store(&ch)
 	p.lastStop.Store(0)
 	p.stops.Store(0)
+	p.maxDelay.Store(0)
 	p.armed.Store(true)
 	return ch
 }
@@ -454,22 +477,26 @@ func (e *probed) Handle(ctx context.Context, m *region.Message) ([]byte, error) 
 		p.first.Store(int64(now()))
 		close(*p.ch.Load())
 	}
-	if len(m.Data) > 0 && m.Data[0] == 'p' {
+	if len(m.Data) == 9 && m.Data[0] == 'p' {
 		p.handled.Add(1)
+		atomicMax(&p.maxDelay, int64(now())-int64(binary.BigEndian.Uint64(m.Data[1:])))
 	}
 	return e.inner.Handle(ctx, m)
 }
 
 func (e *probed) Stop(ctx context.Context) error {
-	t := int64(now())
-	for {
-		old := e.p.lastStop.Load()
-		if old >= t || e.p.lastStop.CompareAndSwap(old, t) {
-			break
-		}
-	}
+	atomicMax(&e.p.lastStop, int64(now()))
 	e.p.stops.Add(1)
 	return e.inner.Stop(ctx)
+}
+
+func atomicMax(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if old >= v || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
 
 // publisher sends plain publishes to subjects round-robin at a steady
@@ -531,7 +558,12 @@ func (p *publisher) run() {
 				break
 			}
 			fullSince = time.Time{}
-			m := &nats.Msg{Subject: p.subjects[i%len(p.subjects)], Data: []byte("p"),
+			// "p" and the time of publication: the probe counts the
+			// message and notes its delay.
+			data := make([]byte, 9)
+			data[0] = 'p'
+			binary.BigEndian.PutUint64(data[1:], uint64(now()))
+			m := &nats.Msg{Subject: p.subjects[i%len(p.subjects)], Data: data,
 				Header: nats.Header{protocol.HeaderMsgID: []string{nuid.Next()}}}
 			i++
 			if err := p.nc.PublishMsg(m); err != nil {
