@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/natshard/natshard/region"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/region"
 )
 
 // Trace returns the factory of trace entities, a diagnostic kind: like echo
