@@ -24,7 +24,7 @@ const (
 	DefaultHandOffTimeout    = 10 * time.Second
 	DefaultRebalanceInterval = 2 * time.Second
 	DefaultMaxMoves          = 16
-	DefaultReleaseGrace      = 200 * time.Millisecond
+	DefaultReleaseGrace      = time.Second
 )
 
 // Config configures a Node.

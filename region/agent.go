@@ -20,7 +20,7 @@ import (
 const (
 	DefaultIdleTimeout  = 120 * time.Second
 	DefaultLeaseTTL     = 4 * time.Second
-	DefaultReleaseGrace = 200 * time.Millisecond
+	DefaultReleaseGrace = time.Second
 	DefaultHandOffWait  = time.Second
 )
 
@@ -45,7 +45,7 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ReleaseGrace: how long the source of a handoff keeps diverting after
 	// Release, so that the interest of the new owner's subscription reaches
-	// every server of a cluster (default 200ms).
+	// every server of a cluster (default 1s).
 	ReleaseGrace time.Duration
 	// HandOffWait: how long a HandOff command waits for the shards'
 	// entities to stop before it answers Complete=false (default 1s).

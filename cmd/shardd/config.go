@@ -109,7 +109,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
 	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
 	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
-	fs.DurationVar(&c.ReleaseGrace, "release-grace", envDur("NATSHARD_RELEASE_GRACE", 200*time.Millisecond), "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation) [NATSHARD_RELEASE_GRACE]")
+	fs.DurationVar(&c.ReleaseGrace, "release-grace", envDur("NATSHARD_RELEASE_GRACE", time.Second), "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation) [NATSHARD_RELEASE_GRACE]")
 	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", 100_000), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")

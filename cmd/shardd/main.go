@@ -112,7 +112,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("open KV bucket of type %q: %w", cfg.Type, err)
 	}
-	typeCfg, err := ensureConfig(ctx, store, cfg.Shards, cfg.Strategy)
+	// A bucket just created on a cluster may still be electing its leader:
+	// retry what is only unavailable, for a while.
+	var typeCfg protocol.TypeConfig
+	for attempt := 1; ; attempt++ {
+		typeCfg, err = ensureConfig(ctx, store, cfg.Shards, cfg.Strategy)
+		if !errors.Is(err, kvstate.ErrUnavailable) || attempt == 30 || ctx.Err() != nil {
+			break
+		}
+		log.Warn("type configuration not readable yet; retrying", "attempt", attempt, "err", err)
+		time.Sleep(2 * time.Second)
+	}
 	if err != nil {
 		return err
 	}
