@@ -374,7 +374,10 @@ func testLoad(t *testing.T, run loadRun) {
 			break // enough detail
 		}
 	}
-	if run.msgIDs && dups > 0 {
+	// Exactly once with Nats-Msg-Id holds for planned moves (DESIGN.md 7).
+	// After a crash, a shard the dead region was replaying is replayed again
+	// from its buffer by the next owner: at least once, reported.
+	if run.msgIDs && dups > 0 && !run.kill {
 		t.Errorf("%d duplicates with Nats-Msg-Id", dups)
 	}
 	if !run.kill && failed.Load() > 0 {
