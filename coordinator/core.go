@@ -158,7 +158,7 @@ func (c *Core) takeOver(sh int) {
 		} else {
 			c.retarget(sh)
 		}
-	default: // unowned or allocating (older versions): park
+	default: // unowned, or a state this version does not know: park
 		c.park(sh)
 	}
 }

@@ -19,6 +19,21 @@ func testConfig(shards int) CoreConfig {
 	return CoreConfig{Shards: shards, Strategy: strategies.NewLeastShard(1<<20, 1.0), ProbeEvery: 5, Retry: 10, HandOffTimeout: 100, RebalanceEvery: 20, MaxMoves: 16}
 }
 
+// moveScenario starts the sim with rebalancing off and regions all joined
+// (the first allocation waits for all of them), and picks a shard of "a".
+func moveScenario(t *testing.T, shards int, regions ...string) (*sim, CoreConfig, int) {
+	t.Helper()
+	cfg := testConfig(shards)
+	cfg.MinRegions = len(regions)
+	cfg.RebalanceEvery = -1
+	s := newSim(t, cfg)
+	for _, r := range regions {
+		s.join(r)
+	}
+	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	return s, cfg, sh
+}
+
 func TestParkedUntilFirstRegionThenAllocated(t *testing.T) {
 	s := newSim(t, testConfig(8))
 	if len(s.parked) != 8 {
@@ -74,13 +89,7 @@ func TestCrashParksAndRehomes(t *testing.T) {
 }
 
 func TestMoveStepByStep(t *testing.T) {
-	cfg := testConfig(4)
-	cfg.MinRegions = 2
-	cfg.RebalanceEvery = -1
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s, _, sh := moveScenario(t, 4, "a", "b")
 	var steps []string
 	s.intercept = func(send Send) (CommandDone, bool) {
 		if len(send.Command.Shards) == 1 && send.Command.Shards[0] == sh {
@@ -110,13 +119,7 @@ func TestMoveStepByStep(t *testing.T) {
 }
 
 func TestSourceDiesMidHandoff(t *testing.T) {
-	cfg := testConfig(4)
-	cfg.MinRegions = 2
-	cfg.RebalanceEvery = -1
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s, _, sh := moveScenario(t, 4, "a", "b")
 	s.crash("a") // HandOff gets no responders
 	acts, err := s.c.Move(sh, "b")
 	if err != nil {
@@ -130,13 +133,7 @@ func TestSourceDiesMidHandoff(t *testing.T) {
 }
 
 func TestSourceDiesAfterPausing(t *testing.T) {
-	cfg := testConfig(4)
-	cfg.MinRegions = 2
-	cfg.RebalanceEvery = -1
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s, _, sh := moveScenario(t, 4, "a", "b")
 	// a pauses, b binds, then a dies before it releases: the coordinator
 	// writes the end marker for it.
 	s.intercept = func(send Send) (CommandDone, bool) {
@@ -154,14 +151,7 @@ func TestSourceDiesAfterPausing(t *testing.T) {
 }
 
 func TestTargetDiesMidReplay(t *testing.T) {
-	cfg := testConfig(6)
-	cfg.MinRegions = 3
-	cfg.RebalanceEvery = -1
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	s.join("c")
-	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s, _, sh := moveScenario(t, 6, "a", "b", "c")
 	// b accepts the bind (it is replaying), then dies before the release.
 	s.intercept = func(send Send) (CommandDone, bool) {
 		if send.Command.Kind == protocol.CmdRelease && send.Region == "a" && !s.regions["b"].dead {
@@ -183,13 +173,7 @@ func TestTargetDiesMidReplay(t *testing.T) {
 }
 
 func TestHandOffTimeoutForcesReallocation(t *testing.T) {
-	cfg := testConfig(2)
-	cfg.MinRegions = 2
-	cfg.RebalanceEvery = -1
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+	s, cfg, sh := moveScenario(t, 2, "a", "b")
 	// a pauses but its entities never stop.
 	var late CommandDone
 	s.intercept = func(send Send) (CommandDone, bool) {
@@ -221,13 +205,7 @@ func TestHandOffTimeoutForcesReallocation(t *testing.T) {
 func TestCoordinatorChangeMidHandoff(t *testing.T) {
 	for _, stop := range []protocol.CommandKind{protocol.CmdBind, protocol.CmdRelease} {
 		t.Run("before "+stop.String(), func(t *testing.T) {
-			cfg := testConfig(4)
-			cfg.MinRegions = 2
-			cfg.RebalanceEvery = -1
-			s := newSim(t, cfg)
-			s.join("a")
-			s.join("b")
-			sh := slices.IndexFunc(s.c.Table(), func(r protocol.ShardRecord) bool { return r.Region == "a" })
+			s, cfg, sh := moveScenario(t, 4, "a", "b")
 			// The old coordinator dies just before sending stop.
 			s.intercept = func(send Send) (CommandDone, bool) {
 				if send.Command.Kind == stop {

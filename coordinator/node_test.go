@@ -20,6 +20,24 @@ import (
 
 const shards = 16
 
+// openType starts a server and opens the KV bucket and the buffer of type
+// kv on it.
+func openType(t *testing.T) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, store, buffer, subjects
+}
+
 func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
 	var st protocol.Status
 	m, err := nc.Request(s.Admin(protocol.AdminStatus), nil, time.Second)
@@ -48,19 +66,8 @@ func waitFor(t *testing.T, what string, f func() error) {
 // lease is released (not left to expire), the other leads with a newer
 // epoch and keeps every shard where it was.
 func TestGracefulHandover(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, natstest.URL(srv))
+	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
-	js := natstest.JetStream(t, nc)
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
 	if err != nil {
 		t.Fatal(err)
@@ -195,19 +202,8 @@ func (recEntity) Stop(context.Context) error { return nil }
 // processed, in order, when the first region comes; a request sent while no
 // region exists is answered then.
 func TestParkedUntilFirstRegion(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, natstest.URL(srv))
+	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
-	js := natstest.JetStream(t, nc)
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -1,11 +1,14 @@
 package coordinator
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/drain"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -57,18 +60,13 @@ func (p *parker) park(shard int, handoff uint64) error {
 func (p *parker) failed(m *nats.Msg, err error) {
 	p.log.Warn("a parked shard's message could not be buffered", "subject", m.Subject, "err", err)
 	if m.Reply != "" {
-		out := nats.NewMsg(m.Reply)
-		out.Header.Set(protocol.HeaderError, "not buffered: "+err.Error())
-		out.Data = []byte(`{"ok":false,"error":"not buffered"}`)
-		_ = p.nc.PublishMsg(out)
+		_ = p.nc.PublishMsg(protocol.ErrorReply(m.Reply, nil, fmt.Errorf("not buffered: %w", err)))
 	}
 }
 
 // unsubscribe stops diverting shard if it is parked under handoff. It
-// drains the subscription rather than unsubscribing: nats.go discards the
-// messages a subscription has received but not yet delivered when it is
-// unsubscribed, and those must still reach the buffer before the end
-// marker. It returns when the subscription is closed.
+// drains the subscription (package drain says why) and returns when it is
+// closed.
 func (p *parker) unsubscribe(shard int, handoff uint64) {
 	p.mu.Lock()
 	pk, ok := p.parked[shard]
@@ -78,18 +76,8 @@ func (p *parker) unsubscribe(shard int, handoff uint64) {
 	}
 	delete(p.parked, shard)
 	p.mu.Unlock()
-	closed := pk.sub.StatusChanged(nats.SubscriptionClosed)
-	if err := pk.sub.Drain(); err != nil {
-		_ = pk.sub.Unsubscribe()
-		return
-	}
-	t := time.NewTimer(drainTimeout)
-	defer t.Stop()
-	select {
-	case <-closed:
-	case <-t.C:
-		p.log.Warn("a parked shard's subscription did not drain in time; cut", "shard", shard)
-		_ = pk.sub.Unsubscribe()
+	if err := drain.Subscription(context.Background(), pk.sub, drainTimeout); err != nil {
+		p.log.Warn("a parked shard's subscription did not drain; cut", "shard", shard, "err", err)
 	}
 }
 

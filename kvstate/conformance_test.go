@@ -347,7 +347,7 @@ func testPutShardFenced(t *testing.T, newStore func(t *testing.T) *Store) {
 		}
 	}
 	rec := shardRec(5, "r2", l1.Revision)
-	rec.State = protocol.StateAllocating
+	rec.State = protocol.StateBinding
 	if _, err := a.PutShard(ctx, l2, rec); err != nil {
 		t.Fatalf("PutShard overwrite: %v", err)
 	}

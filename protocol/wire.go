@@ -166,8 +166,6 @@ type ShardState string
 const (
 	// StateUnowned: no region owns the shard.
 	StateUnowned ShardState = "unowned"
-	// StateAllocating: a region was chosen and told to bind; not yet confirmed.
-	StateAllocating ShardState = "allocating"
 	// StateActive: the region confirmed it serves the shard.
 	StateActive ShardState = "active"
 	// StateParked: no region owns the shard; the coordinator diverts its

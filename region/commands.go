@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/drain"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -290,28 +291,12 @@ func (a *Agent) releaseLocked(cmd protocol.Command) (later func(r *protocol.Repl
 // subscription received before the server removed the interest is still
 // buffered, then forgets the shard.
 func (a *Agent) drainReleased(st *shardState) {
-	closed := st.sub.StatusChanged(nats.SubscriptionClosed)
-	if err := st.sub.Drain(); err != nil && !errors.Is(err, nats.ErrBadSubscription) {
-		a.log.Warn("draining a released shard's subscription", "shard", st.n, "err", err)
-		_ = st.sub.Unsubscribe()
-	}
-	t := time.NewTimer(drainTimeout)
-	defer t.Stop()
-	select {
-	case <-closed:
-	case <-a.ctx.Done():
-	case <-t.C:
-		a.log.Warn("a released shard's subscription did not drain in time; cut", "shard", st.n, "pending", pending(st.sub))
-		_ = st.sub.Unsubscribe()
+	if err := drain.Subscription(a.ctx, st.sub, drainTimeout); err != nil && a.ctx.Err() == nil {
+		a.log.Warn("a released shard's subscription did not drain; cut", "shard", st.n, "err", err)
 	}
 	a.mu.Lock()
 	a.forgetLocked(st)
 	a.mu.Unlock()
-}
-
-func pending(sub *nats.Subscription) int {
-	n, _, _ := sub.Pending()
-	return n
 }
 
 // leaveLocked marks the region leaving; later writes the registration

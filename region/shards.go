@@ -2,7 +2,6 @@ package region
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -166,13 +165,7 @@ func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
 		_ = a.cfg.Conn.Publish(m.Reply, data)
 		return
 	}
-	out := nats.NewMsg(m.Reply)
-	out.Header.Set(protocol.HeaderError, err.Error())
-	out.Data = data
-	if out.Data == nil {
-		out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})
-	}
-	_ = a.cfg.Conn.PublishMsg(out)
+	_ = a.cfg.Conn.PublishMsg(protocol.ErrorReply(m.Reply, data, err))
 }
 
 // bindLocked subscribes to shard n and starts replaying its buffer up to
