@@ -359,7 +359,7 @@ func testPutShardFenced(t *testing.T, newStore func(t *testing.T) *Store) {
 	for _, r := range rows {
 		got = append(got, fmt.Sprintf("%d:%s:%s", r.Shard, r.Region, r.State))
 	}
-	if want := "0:r2:active 2:r2:active 5:r2:allocating 6:r2:active"; strings.Join(got, " ") != want {
+	if want := "0:r2:active 2:r2:active 5:r2:binding 6:r2:active"; strings.Join(got, " ") != want {
 		t.Fatalf("Shards = %s, want %s", strings.Join(got, " "), want)
 	}
 	if _, err := a.PutShard(ctx, Lease{Key: KeyCoordinator}, shardRec(1, "x", 0)); !errors.Is(err, ErrFenced) {
