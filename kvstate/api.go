@@ -53,6 +53,7 @@ const (
 	KeyCoordinator = "coordinator"
 	prefixRegions  = "regions."
 	prefixShards   = "shards."
+	prefixPins     = "pins."
 	prefixEntities = "entities."
 )
 

@@ -81,6 +81,7 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 		{"CoordinatorDepose", testCoordinatorDepose},
 		{"PutShardFenced", testPutShardFenced},
 		{"PutShardConcurrent", testPutShardConcurrent},
+		{"Pins", testPins},
 		{"ConsistentReads", testConsistentReads},
 		{"Registry", testRegistry},
 		{"RegistryWatchAndExpiry", testRegistryWatchAndExpiry},

@@ -22,11 +22,8 @@ import (
 // In every case the old fence no longer matches. fence must be the latest
 // lease returned by AcquireCoordinator or Renew.
 func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRecord) (uint64, error) {
-	if fence.Key != KeyCoordinator {
-		return 0, fmt.Errorf("kvstate: PutShard fenced on %q, not on the coordinator lease", fence.Key)
-	}
-	if fence.Revision == 0 {
-		return 0, fmt.Errorf("%w: PutShard without a coordinator lease (revision 0)", ErrFenced)
+	if err := checkFence(fence, "PutShard"); err != nil {
+		return 0, err
 	}
 	if rec.Shard < 0 || rec.Shard >= protocol.MaxShards {
 		return 0, fmt.Errorf("kvstate: shard %d out of range 0..%d", rec.Shard, protocol.MaxShards-1)

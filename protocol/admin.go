@@ -1,13 +1,27 @@
 package protocol
 
-// The admin API answers JSON on <control>.<type>.admin.<verb>. Operators can
-// call it with `nats req '$SHARD.kv.admin.status' ''`; shardctl uses it.
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The admin API answers JSON on <control>.<type>.admin.<verb>; only the
+// coordinator leader listens. Regions answer queries on
+// <control>.<type>.query.<region id>, and the coordinator publishes events
+// on <control>.<type>.events. Operators can use all three with the nats CLI
+// (`nats req '$SHARD.kv.admin.status' ''`); shardctl does. docs/API.md
+// describes every request and answer.
 
 // Admin verbs.
 const (
-	AdminStatus = "status"
-	AdminMove   = "move"  // body MoveRequest
-	AdminDrain  = "drain" // body DrainRequest
+	AdminStatus    = "status"
+	AdminMove      = "move"      // body MoveRequest
+	AdminDrain     = "drain"     // body DrainRequest
+	AdminPin       = "pin"       // body PinRequest
+	AdminUnpin     = "unpin"     // body UnpinRequest
+	AdminRebalance = "rebalance" // body RebalanceRequest, answer RebalanceAnswer
 )
 
 // MoveRequest asks the coordinator to move an active shard to a region.
@@ -22,7 +36,53 @@ type DrainRequest struct {
 	Region string `json:"region"`
 }
 
-// AdminError is the answer to an admin request that failed.
+// PinRequest pins a shard to a region: the shard is allocated there, and
+// rebalance rounds move it there, whenever the region is registered and
+// not leaving. The region need not be registered yet.
+type PinRequest struct {
+	Shard  int    `json:"shard"`
+	Region string `json:"region"`
+}
+
+// UnpinRequest removes a shard's pin; the shard stays where it is until
+// the strategy moves it.
+type UnpinRequest struct {
+	Shard int `json:"shard"`
+}
+
+// RebalanceRequest runs a strategy round now. With DryRun the coordinator
+// only answers the plan.
+type RebalanceRequest struct {
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// RebalanceAnswer is the plan of a round: the moves started (or, with
+// DryRun, that would start), and how many shards were in progress (moving
+// or parked), which most strategies wait for.
+type RebalanceAnswer struct {
+	DryRun     bool          `json:"dry_run"`
+	Moves      []PlannedMove `json:"moves"`
+	InProgress int           `json:"in_progress"`
+}
+
+// PlannedMove is one move of a rebalance round. To is where the strategy
+// places the shard now; the coordinator asks it again once the shard has
+// paused, so the move may end elsewhere if things changed meanwhile. ""
+// when no region can take it.
+type PlannedMove struct {
+	Shard int    `json:"shard"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+}
+
+// AdminOK is the answer to move, drain, pin and unpin when they succeed;
+// Note says what follows, when it is not obvious.
+type AdminOK struct {
+	OK   bool   `json:"ok"`
+	Note string `json:"note,omitempty"`
+}
+
+// AdminError is the answer to an admin request or a query that failed.
 type AdminError struct {
 	Error string `json:"error"`
 }
@@ -59,4 +119,85 @@ type ShardView struct {
 	// Source is the region a moving shard comes from ("" for the
 	// coordinator, or when not moving).
 	Source string `json:"source,omitempty"`
+	// Pin is the region the shard is pinned to, if any.
+	Pin string `json:"pin,omitempty"`
+}
+
+// Limits of QueryRequest.Limit.
+const (
+	DefaultEntityLimit = 1000
+	MaxEntityLimit     = 100_000
+)
+
+// QueryRequest asks a region about the shards it holds (all of them when
+// Shards is empty). With Entities, the answer lists entity ids, at most
+// Limit of them over all shards (DefaultEntityLimit when 0), and fewer if
+// they would not fit in a NATS message.
+type QueryRequest struct {
+	Shards   []int `json:"shards,omitempty"`
+	Entities bool  `json:"entities,omitempty"`
+	Limit    int   `json:"limit,omitempty"`
+}
+
+// QueryAnswer is a region's answer to a QueryRequest: the shards it holds
+// among those asked for, ascending.
+type QueryAnswer struct {
+	Region      string        `json:"region"`
+	Incarnation string        `json:"incarnation"`
+	Shards      []ShardReport `json:"shards"`
+}
+
+// ShardReport is one held shard as its region sees it. Mode is replaying
+// (bound, replaying the buffer), live or paused (handing off). Entities
+// counts the entities held; EntityIDs lists them (sorted) when asked for,
+// Truncated saying that some were left out.
+type ShardReport struct {
+	Shard             int      `json:"shard"`
+	Mode              string   `json:"mode"`
+	Entities          int      `json:"entities"`
+	MessagesPerSecond float64  `json:"messages_per_second"`
+	EntityIDs         []string `json:"entity_ids,omitempty"`
+	Truncated         bool     `json:"truncated,omitempty"`
+}
+
+// Kinds of Event.
+const (
+	EventCoordinator = "coordinator" // a coordinator took the lease: Region, Epoch
+	EventShard       = "shard"       // a shard table row changed: Shard, State, Region, Source
+	EventRegionUp    = "region-up"   // a region registered: Region
+	EventLeaving     = "region-leaving"
+	EventRegionGone  = "region-gone"
+	EventPin         = "pin"   // Shard pinned to Region
+	EventUnpin       = "unpin" // Shard's pin removed
+)
+
+// Event is what the coordinator leader publishes on the events subject,
+// after it happened (for shard rows: after the write was accepted).
+// Events are core NATS messages: a watcher sees those published while it
+// is subscribed, at most once.
+type Event struct {
+	Time   string `json:"time"` // RFC 3339, nanoseconds, UTC
+	Epoch  uint64 `json:"epoch"`
+	Kind   string `json:"kind"`
+	Shard  *int   `json:"shard,omitempty"`
+	State  string `json:"state,omitempty"`
+	Region string `json:"region,omitempty"`
+	Source string `json:"source,omitempty"`
+}
+
+// DecodeJSON decodes an admin request or query strictly: an empty body,
+// unknown fields and trailing data are errors.
+func DecodeJSON(data []byte, v any) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return errors.New("bad request: empty body (send a JSON object)")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request: %w", err)
+	}
+	if dec.More() {
+		return errors.New("bad request: trailing data")
+	}
+	return nil
 }

@@ -39,8 +39,9 @@ const (
 // Control plane (msgpack unless noted):
 //
 //	<control>.<type>.region.<region id>    coordinator -> region commands
-//	<control>.<type>.coord                 region -> coordinator reports
+//	<control>.<type>.query.<region id>     region query, JSON (shardctl, nats req)
 //	<control>.<type>.admin.<verb>          admin API, JSON (shardctl, nats req)
+//	<control>.<type>.events                coordinator's events, JSON (shardctl watch)
 //	<control>.<type>.buf.<shard>.m         the shard's buffered messages (JetStream)
 //	<control>.<type>.buf.<shard>.e         the shard's end markers (JetStream)
 type Subjects struct {
@@ -107,9 +108,13 @@ func (s Subjects) AllData() string { return s.data + ">" }
 // Region is the command subject of region id.
 func (s Subjects) Region(id string) string { return s.control + "region." + id }
 
-// Coordinator is the subject the coordinator leader listens on for reports
-// and pings.
-func (s Subjects) Coordinator() string { return s.control + "coord" }
+// Query is the subject on which region id answers queries about its
+// shards and entities (JSON, QueryRequest -> QueryAnswer).
+func (s Subjects) Query(id string) string { return s.control + "query." + id }
+
+// Events is the subject on which the coordinator leader publishes what it
+// does (JSON Event): shard table changes, regions, pins.
+func (s Subjects) Events() string { return s.control + "events" }
 
 // Buffer is the subject of a shard's buffered messages in the buffer
 // stream.

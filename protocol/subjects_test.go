@@ -76,6 +76,12 @@ func TestNewSubjects(t *testing.T) {
 	if got := s.Region("r1"); got != "app.ctl.kv.region.r1" {
 		t.Errorf("Region = %q", got)
 	}
+	if got := s.Query("r1"); got != "app.ctl.kv.query.r1" {
+		t.Errorf("Query = %q", got)
+	}
+	if got := s.Events(); got != "app.ctl.kv.events" {
+		t.Errorf("Events = %q", got)
+	}
 }
 
 // FuzzParseEntity: parsing never panics, and whatever parses round-trips.

@@ -126,6 +126,27 @@ type Reply struct {
 	// Complete answers handoff: every shard of the command is paused and
 	// its entities have stopped.
 	Complete bool `msgpack:"c,omitempty"`
+	// Load answers probe: the measured load of the held shards whose
+	// message rate has been measured (see ShardLoad). Regions older than
+	// load reports send none; the coordinator then knows no load.
+	Load []ShardLoad `msgpack:"l,omitempty"`
+}
+
+// ShardLoad is the load of one shard as the region that holds it measures
+// it: Rate is the messages handed to the shard's entities per second,
+// averaged exponentially over about five seconds, and Entities the
+// entities it holds now.
+type ShardLoad struct {
+	Shard    int     `msgpack:"s"`
+	Rate     float64 `msgpack:"r,omitempty"`
+	Entities int     `msgpack:"n,omitempty"`
+}
+
+// Pin is the value of KV key pins.<shard>: an operator pinned the shard to
+// a region (shardctl pin). The coordinator writes it, fenced on its lease.
+type Pin struct {
+	Shard  int    `msgpack:"s"`
+	Region string `msgpack:"r"`
 }
 
 // TypeConfig is the per-type configuration stored in KV; every process of

@@ -37,6 +37,8 @@ func TestDecodeRoundTrips(t *testing.T) {
 		RegionInfo{ID: "r", Incarnation: "i", Version: "1.2.3", Leaving: true, Started: -1},
 		CoordinatorInfo{Region: "r", Incarnation: "i", Since: 1 << 50, Epoch: 7},
 		TypeConfig{Shards: 128},
+		Reply{Epoch: 3, Incarnation: "x", Held: []int{1, 2}, Load: []ShardLoad{{Shard: 1, Rate: 12.5, Entities: 3}, {Shard: 2}}},
+		Pin{Shard: 7, Region: "b"},
 	} {
 		data, err := Encode(v)
 		if err != nil {
@@ -50,5 +52,47 @@ func TestDecodeRoundTrips(t *testing.T) {
 	data, _ := Encode(Command{Kind: CmdDrop, Epoch: 4, Shards: []int{2}})
 	if err := Decode(data, &c); err != nil || c.Kind != CmdDrop || c.Epoch != 4 || c.Shards[0] != 2 {
 		t.Fatalf("decode: %+v %v", c, err)
+	}
+}
+
+// Load reports are a new field of Reply: a coordinator that predates them
+// decodes a reply with loads, and a reply without loads decodes into the
+// new Reply with none.
+func TestReplyLoadIsCompatible(t *testing.T) {
+	type oldReply struct {
+		Epoch       uint64 `msgpack:"e"`
+		Incarnation string `msgpack:"i"`
+		Held        []int  `msgpack:"h,omitempty"`
+		Error       string `msgpack:"x,omitempty"`
+		Complete    bool   `msgpack:"c,omitempty"`
+	}
+	data, err := Encode(Reply{Epoch: 3, Incarnation: "x", Held: []int{4}, Load: []ShardLoad{{Shard: 4, Rate: 2, Entities: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old oldReply
+	if err := Decode(data, &old); err != nil || old.Epoch != 3 || len(old.Held) != 1 {
+		t.Fatalf("old decoder: %+v %v", old, err)
+	}
+	data, _ = Encode(oldReply{Epoch: 3, Incarnation: "x", Held: []int{4}})
+	var r Reply
+	if err := Decode(data, &r); err != nil || r.Load != nil || r.Held[0] != 4 {
+		t.Fatalf("new decoder, old reply: %+v %v", r, err)
+	}
+	data, _ = Encode(Reply{Epoch: 3, Incarnation: "x", Load: []ShardLoad{{Shard: 4, Rate: 2.5, Entities: 1}}})
+	if err := Decode(data, &r); err != nil || len(r.Load) != 1 || r.Load[0] != (ShardLoad{Shard: 4, Rate: 2.5, Entities: 1}) {
+		t.Fatalf("round trip: %+v %v", r, err)
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	var req PinRequest
+	if err := DecodeJSON([]byte(`{"shard":3,"region":"b"}`), &req); err != nil || req != (PinRequest{Shard: 3, Region: "b"}) {
+		t.Fatalf("%+v %v", req, err)
+	}
+	for _, bad := range []string{``, ` `, `{"shard":3,"regoin":"b"}`, `{"shard":3} {}`, `{"shard":"3"}`, `[`} {
+		if err := DecodeJSON([]byte(bad), &req); err == nil || !strings.Contains(err.Error(), "bad request") {
+			t.Errorf("%q: %v, want a bad request error", bad, err)
+		}
 	}
 }
