@@ -30,6 +30,10 @@ type CoreConfig struct {
 	RebalanceEvery int
 	// MaxMoves bounds the moves of live shards in flight (default 16).
 	MaxMoves int
+	// Pins are the operators' pins read at takeover: shard -> region.
+	// Pinned shards go to their region whenever it is registered and not
+	// leaving (strategies.NewExternal in front of Strategy).
+	Pins map[int]string
 }
 
 func (c *CoreConfig) setDefaults() {
@@ -59,6 +63,9 @@ func (c *CoreConfig) setDefaults() {
 // itself, so a shard always has someone catching its messages.
 type Core struct {
 	cfg       CoreConfig
+	strategy  strategies.Strategy // cfg.Strategy behind the pins
+	pins      map[int]string
+	load      map[int]strategies.ShardLoad // last load each shard's owner reported
 	self      string
 	epoch     uint64
 	tick      int
@@ -87,10 +94,12 @@ type regionState struct {
 	probedAt int
 }
 
-// Errors of Core.Move and Core.Drain.
+// Errors of Core.Move, Core.Drain and Core.Pin.
 var (
 	ErrUnknownRegion = errors.New("coordinator: no such live region")
 	ErrShardBusy     = errors.New("coordinator: shard is not active")
+	ErrPinned        = errors.New("coordinator: shard is pinned elsewhere")
+	ErrBadRequest    = errors.New("coordinator: bad request")
 )
 
 // NewCore starts the decisions of the coordinator that holds epoch, with the
@@ -107,7 +116,15 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 		regions: make(map[string]*regionState),
 		table:   make([]protocol.ShardRecord, cfg.Shards),
 		steps:   make([]step, cfg.Shards),
+		pins:    make(map[int]string),
+		load:    make(map[int]strategies.ShardLoad),
 	}
+	for sh, id := range cfg.Pins {
+		if sh >= 0 && sh < cfg.Shards && protocol.ValidateName("region id", id) == nil {
+			c.pins[sh] = id
+		}
+	}
+	c.strategy = strategies.NewExternal(c.pins, cfg.Strategy)
 	for i := range c.table {
 		c.table[i] = protocol.ShardRecord{Shard: i, State: protocol.StateUnowned}
 	}
@@ -246,12 +263,15 @@ func (c *Core) Tick() []Action {
 
 // Move starts moving an active shard to target (shardctl move).
 func (c *Core) Move(shard int, target string) ([]Action, error) {
-	if shard < 0 || shard >= c.cfg.Shards {
-		return nil, fmt.Errorf("coordinator: shard %d out of range 0..%d", shard, c.cfg.Shards-1)
+	if err := c.checkShard(shard); err != nil {
+		return nil, err
 	}
 	r, ok := c.regions[target]
 	if !ok || r.Info.Leaving {
 		return nil, fmt.Errorf("%w: %q (leaving regions take no shard)", ErrUnknownRegion, target)
+	}
+	if pin, ok := c.pins[shard]; ok && pin != target {
+		return nil, fmt.Errorf("%w: shard %d is pinned to %s (unpin it first)", ErrPinned, shard, pin)
 	}
 	rec := c.table[shard]
 	if rec.State != protocol.StateActive {
@@ -391,7 +411,22 @@ func (c *Core) commandDone(ev CommandDone) {
 		}
 	}
 	if cmd.Kind == protocol.CmdProbe {
+		c.recordLoad(r, ev.Reply.Load)
 		c.reconcile(r, ev.Reply.Held, s.At)
+	}
+}
+
+// recordLoad keeps the loads a region reported for the shards it owns and
+// serves. A shard keeps its last known load when it moves, until its new
+// owner has measured it.
+func (c *Core) recordLoad(r *regionState, loads []protocol.ShardLoad) {
+	for _, l := range loads {
+		if l.Shard < 0 || l.Shard >= c.cfg.Shards {
+			continue
+		}
+		if rec := c.table[l.Shard]; rec.State == protocol.StateActive && rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation {
+			c.load[l.Shard] = strategies.ShardLoad{MessagesPerSecond: l.Rate, Entities: l.Entities}
+		}
 	}
 }
 
@@ -566,7 +601,7 @@ func (c *Core) pickTarget(sh int, exclude string) (string, bool) {
 	if len(view) == 0 {
 		return "", false
 	}
-	id, err := c.cfg.Strategy.Allocate(sh, "", view)
+	id, err := c.strategy.Allocate(sh, "", view)
 	if r, ok := c.regions[id]; err != nil || !ok || r.Info.Leaving || id == exclude {
 		return "", false
 	}
@@ -602,6 +637,17 @@ func (c *Core) rebalance() {
 		return
 	}
 	c.lastRound = c.tick
+	moves, _ := c.round()
+	for _, sh := range moves {
+		c.startMove(sh)
+	}
+}
+
+// round asks the strategy which shards to move now, and returns those that
+// are active, within the bound on moves in flight, and how many shards are
+// in progress (not active, or on a leaving region), which the strategy
+// was told.
+func (c *Core) round() (moves []int, inProgress int) {
 	var busy []int
 	for sh, rec := range c.table {
 		if rec.State != protocol.StateActive {
@@ -611,22 +657,24 @@ func (c *Core) rebalance() {
 		}
 	}
 	if len(c.regions) < 2 {
-		return
+		return nil, len(busy)
 	}
-	moves, err := c.cfg.Strategy.Rebalance(c.strategyView(""), busy)
+	planned, err := c.strategy.Rebalance(c.strategyView(""), busy)
 	if err != nil {
-		return
+		return nil, len(busy)
 	}
 	budget := c.cfg.MaxMoves - c.movesInFlight()
-	for _, sh := range moves {
-		if budget <= 0 {
+	seen := map[int]bool{}
+	for _, sh := range planned {
+		if len(moves) >= budget {
 			break
 		}
-		if sh >= 0 && sh < c.cfg.Shards && c.table[sh].State == protocol.StateActive {
-			c.startMove(sh)
-			budget--
+		if sh >= 0 && sh < c.cfg.Shards && c.table[sh].State == protocol.StateActive && !seen[sh] {
+			seen[sh] = true
+			moves = append(moves, sh)
 		}
 	}
+	return moves, len(busy)
 }
 
 // movesInFlight counts moves of live shards: handoffs, and binds whose
@@ -720,10 +768,18 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 			return cmp.Or(cmp.Compare(a.Order, b.Order), cmp.Compare(a.Shard, b.Shard))
 		})
 		shards := make([]int, len(held))
+		var load []strategies.ShardLoad
+		known := true
 		for i, h := range held {
 			shards[i] = h.Shard
+			// Load is positional: it stops at the first shard whose load
+			// is not known yet, and the strategy estimates the rest.
+			l, ok := c.load[h.Shard]
+			if known = known && ok; known {
+				load = append(load, l)
+			}
 		}
-		view = append(view, strategies.Region{ID: id, Shards: shards, Version: r.Info.Version, Leaving: r.Info.Leaving})
+		view = append(view, strategies.Region{ID: id, Shards: shards, Version: r.Info.Version, Leaving: r.Info.Leaving, Load: load})
 	}
 	return view
 }

@@ -116,6 +116,13 @@ type Mark struct {
 // Warn: something an operator should see (a handoff timed out).
 type Warn struct{ Msg string }
 
+// WritePin: write the shard's pin to KV, fenced on the lease (Region ""
+// removes it). A failed write means the coordinator must step down.
+type WritePin struct {
+	Shard  int
+	Region string
+}
+
 func (WriteShard) isAction()   {}
 func (Send) isAction()         {}
 func (RemoveRegion) isAction() {}
@@ -124,3 +131,4 @@ func (Park) isAction()         {}
 func (Unpark) isAction()       {}
 func (Mark) isAction()         {}
 func (Warn) isAction()         {}
+func (WritePin) isAction()     {}

@@ -158,6 +158,7 @@ type leader struct {
 	events    chan Event // command outcomes, unparks and marks, from other goroutines
 	admin     chan *nats.Msg
 	parker    *parker
+	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
 }
 
 var errStepDown = errors.New("coordinator: stepping down")
@@ -192,6 +193,10 @@ func (l *leader) lead(ctx context.Context) error {
 	for i, e := range entries {
 		regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
 	}
+	pins, err := l.cfg.Store.Pins(ctx)
+	if err != nil {
+		return fmt.Errorf("read pins: %w", err)
+	}
 	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
 	rebalance := -1
 	if l.cfg.RebalanceInterval > 0 {
@@ -201,13 +206,19 @@ func (l *leader) lead(ctx context.Context) error {
 		Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
 		ProbeEvery: ticks(500 * time.Millisecond), Retry: ticks(time.Second),
 		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, MaxMoves: l.cfg.MaxMoves,
+		Pins: pins,
 	}, l.cfg.Region, epoch, table, regions)
 	l.core = core
 	l.events = make(chan Event, 1024)
 	l.admin = make(chan *nats.Msg, 16)
 	l.parker = newParker(l.cfg.Conn, l.cfg.Buffer, l.cfg.Subjects, l.log)
 	defer l.parker.stop()
-	l.log.Info("leading", "epoch", epoch, "regions", len(regions), "rows", len(table))
+	l.log.Info("leading", "epoch", epoch, "regions", len(regions), "rows", len(table), "pins", len(pins))
+	l.seen = map[string]protocol.RegionInfo{}
+	for _, r := range core.Regions() {
+		l.seen[r.Info.ID] = r.Info
+	}
+	l.publish(protocol.Event{Kind: protocol.EventCoordinator, Region: l.cfg.Region})
 
 	adminSub, err := l.cfg.Conn.ChanSubscribe(l.cfg.Subjects.AdminAll(), l.admin)
 	if err != nil {
@@ -243,11 +254,14 @@ func (l *leader) lead(ctx context.Context) error {
 		case <-tick.C:
 			acts = core.Tick()
 		case m := <-l.admin:
-			acts = l.answerAdmin(m)
+			if err := l.answerAdmin(ctx, m); err != nil {
+				return err
+			}
 		}
 		if err := l.execute(ctx, acts); err != nil {
 			return err
 		}
+		l.announceRegions()
 	}
 }
 
@@ -282,6 +296,21 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 				return fmt.Errorf("%w: write shard %d: %w", errStepDown, a.Record.Shard, err)
 			}
 			l.log.Debug("shard", "shard", a.Record.Shard, "region", a.Record.Region, "state", a.Record.State)
+			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &a.Record.Shard, State: string(a.Record.State), Region: a.Record.Region, Source: a.Record.Source})
+		case WritePin:
+			ev := protocol.Event{Kind: protocol.EventPin, Shard: &a.Shard, Region: a.Region}
+			var err error
+			if a.Region != "" {
+				_, err = l.cfg.Store.PutPin(ctx, l.lease, a.Shard, a.Region)
+			} else {
+				err = l.cfg.Store.DeletePin(ctx, l.lease, a.Shard)
+				ev.Kind = protocol.EventUnpin
+			}
+			if err != nil {
+				return fmt.Errorf("%w: write pin of shard %d: %w", errStepDown, a.Shard, err)
+			}
+			l.log.Info(ev.Kind, "shard", a.Shard, "region", a.Region)
+			l.publish(ev)
 		case Send:
 			go l.send(ctx, a)
 		case RemoveRegion:
@@ -418,27 +447,62 @@ func (l *leader) watchRegions(ctx context.Context) <-chan Event {
 	return out
 }
 
-// answerAdmin answers an admin API request; move and drain return the
-// actions they start.
-func (l *leader) answerAdmin(m *nats.Msg) []Action {
-	var body any = map[string]any{"ok": true}
-	var acts []Action
-	var err error
+// answerAdmin answers an admin API request. The actions a request starts
+// (table and pin writes, commands) are carried out before the answer, so
+// that an answer of success means they were accepted; an error carrying
+// them out ends the term, like any failed write.
+func (l *leader) answerAdmin(ctx context.Context, m *nats.Msg) error {
+	var (
+		body any = protocol.AdminOK{OK: true}
+		acts []Action
+		note string
+		err  error
+	)
 	switch verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb {
 	case protocol.AdminStatus:
 		body = l.status()
 	case protocol.AdminMove:
 		var req protocol.MoveRequest
-		if err = decodeAdmin(m.Data, &req); err == nil {
+		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
 			acts, err = l.core.Move(req.Shard, req.Region)
+			if err == nil && len(acts) == 0 {
+				note = fmt.Sprintf("shard %d is on %s already", req.Shard, req.Region)
+			}
 		}
 	case protocol.AdminDrain:
 		var req protocol.DrainRequest
-		if err = decodeAdmin(m.Data, &req); err == nil {
+		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
 			acts, err = l.core.Drain(req.Region)
 		}
+	case protocol.AdminPin:
+		var req protocol.PinRequest
+		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
+			acts, note, err = l.core.Pin(req.Shard, req.Region)
+		}
+	case protocol.AdminUnpin:
+		var req protocol.UnpinRequest
+		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
+			acts, note, err = l.core.Unpin(req.Shard)
+		}
+	case protocol.AdminRebalance:
+		var req protocol.RebalanceRequest
+		if len(bytes.TrimSpace(m.Data)) > 0 { // an empty body runs a round
+			err = protocol.DecodeJSON(m.Data, &req)
+		}
+		if err == nil {
+			body, acts = l.core.Rebalance(req.DryRun)
+		}
 	default:
-		err = fmt.Errorf("unknown admin verb %q", verb)
+		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, pin, unpin, rebalance)", verb)
+	}
+	var failed error
+	if err == nil {
+		failed = l.execute(ctx, acts)
+		err = failed
+	}
+	if ok, isOK := body.(protocol.AdminOK); isOK {
+		ok.Note = note
+		body = ok
 	}
 	if err != nil {
 		body = protocol.AdminError{Error: err.Error()}
@@ -447,21 +511,50 @@ func (l *leader) answerAdmin(m *nats.Msg) []Action {
 	if m.Reply != "" {
 		_ = m.Respond(data)
 	}
-	return acts
+	return failed
 }
 
-// decodeAdmin decodes an admin request strictly: unknown fields and
-// trailing data are errors.
-func decodeAdmin(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("bad request: %w", err)
+// publish announces ev on the events subject (core NATS: nobody may be
+// listening, and a slow watcher may miss events).
+func (l *leader) publish(ev protocol.Event) {
+	ev.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	ev.Epoch = l.core.Epoch()
+	data, err := json.Marshal(ev)
+	if err == nil {
+		err = l.cfg.Conn.Publish(l.cfg.Subjects.Events(), data)
 	}
-	if dec.More() {
-		return errors.New("bad request: trailing data")
+	if err != nil {
+		l.log.Debug("cannot publish an event", "kind", ev.Kind, "err", err)
 	}
-	return nil
+}
+
+// announceRegions publishes the regions that registered, started leaving
+// or are gone since the last call.
+func (l *leader) announceRegions() {
+	now := map[string]protocol.RegionInfo{}
+	for _, r := range l.core.Regions() {
+		now[r.Info.ID] = r.Info
+		old, ok := l.seen[r.Info.ID]
+		switch {
+		case ok && old.Incarnation != r.Info.Incarnation:
+			// The process behind the id restarted.
+			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: r.Info.ID})
+			fallthrough
+		case !ok:
+			l.publish(protocol.Event{Kind: protocol.EventRegionUp, Region: r.Info.ID})
+			if r.Info.Leaving {
+				l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+			}
+		case r.Info.Leaving && !old.Leaving:
+			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+		}
+	}
+	for _, id := range sortedKeys(l.seen) {
+		if _, ok := now[id]; !ok {
+			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: id})
+		}
+	}
+	l.seen = now
 }
 
 func (l *leader) status() protocol.Status {
@@ -471,8 +564,9 @@ func (l *leader) status() protocol.Status {
 		Coordinator: protocol.CoordinatorView{Region: l.cfg.Region, Epoch: l.core.Epoch()},
 	}
 	count := map[string]int{}
+	pins := l.core.Pins()
 	for _, r := range l.core.Table() {
-		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source})
+		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source, Pin: pins[r.Shard]})
 		count[r.Region]++
 	}
 	for _, r := range l.core.Regions() {

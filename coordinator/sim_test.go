@@ -19,6 +19,7 @@ type sim struct {
 	table   map[int]protocol.ShardRecord // rows as written so far by WriteShard actions
 	parked  map[int]uint64               // shards the coordinator diverts, with handoff id
 	markers map[int][]uint64             // end markers written per shard
+	pins    map[int]string               // pins as written by WritePin actions
 	// hooks let a scenario intercept a command before the region answers.
 	intercept func(s Send) (CommandDone, bool)
 	warnings  []string
@@ -28,12 +29,13 @@ type sim struct {
 type simRegion struct {
 	id, inc string
 	dead    bool
-	modes   map[int]string // shard -> live, hold, divert
-	holdFor map[int]uint64 // shard in hold -> marker it waits for
+	modes   map[int]string  // shard -> live, hold, divert
+	holdFor map[int]uint64  // shard in hold -> marker it waits for
+	rates   map[int]float64 // shard -> messages/s it reports in probe answers, when live
 }
 
 func newSim(t *testing.T, cfg CoreConfig) *sim {
-	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}}
+	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}, pins: map[int]string{}}
 	c, acts := NewCore(cfg, "coord", 1, nil, nil)
 	s.c = c
 	s.run(acts)
@@ -41,7 +43,7 @@ func newSim(t *testing.T, cfg CoreConfig) *sim {
 }
 
 func (s *sim) join(id string) {
-	r := &simRegion{id: id, inc: id + "-1", modes: map[int]string{}, holdFor: map[int]uint64{}}
+	r := &simRegion{id: id, inc: id + "-1", modes: map[int]string{}, holdFor: map[int]uint64{}, rates: map[int]float64{}}
 	s.regions[id] = r
 	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc}, Revision: 1}}))
 }
@@ -91,6 +93,12 @@ func (s *sim) run(acts []Action) {
 			s.warnings = append(s.warnings, a.Msg)
 		case StepDown:
 			s.stepDowns++
+		case WritePin:
+			if a.Region == "" {
+				delete(s.pins, a.Shard)
+			} else {
+				s.pins[a.Shard] = a.Region
+			}
 		}
 		s.check()
 		if ev != nil {
@@ -155,6 +163,13 @@ func (s *sim) answer(send Send) Event {
 		reply.Held = append(reply.Held, sh)
 	}
 	slices.Sort(reply.Held)
+	if cmd.Kind == protocol.CmdProbe {
+		for _, sh := range reply.Held {
+			if rate, ok := r.rates[sh]; ok && r.modes[sh] == "live" {
+				reply.Load = append(reply.Load, protocol.ShardLoad{Shard: sh, Rate: rate, Entities: 1})
+			}
+		}
+	}
 	return CommandDone{Send: send, Outcome: OK, Reply: reply}
 }
 
