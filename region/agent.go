@@ -84,10 +84,12 @@ type Agent struct {
 	leaving     bool
 	closed      bool
 
-	cmdSub *nats.Subscription
-	stats  Stats
-	limit  logLimiter
-	wg     sync.WaitGroup
+	cmdSub   *nats.Subscription
+	querySub *nats.Subscription
+	meter    loadMeter
+	stats    Stats
+	limit    logLimiter
+	wg       sync.WaitGroup
 }
 
 // Stats are counters of an Agent. Read them with Agent.Stats.
@@ -152,9 +154,15 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("region: subscribe to commands: %w", err)
 	}
 	a.cmdSub = sub
+	if a.querySub, err = cfg.Conn.Subscribe(cfg.Subjects.Query(cfg.ID), a.onQuery); err != nil {
+		a.cancel()
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("region: subscribe to queries: %w", err)
+	}
 	if err := cfg.Conn.Flush(); err != nil {
 		a.cancel()
 		_ = sub.Unsubscribe()
+		_ = a.querySub.Unsubscribe()
 		return nil, fmt.Errorf("region: %w", err)
 	}
 	a.wg.Add(2)
@@ -380,6 +388,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	held := a.unbindLocked(a.heldLocked(), "region closing")
 	a.mu.Unlock()
 	_ = a.cmdSub.Unsubscribe()
+	_ = a.querySub.Unsubscribe()
 	a.cancel()
 	err := a.host.stopAll(ctx)
 	a.wg.Wait()

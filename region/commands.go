@@ -76,6 +76,9 @@ func (a *Agent) onCommand(m *nats.Msg) {
 		later = a.leaveLocked()
 	}
 	reply.Held = a.heldLocked()
+	if cmd.Kind == protocol.CmdProbe {
+		reply.Load = a.probeLoadLocked()
+	}
 	if later == nil || err != nil {
 		a.mu.Unlock()
 		if err != nil {

@@ -122,6 +122,9 @@ type shardEntities struct {
 	peak    int           // largest len(cells) since the map was last rebuilt
 	closing bool          // stopShard began: deliveries are refused
 	drained chan struct{} // closed when closing and cells is empty
+	// delivered counts the messages queued for the shard's entities (see
+	// load.go).
+	delivered uint64
 }
 
 // Stop states of a cell.
@@ -182,6 +185,7 @@ func (h *host) deliver(shard int, id string, m *nats.Msg) {
 		h.refuse(shard, id, m)
 		return
 	}
+	se.delivered++
 	c := se.cells[id]
 	if c == nil {
 		// Clone: id may point into a larger buffer (the subject).

@@ -1,0 +1,126 @@
+package region
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// Load reports. The host counts the messages it queues for each shard's
+// entities (live, replayed and held ones alike). The agent turns those
+// counts into message rates when it is asked (a probe of the coordinator,
+// every 500 ms; a query), sampling the counters at most once per
+// rateEvery and averaging the per-sample rates exponentially with time
+// constant rateTau. A shard's rate is measured from its second sample on,
+// so between one and two seconds after the region bound it; until then
+// probe answers leave the shard out, and the coordinator keeps the load it
+// last knew for it (from its previous owner).
+const (
+	rateEvery = time.Second
+	rateTau   = 5 * time.Second
+)
+
+// loadMeter holds the sampled counters and the averaged rates.
+type loadMeter struct {
+	mu     sync.Mutex
+	at     time.Time // of the last sample; zero before the first
+	shards map[int]*shardRate
+}
+
+type shardRate struct {
+	delivered uint64  // the host's counter at the last sample
+	rate      float64 // messages per second, averaged
+	measured  bool    // rate holds a measurement (two samples were taken)
+}
+
+// sample brings the rates of the shards in held up to date if a sample is
+// due at now, reading each shard's counter with count, and forgets the
+// shards not in held. A counter that went down (the shard was stopped and
+// bound again, so the host started it afresh) counts from zero.
+func (lm *loadMeter) sample(now time.Time, held []int, count func(shard int) uint64) {
+	lm.mu.Lock()
+	defer lm.mu.Unlock()
+	if !lm.at.IsZero() && now.Sub(lm.at) < rateEvery {
+		return
+	}
+	dt := now.Sub(lm.at).Seconds()
+	first := lm.at.IsZero()
+	lm.at = now
+	old := lm.shards
+	lm.shards = make(map[int]*shardRate, len(held))
+	for _, sh := range held {
+		n := count(sh)
+		r, ok := old[sh]
+		if !ok || first {
+			lm.shards[sh] = &shardRate{delivered: n}
+			continue
+		}
+		d := n
+		if n >= r.delivered {
+			d = n - r.delivered
+		}
+		inst := float64(d) / dt
+		if r.measured {
+			r.rate += (1 - math.Exp(-dt/rateTau.Seconds())) * (inst - r.rate)
+		} else {
+			r.rate, r.measured = inst, true
+		}
+		r.delivered = n
+		lm.shards[sh] = r
+	}
+}
+
+// rate returns shard's averaged rate and whether it is measured.
+func (lm *loadMeter) rate(shard int) (float64, bool) {
+	lm.mu.Lock()
+	defer lm.mu.Unlock()
+	if r, ok := lm.shards[shard]; ok && r.measured {
+		return r.rate, true
+	}
+	return 0, false
+}
+
+// loads samples the meter for the shards in held (all the shards the
+// region holds: the meter forgets the others) and returns their loads
+// and whether each rate is measured.
+func (a *Agent) loads(held []int) ([]protocol.ShardLoad, []bool) {
+	a.meter.sample(time.Now(), held, func(sh int) uint64 { n, _ := a.host.shardLoad(sh); return n })
+	loads := make([]protocol.ShardLoad, len(held))
+	measured := make([]bool, len(held))
+	for i, sh := range held {
+		_, entities := a.host.shardLoad(sh)
+		rate, ok := a.meter.rate(sh)
+		loads[i] = protocol.ShardLoad{Shard: sh, Rate: rate, Entities: entities}
+		measured[i] = ok
+	}
+	return loads, measured
+}
+
+// probeLoadLocked is the load report of a probe answer: the held shards
+// whose rate is measured. a.mu is held.
+func (a *Agent) probeLoadLocked() []protocol.ShardLoad {
+	loads, measured := a.loads(a.heldLocked())
+	out := loads[:0]
+	for i, l := range loads {
+		if measured[i] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// shardLoad returns how many messages the host queued for shard since it
+// began holding it, and how many entities it holds for it.
+func (h *host) shardLoad(shard int) (delivered uint64, entities int) {
+	h.mu.RLock()
+	se := h.shards[shard]
+	h.mu.RUnlock()
+	if se == nil {
+		return 0, 0
+	}
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	return se.delivered, len(se.cells)
+}
