@@ -98,7 +98,7 @@ type regionState struct {
 var (
 	ErrUnknownRegion = errors.New("coordinator: no such live region")
 	ErrShardBusy     = errors.New("coordinator: shard is not active")
-	ErrPinned        = errors.New("coordinator: shard is pinned elsewhere")
+	ErrPinned        = errors.New("coordinator: shard is pinned")
 	ErrBadRequest    = errors.New("coordinator: bad request")
 )
 
@@ -271,7 +271,7 @@ func (c *Core) Move(shard int, target string) ([]Action, error) {
 		return nil, fmt.Errorf("%w: %q (leaving regions take no shard)", ErrUnknownRegion, target)
 	}
 	if pin, ok := c.pins[shard]; ok && pin != target {
-		return nil, fmt.Errorf("%w: shard %d is pinned to %s (unpin it first)", ErrPinned, shard, pin)
+		return nil, fmt.Errorf("%w to %s (unpin shard %d first)", ErrPinned, pin, shard)
 	}
 	rec := c.table[shard]
 	if rec.State != protocol.StateActive {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,9 +18,11 @@ import (
 type client struct {
 	opts     options
 	nc       *nats.Conn
+	js       jetstream.JetStream
 	store    *kvstate.Store
 	subjects protocol.Subjects
 	shards   int
+	stderr   io.Writer // for what is not the command's output (watch's banner)
 }
 
 func dial(ctx context.Context, o options) (*client, error) {
@@ -31,12 +34,13 @@ func dial(ctx context.Context, o options) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to NATS at %s: %w (is shardd running? set --nats or NATS_URL)", o.NATS, err)
 	}
-	c := &client{opts: o, nc: nc, subjects: subjects}
+	c := &client{opts: o, nc: nc, subjects: subjects, stderr: io.Discard}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
+	c.js = js
 	octx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	c.store, err = kvstate.Bind(octx, js, o.Type, kvstate.Options{Timeout: o.Timeout})
@@ -86,14 +90,18 @@ func (c *client) view(ctx context.Context) (view, error) {
 	if err != nil {
 		return v, fmt.Errorf("read shard table: %w", err)
 	}
+	pins, err := c.store.Pins(ctx)
+	if err != nil {
+		return v, fmt.Errorf("read pins: %w", err)
+	}
 	count := map[string]int{}
 	v.Table = make([]protocol.ShardView, c.shards)
 	for i := range v.Table {
-		v.Table[i] = protocol.ShardView{Shard: i, State: string(protocol.StateUnowned)}
+		v.Table[i] = protocol.ShardView{Shard: i, State: string(protocol.StateUnowned), Pin: pins[i]}
 	}
 	for _, r := range rows {
 		if r.Shard >= 0 && r.Shard < c.shards {
-			v.Table[r.Shard] = protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State)}
+			v.Table[r.Shard] = protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source, Pin: pins[r.Shard]}
 			count[r.Region]++
 		}
 	}

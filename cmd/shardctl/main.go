@@ -1,10 +1,14 @@
-// Command shardctl inspects a natshard type and talks to its entities.
+// Command shardctl inspects a natshard type, talks to its entities and
+// tells its coordinator what to do.
 //
 //	shardctl [--nats URL] [--type T] <command> [args] [--json]
 //
-// Commands: status, regions, shards, locate <entity>, send <entity>
-// <payload>, request <entity> <payload>, move <shard> <region>, drain
-// <region>. A payload of "-" is read from standard input.
+// Commands: status, regions, region <id>, shards, shard <n>, locate
+// <entity>, stats, send <entity> <payload>, request <entity> <payload>,
+// move <shard> <region>, drain <region>, pin <shard> <region>, unpin
+// <shard>, rebalance [--dry-run], watch [--count N]. A payload of "-" is
+// read from standard input. Exit status: 0 ok, 1 the operation failed, 2
+// a bad command line.
 package main
 
 import (
@@ -15,7 +19,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/natshard/natshard/protocol"
 )
 
 // errUsage marks errors in the command line (exit status 2).
@@ -25,16 +33,22 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "shardctl:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "shardctl:", err)
-		os.Exit(1)
 	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode is the exit status for what run returned: 0 ok (or --help), 2
+// a bad command line, 1 anything else.
+func exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	return 1
 }
 
 // options are the flags every command takes.
@@ -45,23 +59,44 @@ type options struct {
 	ControlPrefix string
 	Timeout       time.Duration
 	JSON          bool
+	// Flags of single commands.
+	DryRun bool // rebalance
+	Count  int  // watch
+	Limit  int  // region, shard
 }
 
 type command struct {
 	name, args, help string
 	nargs            int
 	run              func(ctx context.Context, c *client, args []string, out io.Writer) error
+	flags            []string // the command's own flags
 }
 
 var commands = []command{
-	{"status", "", "coordinator, epoch, regions, shards allocated and unowned", 0, cmdStatus},
-	{"regions", "", "the registered regions and how many shards each holds", 0, cmdRegions},
-	{"shards", "", "every shard with its region and state", 0, cmdShards},
-	{"locate", "<entity>", "the shard, subject and owner of an entity", 1, cmdLocate},
-	{"send", "<entity> <payload>", "publish a message to an entity", 2, cmdSend},
-	{"request", "<entity> <payload>", "send a request to an entity and print the answer", 2, cmdRequest},
-	{"move", "<shard> <region>", "hand a shard off to a region", 2, cmdMove},
-	{"drain", "<region>", "hand every shard of a region off and give it no more", 1, cmdDrain},
+	{"status", "", "coordinator, epoch, regions, shards allocated and unowned", 0, cmdStatus, nil},
+	{"regions", "", "the registered regions and how many shards each holds", 0, cmdRegions, nil},
+	{"region", "<id> [--limit N]", "a region's shards and their entity ids", 1, cmdRegion, []string{"limit"}},
+	{"shards", "", "every shard with its region, state and pin", 0, cmdShards, nil},
+	{"shard", "<n> [--limit N]", "a shard's owner, state, pin and entity ids", 1, cmdShard, []string{"limit"}},
+	{"locate", "<entity>", "the shard, subject and owner of an entity", 1, cmdLocate, nil},
+	{"stats", "", "per region and shard: entities, buffered messages, messages/s", 0, cmdStats, nil},
+	{"send", "<entity> <payload>", "publish a message to an entity", 2, cmdSend, nil},
+	{"request", "<entity> <payload>", "send a request to an entity and print the answer", 2, cmdRequest, nil},
+	{"move", "<shard> <region>", "hand a shard off to a region", 2, cmdMove, nil},
+	{"drain", "<region>", "hand every shard of a region off and give it no more", 1, cmdDrain, nil},
+	{"pin", "<shard> <region>", "keep a shard on a region (moved there by the next round)", 2, cmdPin, nil},
+	{"unpin", "<shard>", "remove a shard's pin", 1, cmdUnpin, nil},
+	{"rebalance", "[--dry-run]", "run a strategy round now (--dry-run: print the plan only)", 0, cmdRebalance, []string{"dry-run"}},
+	{"watch", "[--count N]", "print allocations and handoffs as they happen (N events, or until interrupted)", 0, cmdWatch, []string{"count"}},
+}
+
+// commandNames lists the commands, for error messages.
+func commandNames() string {
+	names := make([]string, len(commands))
+	for i, c := range commands {
+		names[i] = c.name
+	}
+	return strings.Join(names, ", ")
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -78,16 +113,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	fs.StringVar(&o.ControlPrefix, "control-prefix", "", "subject prefix of the control plane (default $SHARD)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Second, "bound on each NATS operation")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "rebalance: print the plan, move nothing")
+	fs.IntVar(&o.Count, "count", 0, "watch: stop after this many events (0: until interrupted)")
+	fs.IntVar(&o.Limit, "limit", protocol.DefaultEntityLimit, "region, shard: most entity ids to list")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: shardctl [flags] <command> [args] [--json]\n\nCommands:\n")
 		for _, c := range commands {
-			fmt.Fprintf(stderr, "  %-30s %s\n", c.name+" "+c.args, c.help)
+			fmt.Fprintf(stderr, "  %-34s %s\n", c.name+" "+c.args, c.help)
 		}
 		fmt.Fprintf(stderr, "\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return flagErr(err)
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -101,7 +139,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 	}
 	if cmd == nil {
-		return fmt.Errorf("%w: unknown command %q (commands: status, regions, shards, locate, send, request, move, drain)", errUsage, rest[0])
+		return fmt.Errorf("%w: unknown command %q (commands: %s)", errUsage, rest[0], commandNames())
 	}
 	// Flags may also follow the command: shardctl shards --json.
 	cargs, err := parseInterleaved(fs, rest[1:])
@@ -113,6 +151,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	if o.Timeout <= 0 {
 		return fmt.Errorf("%w: --timeout must be positive", errUsage)
+	}
+	var misplaced error
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains([]string{"dry-run", "count", "limit"}, f.Name) && !slices.Contains(cmd.flags, f.Name) {
+			misplaced = fmt.Errorf("%w: --%s is not a flag of %s", errUsage, f.Name, cmd.name)
+		}
+	})
+	if misplaced != nil {
+		return misplaced
+	}
+	if o.Count < 0 || o.Limit < 1 || o.Limit > protocol.MaxEntityLimit {
+		return fmt.Errorf("%w: --count must be 0 or more, --limit 1..%d", errUsage, protocol.MaxEntityLimit)
 	}
 	for i, a := range cargs {
 		if a == "-" {
@@ -128,6 +178,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return err
 	}
 	defer c.Close()
+	c.stderr = stderr
 	return cmd.run(ctx, c, cargs, stdout)
 }
 
@@ -137,7 +188,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, flagErr(err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -149,4 +200,12 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// flagErr makes a flag parsing error a usage error (--help stays itself).
+func flagErr(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errUsage, err)
 }

@@ -5,10 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
@@ -17,65 +25,137 @@ import (
 	"github.com/natshard/natshard/region"
 )
 
-// system is one region and one coordinator of type kv on a real server.
+var update = flag.Bool("update", false, "rewrite testdata/*.golden with the output of this run")
+
+// system is a type kv on a real in-process NATS server: regions (each
+// with its own connection, entities of kind kv) and a coordinator that
+// waits for all of them before it allocates, and rebalances only when
+// asked (so that every shard's place is known: region i of n gets the
+// shards i, i+n, ...).
 type system struct {
 	url       string
-	stopCoord context.CancelFunc
-	coordDone chan struct{}
+	store     *kvstate.Store
+	shards    int
+	stopCoord func()
 }
 
-func startSystem(t *testing.T, shards int) *system {
+func startSystem(t *testing.T, shards int, regions ...string) *system {
 	t.Helper()
-	srv := natstest.RunServer(t)
-	url := natstest.URL(srv)
-	nc := natstest.Connect(t, url)
-	js := natstest.JetStream(t, nc)
+	url := natstest.URL(natstest.RunServer(t))
 	ctx := context.Background()
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
+	open := func() (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
+		nc := natstest.Connect(t, url)
+		js := natstest.JetStream(t, nc)
+		store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subjects := protocol.MustSubjects("", "", "kv")
+		buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nc, store, buffer, subjects
 	}
+	_, store, _, _ := open()
 	if _, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: shards}); err != nil {
 		t.Fatal(err)
 	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
+	for _, id := range regions {
+		nc, store, buffer, subjects := open()
+		agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: entities.KV(store)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { agent.Close(context.Background()) })
 	}
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.KV(store)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { agent.Close(context.Background()) })
+	nc, cstore, buffer, subjects := open()
 	cctx, cancel := context.WithCancel(ctx)
-	s := &system{url: url, stopCoord: cancel, coordDone: make(chan struct{})}
+	done := make(chan struct{})
 	go func() {
-		defer close(s.coordDone)
-		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1"}).Run(cctx)
+		defer close(done)
+		coordinator.New(coordinator.Config{
+			Conn: nc, Store: cstore, Buffer: buffer, Subjects: subjects, Shards: shards, Region: regions[0],
+			MinRegions: len(regions), RebalanceInterval: -1,
+		}).Run(cctx)
 	}()
-	t.Cleanup(func() { cancel(); <-s.coordDone })
-	// Wait until every shard is active.
+	var once sync.Once
+	s := &system{url: url, store: store, shards: shards, stopCoord: func() { once.Do(func() { cancel(); <-done }) }}
+	t.Cleanup(s.stopCoord)
+	s.waitTable(t, "every shard active", func(st protocol.Status) bool {
+		for _, r := range st.Table {
+			if r.State != "active" || r.Region != regions[r.Shard%len(regions)] {
+				return false
+			}
+		}
+		return len(st.Table) == shards
+	})
+	return s
+}
+
+// waitTable polls the coordinator's status until cond holds.
+func (s *system) waitTable(t *testing.T, what string, cond func(protocol.Status) bool) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		out, _, err := ctl(t, s.url, "shards", "--json")
-		if err == nil {
-			var rows []protocol.ShardView
-			_ = json.Unmarshal([]byte(out), &rows)
-			active := 0
-			for _, r := range rows {
-				if r.State == "active" {
-					active++
-				}
-			}
-			if active == shards {
-				return s
+		out, _, err := ctl(t, s.url, "status", "--json")
+		var st statusJSON
+		if err == nil && json.Unmarshal([]byte(out), &st) == nil && st.CoordinatorAnswered {
+			full, err := status(s.url)
+			if err == nil && cond(full) {
+				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("shards never all active: %s %v", out, err)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func status(url string) (protocol.Status, error) {
+	var st protocol.Status
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return st, err
+	}
+	defer nc.Close()
+	m, err := nc.Request(protocol.MustSubjects("", "", "kv").Admin(protocol.AdminStatus), nil, 2*time.Second)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(m.Data, &st)
+}
+
+// silentRegion registers a region that obeys probes, so that the
+// coordinator keeps it, but answers no query (like a shardd from before
+// queries existed). It returns a function that deregisters it.
+func (s *system) silentRegion(t *testing.T, id string) (stop func()) {
+	t.Helper()
+	nc := natstest.Connect(t, s.url)
+	info := protocol.RegionInfo{ID: id, Incarnation: "silent-" + id, Started: time.Now().UnixMilli()}
+	lease, err := s.store.RegisterRegion(context.Background(), info, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.Subscribe(protocol.MustSubjects("", "", "kv").Region(id), func(m *nats.Msg) {
+		var cmd protocol.Command
+		reply := protocol.Reply{Incarnation: info.Incarnation}
+		if protocol.Decode(m.Data, &cmd) != nil || cmd.Kind != protocol.CmdProbe {
+			reply.Error = "this test region only answers probes"
+		}
+		reply.Epoch = cmd.Epoch
+		data, _ := protocol.Encode(reply)
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		_ = sub.Unsubscribe()
+		if err := s.store.Release(context.Background(), lease); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -86,84 +166,259 @@ func ctl(t *testing.T, url string, args ...string) (string, string, error) {
 	return stdout.String(), stderr.String(), err
 }
 
-func TestCommands(t *testing.T) {
-	s := startSystem(t, 16)
+// transcript collects shardctl sessions, one golden file per command.
+type transcript struct {
+	t      *testing.T
+	url    string
+	golden map[string]*bytes.Buffer
+}
 
-	out, _, err := ctl(t, s.url, "status", "--json")
+// normalise replaces what differs from run to run: incarnations (nuid),
+// epochs, message rates (in tables, always the last column), times.
+var normalisers = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`\b[A-Za-z0-9]{22}\b`), "INCARNATION"},
+	{regexp.MustCompile(`epoch \d+`), "epoch E"},
+	{regexp.MustCompile(`("epoch": ?)\d+`), `${1}E`},
+	{regexp.MustCompile(`("messages_per_second": ?)[-+.e0-9]+`), `${1}R`},
+	{regexp.MustCompile(`(?m)( +)\d+\.\d$`), "${1}R"},
+	{regexp.MustCompile(`("time": ?)"[^"]*"`), `${1}"T"`},
+	{regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d\.\d\d\d  `), "HH:MM:SS.mmm  "},
+}
+
+func normalise(s string) string {
+	for _, n := range normalisers {
+		s = n.re.ReplaceAllString(s, n.with)
+	}
+	return s
+}
+
+// record writes "$ shardctl args", the output, the error (as shardctl
+// prints it) and a non-zero exit status to the command's golden file.
+func (tr *transcript) record(args []string, out string, err error) {
+	b := tr.golden[args[0]]
+	if b == nil {
+		b = &bytes.Buffer{}
+		tr.golden[args[0]] = b
+	}
+	fmt.Fprintf(b, "$ shardctl %s\n%s", strings.Join(quote(args), " "), normalise(out))
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintf(b, "shardctl: %s\n[exit %d]\n", normalise(err.Error()), exitCode(err))
 	}
-	var st statusJSON
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Coordinator.Region != "r1" || st.Coordinator.Epoch == 0 || !st.CoordinatorAnswered || st.Active != 16 || st.Unowned != 0 || st.Regions != 1 {
-		t.Fatalf("status: %+v", st)
-	}
+	b.WriteString("\n")
+}
 
-	out, _, err = ctl(t, s.url, "regions", "--json")
-	var regions []protocol.RegionView
-	if err != nil || json.Unmarshal([]byte(out), &regions) != nil || len(regions) != 1 || regions[0].ID != "r1" || regions[0].Shards != 16 {
-		t.Fatalf("regions: %s %v", out, err)
-	}
+func (tr *transcript) run(args ...string) string {
+	tr.t.Helper()
+	out, _, err := ctl(tr.t, tr.url, args...)
+	tr.record(args, out, err)
+	return out
+}
 
-	out, _, err = ctl(t, s.url, "locate", "order-42", "--json")
-	var loc location
-	if err != nil || json.Unmarshal([]byte(out), &loc) != nil || loc.Shard != protocol.ShardOf("order-42", 16) || loc.Region != "r1" || loc.Subject != "shard.kv.4.order-42" {
-		t.Fatalf("locate: %s %v", out, err)
+func quote(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if a == "" || strings.ContainsAny(a, " {}\"*") {
+			out[i] = "'" + a + "'"
+		}
 	}
+	return out
+}
 
-	if out, _, err = ctl(t, s.url, "request", "order-42", `{"op":"set","key":"a","value":"x"}`); err != nil || strings.TrimSpace(out) != `{"ok":true,"value":"x"}` {
-		t.Fatalf("request set: %q %v", out, err)
+// check compares every golden file with this run's transcript, or
+// rewrites them with -update.
+func (tr *transcript) check() {
+	tr.t.Helper()
+	for _, name := range sortedKeys(tr.golden) {
+		path := filepath.Join("testdata", name+".golden")
+		got := tr.golden[name].Bytes()
+		if *update {
+			if err := os.MkdirAll("testdata", 0o755); err != nil {
+				tr.t.Fatal(err)
+			}
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				tr.t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			tr.t.Fatalf("%v (run go test -update to write it)", err)
+		}
+		if !bytes.Equal(got, want) {
+			tr.t.Errorf("%s differs (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
+		}
 	}
-	if _, _, err = ctl(t, s.url, "send", "order-42", `{"op":"append","key":"a","value":"y"}`); err != nil {
-		t.Fatalf("send: %v", err)
-	}
-	if out, _, err = ctl(t, s.url, "request", "order-42", `{"op":"get","key":"a"}`); err != nil || strings.TrimSpace(out) != `{"ok":true,"value":"xy"}` {
-		t.Fatalf("request get after send: %q %v", out, err)
-	}
-	// A payload of "-" is read from standard input.
-	if out, _, err = ctl(t, s.url, "request", "echo-me", "-"); err == nil || !strings.Contains(out, `"ok":false`) {
-		t.Fatalf("kv entity should refuse a non-JSON payload read from stdin: %q %v", out, err)
-	}
-	// An entity error is printed and exits non-zero.
-	out, _, err = ctl(t, s.url, "request", "order-42", `{"op":"fly"}`)
-	if err == nil || !strings.Contains(err.Error(), "entity answered with an error") || !strings.Contains(out, `"ok":false`) {
-		t.Fatalf("bad op: %q %v", out, err)
-	}
+}
 
-	// Tables for people.
-	out, _, err = ctl(t, s.url, "shards")
-	if err != nil || !strings.HasPrefix(out, "SHARD  REGION  STATE   FROM\n0      r1      active  -\n") {
-		t.Fatalf("shards table:\n%s %v", out, err)
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	out, _, err = ctl(t, s.url, "status")
-	if err != nil || !strings.Contains(out, "shards:      16 allocated (16 active), 0 unowned") {
-		t.Fatalf("status text:\n%s %v", out, err)
-	}
+	slices.Sort(keys)
+	return keys
+}
 
-	// Moves and drains go to the coordinator, which checks them.
-	if out, _, err = ctl(t, s.url, "move", "3", "r1"); err != nil || !strings.Contains(out, "moving shard 3 to r1") {
-		t.Fatalf("move to the current owner: %q %v", out, err)
-	}
-	if _, _, err = ctl(t, s.url, "move", "3", "nowhere"); err == nil || !strings.Contains(err.Error(), "move refused") || !strings.Contains(err.Error(), "no such live region") {
-		t.Fatalf("move to an unknown region: %v", err)
-	}
-	if _, _, err = ctl(t, s.url, "drain", "nowhere"); err == nil || !strings.Contains(err.Error(), "drain refused") {
-		t.Fatalf("drain of an unknown region: %v", err)
-	}
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
 
-	// With no coordinator, status still prints what KV knows, and says so.
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startWatch runs shardctl watch with args in the background and returns
+// once it is subscribed; wait returns its output and error.
+func (tr *transcript) startWatch(args ...string) (wait func()) {
+	tr.t.Helper()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), append([]string{"--nats", tr.url, "--timeout", "2s"}, args...), func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(stderr.String(), "watching") {
+		select {
+		case err := <-done:
+			tr.t.Fatalf("watch %v ended before it began: %v %s", args, err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tr.t.Fatalf("watch did not start: %q", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return func() {
+		tr.t.Helper()
+		select {
+		case err := <-done:
+			tr.record(args, stdout.String(), err)
+		case <-time.After(20 * time.Second):
+			tr.t.Fatalf("watch %v did not end; it printed:\n%s", args, stdout.String())
+		}
+	}
+}
+
+// TestTranscript is an operator's session against two regions and a
+// coordinator, checked against testdata/<command>.golden.
+func TestTranscript(t *testing.T) {
+	s := startSystem(t, 16, "r1", "r2")
+	tr := &transcript{t: t, url: s.url, golden: map[string]*bytes.Buffer{}}
+	defer tr.check()
+
+	tr.run("status")
+	tr.run("status", "--json")
+	tr.run("regions")
+	tr.run("regions", "--json")
+
+	// Entities: order-42 and user-1 are in shard 4 (r1), user-7 in 14
+	// (r1), order-7 in 11 (r2).
+	tr.run("request", "order-42", `{"op":"set","key":"status","value":"paid"}`)
+	tr.run("send", "order-42", `{"op":"incr","key":"items","by":3}`)
+	tr.run("send", "order-42", `{"op":"incr","key":"items"}`, "--json")
+	tr.run("request", "order-42", `{"op":"get"}`)
+	tr.run("request", "user-7", `{"op":"set","key":"name","value":"ann"}`)
+	tr.run("request", "user-1", `{"op":"set","key":"name","value":"bob"}`)
+	tr.run("request", "order-7", `{"op":"append","key":"log","value":"x"}`)
+	tr.run("request", "order-7", `{"op":"fly"}`) // an entity's error: exit 1
+	tr.run("request", "order-7", "-")            // the payload from stdin, not JSON
+	tr.run("locate", "order-42")
+	tr.run("locate", "order-7", "--json")
+
+	tr.run("shards")
+	tr.run("shard", "4")
+	tr.run("shard", "4", "--json")
+	tr.run("shard", "4", "--limit", "1")
+	tr.run("shard", "5")
+	tr.run("region", "r1")
+	tr.run("region", "r2", "--json")
+	tr.run("region", "nowhere")
+	tr.run("stats")
+	tr.run("stats", "--json")
+
+	// A region that answers no queries is reported, not fatal.
+	stop := s.silentRegion(t, "r3")
+	s.waitTable(t, "r3 registered", func(st protocol.Status) bool { return len(st.Regions) == 3 })
+	tr.run("stats")
+	tr.run("region", "r3")
+	tr.run("region", "r3", "--json")
+	stop()
+	s.waitTable(t, "r3 gone", func(st protocol.Status) bool { return len(st.Regions) == 2 })
+
+	// Watch a move as it happens (shard 2 is on r1).
+	waitTable := s.watchAndMove(tr, 2, "r2")
+	waitTable()
+	tr.run("move", "2", "r2")
+	tr.run("move", "2", "nowhere")
+	tr.run("shards", "--json")
+
+	// Pin shard 5 (on r2) to r1; the next round moves it.
+	tr.run("pin", "5", "r1")
+	tr.run("pin", "7", "r9", "--json")
+	tr.run("shards")
+	tr.run("rebalance", "--dry-run")
+	tr.run("rebalance", "--dry-run", "--json")
+	tr.run("rebalance")
+	s.waitTable(t, "shard 5 on r1", func(st protocol.Status) bool { return st.Table[5].Region == "r1" && st.Table[5].State == "active" })
+	tr.run("shard", "5")
+	tr.run("move", "5", "r2")
+	tr.run("unpin", "5")
+	tr.run("unpin", "7", "--json")
+	tr.run("unpin", "7")
+	tr.run("rebalance", "--dry-run")
+	tr.run("rebalance", "--json")
+
+	// Drain r2: everything goes to r1.
+	tr.run("drain", "r2")
+	s.waitTable(t, "r2 drained", func(st protocol.Status) bool {
+		for _, r := range st.Table {
+			if r.Region != "r1" || r.State != "active" {
+				return false
+			}
+		}
+		return true
+	})
+	tr.run("regions")
+	tr.run("stats")
+
+	// Without a coordinator, the views come from KV and say so.
 	s.stopCoord()
-	<-s.coordDone
-	out, _, err = ctl(t, s.url, "status")
-	if err != nil || !strings.Contains(out, "no coordinator answered") || !strings.Contains(out, "16 allocated") {
-		t.Fatalf("status without coordinator:\n%s %v", out, err)
+	tr.run("status")
+	tr.run("shard", "5")
+	tr.run("move", "1", "r1")
+}
+
+// watchAndMove runs watch (a table and JSON) while shard moves to
+// target, and returns when both watchers saw its three steps.
+func (s *system) watchAndMove(tr *transcript, shard int, target string) (wait func()) {
+	waitTable := tr.startWatch("watch", "--count", "3")
+	waitJSON := tr.startWatch("watch", "--count", "3", "--json")
+	tr.run("move", fmt.Sprint(shard), target)
+	return func() {
+		waitTable()
+		waitJSON()
+		s.waitTable(tr.t, "the move done", func(st protocol.Status) bool {
+			return st.Table[shard].Region == target && st.Table[shard].State == "active"
+		})
 	}
 }
 
 func TestErrors(t *testing.T) {
-	s := startSystem(t, 4)
+	s := startSystem(t, 4, "r1")
 	for _, tc := range []struct {
 		args  []string
 		usage bool
@@ -181,14 +436,33 @@ func TestErrors(t *testing.T) {
 		{[]string{"move", "4", "r1"}, true, "not a number in 0..3"},
 		{[]string{"move", "1", "r 1"}, true, "invalid name"},
 		{[]string{"drain"}, true, "drain takes 1 argument"},
+		{[]string{"pin", "4", "r1"}, true, "not a number in 0..3"},
+		{[]string{"pin", "1", "r.1"}, true, "invalid name"},
+		{[]string{"unpin", "-1"}, true, "flag provided but not defined: -1"},
+		{[]string{"unpin", "--", "-1"}, true, "not a number"},
+		{[]string{"--bogus", "status"}, true, "flag provided but not defined"},
+		{[]string{"shard", "9"}, true, "not a number in 0..3"},
+		{[]string{"region", "*"}, true, "invalid name"},
+		{[]string{"rebalance", "now"}, true, "rebalance takes 0 argument"},
+		{[]string{"stats", "--dry-run"}, true, "--dry-run is not a flag of stats"},
+		{[]string{"rebalance", "--count", "2"}, true, "--count is not a flag of rebalance"},
+		{[]string{"watch", "--count", "-1"}, true, "--count must be 0 or more"},
+		{[]string{"region", "r1", "--limit", "0"}, true, "--limit 1..100000"},
+		{[]string{"region", "r9"}, false, `no region "r9" is registered (regions: r1)`},
 	} {
 		_, _, err := ctl(t, s.url, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, errUsage) != tc.usage {
 			t.Errorf("%v: err %v, want %q (usage error: %v)", tc.args, err, tc.want, tc.usage)
 		}
+		if want := map[bool]int{true: 2, false: 1}[tc.usage]; exitCode(err) != want {
+			t.Errorf("%v: exit %d, want %d", tc.args, exitCode(err), want)
+		}
 	}
 	_, _, err := ctl(t, "nats://127.0.0.1:1", "status")
-	if err == nil || !strings.Contains(err.Error(), "cannot connect to NATS at nats://127.0.0.1:1") {
+	if err == nil || !strings.Contains(err.Error(), "cannot connect to NATS at nats://127.0.0.1:1") || exitCode(err) != 1 {
 		t.Fatalf("no NATS: %v", err)
+	}
+	if exitCode(nil) != 0 || exitCode(flag.ErrHelp) != 0 {
+		t.Fatal("exit status of success or --help is not 0")
 	}
 }

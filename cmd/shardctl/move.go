@@ -13,39 +13,68 @@ import (
 )
 
 func cmdMove(ctx context.Context, c *client, args []string, out io.Writer) error {
-	shard, err := strconv.Atoi(args[0])
-	if err != nil || shard < 0 || shard >= c.shards {
-		return fmt.Errorf("%w: shard %q is not a number in 0..%d", errUsage, args[0], c.shards-1)
-	}
-	if err := protocol.ValidateName("region", args[1]); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if err := c.admin(ctx, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: args[1]}); err != nil {
+	shard, err := c.parseShard(args[0])
+	if err != nil {
 		return err
 	}
-	return c.report(out, fmt.Sprintf("moving shard %d to %s", shard, args[1]))
+	region, err := parseRegion(args[1])
+	if err != nil {
+		return err
+	}
+	var ans protocol.AdminOK
+	if err := c.admin(ctx, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: region}, &ans); err != nil {
+		return err
+	}
+	return c.report(out, fmt.Sprintf("moving shard %d to %s", shard, region), ans.Note)
 }
 
 func cmdDrain(ctx context.Context, c *client, args []string, out io.Writer) error {
-	if err := protocol.ValidateName("region", args[0]); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if err := c.admin(ctx, protocol.AdminDrain, protocol.DrainRequest{Region: args[0]}); err != nil {
+	region, err := parseRegion(args[0])
+	if err != nil {
 		return err
 	}
-	return c.report(out, fmt.Sprintf("draining %s: its shards are being handed off", args[0]))
+	var ans protocol.AdminOK
+	if err := c.admin(ctx, protocol.AdminDrain, protocol.DrainRequest{Region: region}, &ans); err != nil {
+		return err
+	}
+	return c.report(out, fmt.Sprintf("draining %s: its shards are being handed off", region), ans.Note)
 }
 
-func (c *client) report(out io.Writer, msg string) error {
+func (c *client) parseShard(arg string) (int, error) {
+	shard, err := strconv.Atoi(arg)
+	if err != nil || shard < 0 || shard >= c.shards {
+		return 0, fmt.Errorf("%w: shard %q is not a number in 0..%d", errUsage, arg, c.shards-1)
+	}
+	return shard, nil
+}
+
+func parseRegion(arg string) (string, error) {
+	if err := protocol.ValidateName("region", arg); err != nil {
+		return "", fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return arg, nil
+}
+
+// report prints the outcome of a command that changes something, and the
+// coordinator's note about what follows.
+func (c *client) report(out io.Writer, msg, note string) error {
 	if c.opts.JSON {
-		return writeJSON(out, map[string]any{"ok": true, "message": msg})
+		return writeJSON(out, struct {
+			OK      bool   `json:"ok"`
+			Message string `json:"message"`
+			Note    string `json:"note,omitempty"`
+		}{true, msg, note})
+	}
+	if note != "" {
+		msg += "\n" + note
 	}
 	_, err := fmt.Fprintln(out, msg)
 	return err
 }
 
-// admin sends an admin request to the coordinator and returns its error.
-func (c *client) admin(ctx context.Context, verb string, req any) error {
+// admin sends an admin request to the coordinator and decodes its answer
+// into ans (unless nil); an error answer is returned as an error.
+func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return err
@@ -65,6 +94,11 @@ func (c *client) admin(ctx context.Context, verb string, req any) error {
 	}
 	if res.Error != "" {
 		return fmt.Errorf("%s refused: %s", verb, res.Error)
+	}
+	if ans != nil {
+		if err := json.Unmarshal(m.Data, ans); err != nil {
+			return fmt.Errorf("%s: coordinator answered garbage: %w", verb, err)
+		}
 	}
 	return nil
 }

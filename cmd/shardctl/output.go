@@ -10,6 +10,7 @@ import (
 func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // subjects have '>'
 	return enc.Encode(v)
 }
 
@@ -40,4 +41,12 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// kvNote says that a view was read from KV because no coordinator
+// answered, as a "note:" line padded to width like the lines before it.
+func kvNote(out io.Writer, v view, width int) {
+	if !v.Answered {
+		fmt.Fprintf(out, "%-*sno coordinator answered; this is what KV holds\n", width, "note:")
+	}
 }

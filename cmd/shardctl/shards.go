@@ -22,7 +22,7 @@ func cmdShards(ctx context.Context, c *client, _ []string, out io.Writer) error 
 				from = "(coordinator)"
 			}
 		}
-		rows[i] = []any{r.Shard, orDash(r.Region), r.State, from}
+		rows[i] = []any{r.Shard, orDash(r.Region), r.State, from, orDash(r.Pin)}
 	}
-	return table(out, []string{"SHARD", "REGION", "STATE", "FROM"}, rows)
+	return table(out, []string{"SHARD", "REGION", "STATE", "FROM", "PIN"}, rows)
 }

@@ -52,8 +52,6 @@ func cmdStatus(ctx context.Context, c *client, _ []string, out io.Writer) error 
 	fmt.Fprintf(out, "coordinator: %s\n", coord)
 	fmt.Fprintf(out, "regions:     %d\n", s.Regions)
 	fmt.Fprintf(out, "shards:      %d allocated (%d active), %d unowned\n", s.Allocated, s.Active, s.Unowned)
-	if !v.Answered {
-		fmt.Fprintln(out, "note:        no coordinator answered; this is what KV holds")
-	}
+	kvNote(out, v, 13)
 	return nil
 }

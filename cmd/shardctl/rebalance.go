@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+func cmdRebalance(ctx context.Context, c *client, _ []string, out io.Writer) error {
+	var ans protocol.RebalanceAnswer
+	if err := c.admin(ctx, protocol.AdminRebalance, protocol.RebalanceRequest{DryRun: c.opts.DryRun}, &ans); err != nil {
+		return err
+	}
+	if ans.Moves == nil {
+		ans.Moves = []protocol.PlannedMove{}
+	}
+	if c.opts.JSON {
+		return writeJSON(out, ans)
+	}
+	verb := "moving"
+	if ans.DryRun {
+		verb = "dry run: would move"
+	}
+	switch len(ans.Moves) {
+	case 0:
+		fmt.Fprintln(out, "nothing to move")
+	case 1:
+		fmt.Fprintf(out, "%s 1 shard\n", verb)
+	default:
+		fmt.Fprintf(out, "%s %d shards\n", verb, len(ans.Moves))
+	}
+	if ans.InProgress > 0 {
+		fmt.Fprintf(out, "%d shards are moving or parked; most strategies wait until they are active\n", ans.InProgress)
+	}
+	if len(ans.Moves) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(ans.Moves))
+	for i, m := range ans.Moves {
+		rows[i] = []any{m.Shard, m.From, orDash(m.To)}
+	}
+	return table(out, []string{"SHARD", "FROM", "TO"}, rows)
+}
