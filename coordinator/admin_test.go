@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
+	"github.com/natshard/natshard/strategies"
 )
 
 // TestPinsThroughTheAdminAPI: a pin asked for over the admin API is
@@ -128,4 +130,100 @@ func nextEvent(t *testing.T, sub *nats.Subscription, kind string) protocol.Event
 			return ev
 		}
 	}
+}
+
+// TestLoadAwareWithRealLoadReports: regions measure their shards' message
+// rates and report them in probe answers; a load-aware coordinator moves
+// the hottest shard of the busy region to the idle one.
+func TestLoadAwareWithRealLoadReports(t *testing.T) {
+	nc, store, buffer, subjects := openType(t)
+	ctx := context.Background()
+	for _, id := range []string{"r1", "r2"} {
+		agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: entities.Echo()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer agent.Close(ctx)
+	}
+	strategy, _, err := strategies.Parse("load-aware")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1",
+			Strategy: strategy, MinRegions: 2, RebalanceInterval: -1}).Run(cctx)
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "shards 0 and 2 on r1", func() error {
+		st, err := status(nc, subjects)
+		if err != nil {
+			return err
+		}
+		for _, s := range st.Table {
+			if s.State != "active" || s.Region != []string{"r1", "r2"}[s.Shard%2] {
+				return fmt.Errorf("shard %+v", s)
+			}
+		}
+		return nil
+	})
+
+	// Shard 0 gets about 200 messages/s, shard 2 about 100, the others
+	// nothing: r1 carries everything.
+	idOf := func(shard int) string {
+		for i := 0; ; i++ {
+			if id := fmt.Sprintf("e%d", i); protocol.ShardOf(id, shards) == shard {
+				return id
+			}
+		}
+	}
+	hot, warm := subjects.Entity(0, idOf(0)), subjects.Entity(2, idOf(2))
+	pctx, stopPublishing := context.WithCancel(ctx)
+	defer stopPublishing()
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; pctx.Err() == nil; i++ {
+			<-tick.C
+			_ = nc.Publish(hot, []byte("x"))
+			if i%2 == 0 {
+				_ = nc.Publish(warm, []byte("x"))
+			}
+		}
+	}()
+	rebalance := func(dry bool) protocol.RebalanceAnswer {
+		t.Helper()
+		body, _ := json.Marshal(protocol.RebalanceRequest{DryRun: dry})
+		m, err := nc.Request(subjects.Admin(protocol.AdminRebalance), body, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ans protocol.RebalanceAnswer
+		if err := json.Unmarshal(m.Data, &ans); err != nil {
+			t.Fatalf("%q: %v", m.Data, err)
+		}
+		return ans
+	}
+	want := []protocol.PlannedMove{{Shard: 0, From: "r1", To: "r2"}}
+	waitFor(t, "a plan that moves the hot shard", func() error {
+		if plan := rebalance(true); !slices.Equal(plan.Moves, want) {
+			return fmt.Errorf("plan %+v, want %v", plan.Moves, want)
+		}
+		return nil
+	})
+	if plan := rebalance(false); !slices.Equal(plan.Moves, want) {
+		t.Fatalf("round %+v, want %v", plan.Moves, want)
+	}
+	waitFor(t, "shard 0 on r2", func() error {
+		st, err := status(nc, subjects)
+		if err != nil {
+			return err
+		}
+		if s := st.Table[0]; s.Region != "r2" || s.State != "active" {
+			return fmt.Errorf("shard 0 %+v", s)
+		}
+		return nil
+	})
 }
