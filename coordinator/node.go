@@ -258,10 +258,10 @@ func (l *leader) lead(ctx context.Context) error {
 				return err
 			}
 		}
+		l.announceRegions() // before the moves that a change of regions starts
 		if err := l.execute(ctx, acts); err != nil {
 			return err
 		}
-		l.announceRegions()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/nats-io/nats.go"
@@ -69,7 +70,8 @@ func (a *Agent) query(body []byte) (protocol.QueryAnswer, error) {
 		if len(req.Shards) > 0 && !slices.Contains(req.Shards, sh) {
 			continue
 		}
-		r := protocol.ShardReport{Shard: sh, Mode: modes[sh].String(), Entities: loads[i].Entities, MessagesPerSecond: loads[i].Rate}
+		rate := math.Round(loads[i].Rate*1000) / 1000
+		r := protocol.ShardReport{Shard: sh, Mode: modes[sh].String(), Entities: loads[i].Entities, MessagesPerSecond: rate}
 		if req.Entities {
 			ids := a.host.shardEntities(sh)
 			r.Entities = len(ids)
