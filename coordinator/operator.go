@@ -33,6 +33,8 @@ func (c *Core) Pin(shard int, region string) (acts []Action, note string, err er
 		note = fmt.Sprintf("region %s is leaving: the pin takes effect if it comes back", region)
 	case rec.Region == region && rec.State == protocol.StateActive:
 		note = fmt.Sprintf("shard %d is on %s already", shard, region)
+	case c.cfg.RebalanceEvery < 0:
+		note = fmt.Sprintf("shard %d moves to %s in the next round (periodic rounds are off: shardctl rebalance runs one)", shard, region)
 	default:
 		note = fmt.Sprintf("shard %d moves to %s in the next rebalance round", shard, region)
 	}

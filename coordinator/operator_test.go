@@ -40,7 +40,7 @@ func twoRegions(t *testing.T, strategy strategies.Strategy) (*sim, CoreConfig) {
 func TestPinMovesTheShardHomeInTheNextRound(t *testing.T) {
 	s, _ := twoRegions(t, nil)
 	acts, note, err := s.c.Pin(1, "a")
-	if err != nil || !strings.Contains(note, "moves to a in the next rebalance round") {
+	if err != nil || !strings.Contains(note, "moves to a in the next round (periodic rounds are off") {
 		t.Fatalf("Pin: %q %v", note, err)
 	}
 	if !slices.Contains(acts, Action(WritePin{Shard: 1, Region: "a"})) {
