@@ -313,11 +313,20 @@ func testLoad(t *testing.T, run loadRun) {
 	for _, n := range sent {
 		published += n
 	}
+	// (Without ids, duplicates add to handled, so a second without records
+	// is also asked for. After a crash some never come; the
+	// idle wait of the other runs outlasts a replay's stall, so that a slow
+	// shard is reported as slow, not as lost.)
+	idleEnd := 10 * time.Second
+	if run.kill {
+		idleEnd = 3 * time.Second
+	}
 	eventually(t, 60*time.Second, "the last records", func() error {
-		if h := col.handled.Load(); h >= int64(published) && !run.kill && run.msgIDs {
+		idle := time.Since(time.Unix(0, col.last.Load()))
+		if h := col.handled.Load(); h >= int64(published) && !run.kill && (run.msgIDs || idle > time.Second) {
 			return nil
 		}
-		if idle := time.Since(time.Unix(0, col.last.Load())); idle > 3*time.Second {
+		if idle > idleEnd {
 			return nil
 		}
 		return fmt.Errorf("still receiving")
@@ -331,6 +340,8 @@ func testLoad(t *testing.T, run loadRun) {
 	defer col.mu.Unlock()
 	var dups, lost, lostAfterPark, overlaps int
 	var handled int
+	reported := map[string]bool{}
+	var dupInfo []string
 	for e := range loadEntities {
 		id := fmt.Sprintf("e-%d", e)
 		recs := col.byEntity[id]
@@ -342,6 +353,17 @@ func testLoad(t *testing.T, run loadRun) {
 			handled++
 			if seen[r.seq] {
 				dups++
+				if len(dupInfo) < 20 {
+					var first record
+					for _, x := range recs {
+						if x.seq == r.seq {
+							first = x
+							break
+						}
+					}
+					dupInfo = append(dupInfo, fmt.Sprintf("entity %s (shard %d) seq %d twice: in %s/%s at %s and in %s/%s at %s (published %s)",
+						id, protocol.ShardOf(id, loadShards), r.seq, first.region, first.inc, since(t0, first.start), r.region, r.inc, since(t0, r.start), since(t0, pubTimes[e][r.seq-1])))
+				}
 				continue
 			}
 			seen[r.seq] = true
@@ -358,6 +380,10 @@ func testLoad(t *testing.T, run loadRun) {
 				next++
 			}
 			next = max(next, r.seq+1)
+		}
+		if t.Failed() && !reported[id] && len(reported) < 10 {
+			reported[id] = true
+			t.Logf("entity %s (shard %d) sent %d, records (seq@region/incarnation): %s", id, protocol.ShardOf(id, loadShards), sent[e], describe(recs))
 		}
 		for ; next <= sent[e]; next++ {
 			if !run.kill {
@@ -378,7 +404,9 @@ func testLoad(t *testing.T, run loadRun) {
 	// After a crash, a shard the dead region was replaying is replayed again
 	// from its buffer by the next owner: at least once, reported.
 	if run.msgIDs && dups > 0 && !run.kill {
-		t.Errorf("%d duplicates with Nats-Msg-Id", dups)
+		t.Errorf("%d duplicates with Nats-Msg-Id:\n%s", dups, strings.Join(dupInfo, "\n"))
+	} else if len(dupInfo) > 0 {
+		t.Logf("duplicates:\n%s", strings.Join(dupInfo, "\n"))
 	}
 	if !run.kill && failed.Load() > 0 {
 		var errs []string
@@ -415,6 +443,26 @@ func checkSingleOwner(t *testing.T, id string, recs []record) int {
 		cur = r
 	}
 	return bad
+}
+
+// since formats unix nanos as the time since t0.
+func since(t0 time.Time, ns int64) string {
+	return fmt.Sprintf("%.3fs", time.Unix(0, ns).Sub(t0).Seconds())
+}
+
+// describe lists an entity's records compactly, runs of one incarnation
+// together: "1-17@b/inc1 17-40@d/inc2".
+func describe(recs []record) string {
+	var b strings.Builder
+	for i := 0; i < len(recs); {
+		j := i
+		for j+1 < len(recs) && recs[j+1].inc == recs[i].inc && recs[j+1].seq == recs[j].seq+1 {
+			j++
+		}
+		fmt.Fprintf(&b, "%d-%d@%s/%s ", recs[i].seq, recs[j].seq, recs[i].region, recs[i].inc)
+		i = j + 1
+	}
+	return b.String()
 }
 
 func headerErr(m *nats.Msg) string {

@@ -111,9 +111,31 @@ func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 		p.kill()
 		if t.Failed() {
 			t.Logf("---- log of %s %s ----\n%s", bin, name, lastLines(p.log.String(), 80))
+			if f := keepLog(t, bin+"-"+name, p.log.String()); f != "" {
+				t.Logf("---- the whole log of %s %s: %s", bin, name, f)
+			}
 		}
 	})
 	return p
+}
+
+// keepLog writes a failed test's whole process log under
+// $NATSHARD_TEST_LOGS (default: the system's temporary directory) and
+// returns the file's name; "" if it could not.
+func keepLog(t *testing.T, name, log string) string {
+	dir := os.Getenv("NATSHARD_TEST_LOGS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "natshard-test-logs")
+	}
+	dir = filepath.Join(dir, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ""
+	}
+	f := filepath.Join(dir, name+".log")
+	if os.WriteFile(f, []byte(log), 0o644) != nil {
+		return ""
+	}
+	return f
 }
 
 func lastLines(s string, n int) string {

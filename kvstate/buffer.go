@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -52,6 +54,8 @@ const (
 	// replayBatch is the number of messages Replay's consumer keeps
 	// buffered on the client.
 	replayBatch = 1000
+	// replayWatch: see BufferOptions.Logger.
+	replayWatch = 5 * time.Second
 )
 
 // codeStoreFailed is the JetStream API error code with which the server
@@ -107,6 +111,9 @@ type BufferOptions struct {
 	Replicas    int           // of the stream; 0 means 1
 	MaxPerShard int64         // messages per shard; 0 means DefaultBufferPerShard
 	Timeout     time.Duration // per operation when ctx has none; 0 means 5s
+	// Logger, when set, gets a warning every replayWatch while a Replay
+	// waits for its end marker, with what its consumer says.
+	Logger *slog.Logger
 }
 
 // Buffer is the handoff buffer of one entity type: a JetStream stream
@@ -452,68 +459,221 @@ func (b *Buffer) Mark(ctx context.Context, shard int, handoff uint64) (uint64, e
 // more messages until then. It returns the marker's sequence, or ctx's
 // error. fn runs on Replay's goroutine, one message at a time.
 //
-// Replay reads through an ordered consumer (memory, R1) that it deletes
-// when it returns; the server deletes it after a minute of inactivity
-// if Replay's process dies. A message without protocol.HeaderSubject was
-// not appended by Append: it is skipped silently. A restored message has a
-// nil Header when the original had none; Data may be an empty slice
-// instead of nil. Replay does not remove anything: see Purge.
+// Replay reads through an ephemeral pull consumer (memory, R1, no acks)
+// with one Fetch after another, each bounded by replayWait, and deletes
+// the consumer when it returns; the server deletes it after a minute of
+// inactivity if Replay's process dies. It does not use the client's
+// ordered consumer, whose iterator sends one long pull request and waits
+// 10 s of missed heartbeats before it notices that the request was lost:
+// on a cluster the first pull request to a consumer just created is
+// sometimes lost (the load test saw replays stall for 10 s). A lost Fetch
+// costs at most replayWait here. A gap in the consumer's delivery
+// sequence (a message lost in transit), or a consumer that stops answering
+// (deleted, or lost with its server), makes Replay resume on a new
+// consumer from the stream sequence after the last message it read.
+//
+// A message without protocol.HeaderSubject was not appended by Append: it
+// is skipped silently. A restored message has a nil Header when the
+// original had none; Data may be an empty slice instead of nil. Replay
+// does not remove anything: see Purge.
 func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(m *nats.Msg)) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	subject := b.subjects.BufferShard(shard) // messages and markers, in stream order
-	want := strconv.FormatUint(handoff, 10)
+	r := &replay{b: b, subject: b.subjects.BufferShard(shard), want: strconv.FormatUint(handoff, 10), fn: fn}
+	if b.opts.Logger != nil {
+		stop := r.watch(ctx, b.opts.Logger.With("shard", shard, "handoff", handoff))
+		defer stop()
+	}
+	defer r.setConsumer(nil)
+	for {
+		seq, done, err := r.run(ctx)
+		if done || err != nil {
+			return seq, err
+		}
+		// A gap: resume on a new consumer after the last message read.
+	}
+}
 
-	cctx, cancel := b.ctx(ctx)
-	cons, err := b.js.OrderedConsumer(cctx, b.name, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{subject},
+// replay is the state of one Replay.
+type replay struct {
+	b       *Buffer
+	subject string // messages and markers of the shard, in stream order
+	want    string // the handoff id of the marker that ends the replay
+	fn      func(m *nats.Msg)
+
+	next    uint64 // stream sequence to resume from; 0 means the start
+	read    atomic.Uint64
+	fetches atomic.Uint64
+
+	mu   sync.Mutex
+	cons jetstream.Consumer // the current one, for the watch and deletion
+}
+
+// replayWait bounds each Fetch of a Replay: how long a lost pull request
+// (or an empty buffer) holds it up before the next one.
+const replayWait = time.Second
+
+// replayFailures: see replay.run.
+const replayFailures = 5
+
+// run reads from a new consumer until the marker (done), ctx's end or a
+// failure to create the consumer (err), or a gap in the delivery sequence
+// or a lost consumer (neither: run again).
+func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
+	cfg := jetstream.ConsumerConfig{
+		FilterSubject:     r.subject,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
 		InactiveThreshold: replayInactive,
-	})
+	}
+	if r.next > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
+	}
+	cctx, cancel := r.b.ctx(ctx)
+	cons, err := r.b.js.CreateConsumer(cctx, r.b.name, cfg)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, ctx.Err()
+			return 0, false, ctx.Err()
 		}
-		return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
+		return 0, false, translate(fmt.Errorf("replay %s: %w", r.subject, err), ErrConflict)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(replayBatch))
-	if err != nil {
-		b.deleteConsumer(cons)
-		return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
-	}
-	// Stop also ends Next while it recreates a lost consumer, which
-	// NextContext would not.
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer func() {
-		stop()
-		it.Stop()
-		b.deleteConsumer(cons)
-	}()
-
+	r.setConsumer(cons)
+	var delivered uint64 // the consumer's delivery sequence so far
+	failures := 0
 	for {
-		jm, err := it.Next()
+		r.fetches.Add(1)
+		batch, err := cons.Fetch(replayBatch, jetstream.FetchMaxWait(replayWait))
 		if err != nil {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			return 0, translate(fmt.Errorf("replay %s: %w", subject, err), ErrConflict)
+			return 0, false, translate(fmt.Errorf("replay %s: %w", r.subject, err), ErrConflict)
 		}
-		h := jm.Headers()
-		if v, ok := h[protocol.HeaderMarker]; ok {
-			if len(v) == 0 || v[0] != want {
-				continue // the marker of another handoff
+		for msgs := batch.Messages(); ; {
+			var jm jetstream.Msg
+			var ok bool
+			select {
+			case jm, ok = <-msgs:
+			case <-ctx.Done():
+				return 0, false, ctx.Err()
+			}
+			if !ok {
+				break
 			}
 			md, err := jm.Metadata()
 			if err != nil {
-				return 0, fmt.Errorf("replay %s: marker of handoff %d: %w", subject, handoff, err)
+				return 0, false, fmt.Errorf("replay %s: %w", r.subject, err)
 			}
-			return md.Sequence.Stream, nil
+			if md.Sequence.Consumer != delivered+1 {
+				return 0, false, nil // a gap: resume from r.next
+			}
+			delivered = md.Sequence.Consumer
+			r.next = md.Sequence.Stream + 1
+			r.read.Add(1)
+			h := jm.Headers()
+			if v, ok := h[protocol.HeaderMarker]; ok {
+				if len(v) > 0 && v[0] == r.want {
+					return md.Sequence.Stream, true, nil
+				}
+				continue // the marker of another handoff
+			}
+			if m := restore(h, jm.Data()); m != nil {
+				r.fn(m)
+			}
 		}
-		if m := restore(h, jm.Data()); m != nil {
-			fn(m)
+		// The batch ended: full, expired, or failed. Fetch again. A pull
+		// request may fail with "no responders" while the new consumer's
+		// subscription is not yet known to every server; it also fails so
+		// when the consumer is gone (deleted, or lost with its server), so
+		// after replayFailures failures in a row the consumer is replaced.
+		switch err := batch.Error(); {
+		case err == nil:
+			failures = 0
+		case errors.Is(err, jetstream.ErrConsumerDeleted), failures+1 >= replayFailures:
+			return 0, false, nil
+		default:
+			failures++
+			if !sleep(ctx, 50*time.Millisecond) {
+				return 0, false, ctx.Err()
+			}
 		}
+		if ctx.Err() != nil {
+			return 0, false, ctx.Err()
+		}
+	}
+}
+
+// setConsumer makes cons the current consumer and deletes the previous
+// one, in the background (it would expire anyway, see replayInactive).
+func (r *replay) setConsumer(cons jetstream.Consumer) {
+	r.mu.Lock()
+	old := r.cons
+	r.cons = cons
+	r.mu.Unlock()
+	if old == nil {
+		return
+	}
+	name := old.CachedInfo().Name
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.b.opts.Timeout)
+		defer cancel()
+		_ = r.b.js.DeleteConsumer(ctx, r.b.name, name)
+	}()
+}
+
+// watch logs a warning every replayWatch until stop is called, with what
+// the replay and its consumer say: a replay that waits long for its marker
+// is worth an operator's look (is the source alive? is the stream?).
+func (r *replay) watch(ctx context.Context, log *slog.Logger) (stop func()) {
+	began := time.Now()
+	var (
+		mu    sync.Mutex
+		ended bool
+		t     *time.Timer
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(replayWatch, func() {
+		args := []any{"waiting", time.Since(began).Round(time.Millisecond), "read", r.read.Load(), "fetches", r.fetches.Load()}
+		r.mu.Lock()
+		cons := r.cons
+		r.mu.Unlock()
+		if cons != nil {
+			ictx, cancel := context.WithTimeout(ctx, r.b.opts.Timeout)
+			info, err := cons.Info(ictx)
+			cancel()
+			if err != nil {
+				args = append(args, "consumer_info_err", err)
+			} else {
+				args = append(args, "consumer", info.Name, "pending", info.NumPending, "delivered_stream_seq", info.Delivered.Stream, "waiting_pulls", info.NumWaiting)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !ended {
+			log.Warn("replay still waiting for its end marker", args...)
+			t.Reset(replayWatch)
+		}
+	})
+	return func() {
+		mu.Lock()
+		ended = true
+		t.Stop()
+		mu.Unlock()
+	}
+}
+
+// sleep waits for d or until ctx ends; it reports whether ctx is still
+// alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -535,21 +695,6 @@ func restore(h nats.Header, data []byte) *nats.Msg {
 		m.Header[strings.TrimPrefix(k, escapePrefix)] = v
 	}
 	return m
-}
-
-// deleteConsumer deletes the ordered consumer's current server consumer,
-// in the background (it would expire anyway, see replayInactive).
-func (b *Buffer) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil {
-		return
-	}
-	name := info.Name
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), b.opts.Timeout)
-		defer cancel()
-		_ = b.js.DeleteConsumer(ctx, b.name, name)
-	}()
 }
 
 // Purge removes shard's buffered messages with sequence up to and

@@ -38,6 +38,7 @@ func TestBuffer(t *testing.T) {
 			t.Run("Overflow", env.testOverflow)
 			t.Run("Purge", env.testPurge)
 			t.Run("ReplayCancel", env.testReplayCancel)
+			t.Run("ReplayConsumerLost", env.testReplayConsumerLost)
 			t.Run("FlushWhileAppending", env.testFlushWhileAppending)
 			t.Run("Bind", env.testBind)
 			t.Run("Throughput", env.testThroughput)
@@ -513,6 +514,42 @@ func (e *bufEnv) testReplayCancel(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// testReplayConsumerLost: the server deletes a Replay's consumer (as when
+// its server restarts) in the middle of the replay; Replay goes on from
+// where it was on a new consumer, without gap or duplicate.
+func (e *bufEnv) testReplayConsumerLost(t *testing.T) {
+	b, s := e.open(t, 0)
+	want := plain(s, 5, 3000, "lost")
+	for _, m := range want {
+		b.Append(5, m, noFailure(t))
+	}
+	mark(t, b, 5, 1)
+	stream, err := e.js.Stream(testCtx(t), kvstate.BufferStream(s.Type()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*nats.Msg
+	deleted := 0
+	if _, err := b.Replay(testCtx(t), 5, 1, func(m *nats.Msg) {
+		got = append(got, m)
+		if len(got) != 100 && len(got) != 1500 {
+			return
+		}
+		for name := range stream.ConsumerNames(testCtx(t)).Name() {
+			if err := stream.DeleteConsumer(testCtx(t), name); err != nil {
+				t.Errorf("delete consumer %s: %v", name, err)
+			}
+			deleted++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 2 {
+		t.Fatalf("deleted %d consumers during the replay, want 2 (one each time)", deleted)
+	}
+	sameMsgs(t, got, want)
 }
 
 // testFlushWhileAppending: Appends of another shard that never pause do

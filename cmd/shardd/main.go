@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{Replicas: cfg.Replicas, MaxPerShard: int64(cfg.BufferSize)})
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{Replicas: cfg.Replicas, MaxPerShard: int64(cfg.BufferSize), Logger: log})
 	if err != nil {
 		return fmt.Errorf("open the handoff buffer of type %q: %w", cfg.Type, err)
 	}
