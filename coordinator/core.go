@@ -391,9 +391,17 @@ func (c *Core) commandDone(ev CommandDone) {
 		}
 		switch cmd.Kind {
 		case protocol.CmdHandOff:
-			if rec.State == protocol.StateHandoff && rec.Handoff == h && rec.Source == s.Region && ev.Reply.Complete {
+			if rec.State != protocol.StateHandoff || rec.Handoff != h || rec.Source != s.Region {
+				break
+			}
+			if ev.Reply.Complete {
 				c.steps[sh].complete = true
 				c.chooseTarget(sh, rec.Source)
+			} else if slices.Contains(ev.Reply.Replaying, sh) {
+				// The source is still replaying the shard's previous move:
+				// busy, not stuck. Forcing the move now would drop what
+				// it holds; the timeout counts from when it is live.
+				c.steps[sh].at = c.tick
 			}
 		case protocol.CmdBind:
 			if rec.State == protocol.StateBinding && rec.Handoff == h && rec.Region == s.Region && !c.steps[sh].bound {

@@ -202,6 +202,31 @@ func TestHandOffTimeoutForcesReallocation(t *testing.T) {
 	}
 }
 
+// TestHandOffOfReplayingSourceWaits: a move of a shard whose owner is
+// still replaying the shard's previous move (the table says active as soon
+// as the old source released it) does not time out while the owner says
+// so: forcing it would drop what the owner holds. Once live, it pauses and
+// the move completes.
+func TestHandOffOfReplayingSourceWaits(t *testing.T) {
+	s, cfg, sh := moveScenario(t, 2, "a", "b")
+	s.regions["a"].modes[sh] = "hold" // still replaying, as far as a knows
+	acts, _ := s.c.Move(sh, "b")
+	s.run(acts)
+	s.ticks(3 * cfg.HandOffTimeout)
+	if len(s.warnings) != 0 {
+		t.Fatalf("a replaying source timed out: %v", s.warnings)
+	}
+	if rec := s.c.Table()[sh]; rec.State != protocol.StateHandoff || rec.Source != "a" {
+		t.Fatalf("shard %d: %+v, want still in handoff from a", sh, rec)
+	}
+	s.regions["a"].modes[sh] = "live" // the replay reached its marker
+	s.ticks(cfg.Retry + 1)
+	s.settled()
+	if s.owner(sh) != "b" || len(s.warnings) != 0 {
+		t.Fatalf("shard %d on %s, warnings %v", sh, s.owner(sh), s.warnings)
+	}
+}
+
 func TestCoordinatorChangeMidHandoff(t *testing.T) {
 	for _, stop := range []protocol.CommandKind{protocol.CmdBind, protocol.CmdRelease} {
 		t.Run("before "+stop.String(), func(t *testing.T) {

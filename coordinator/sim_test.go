@@ -148,6 +148,7 @@ func (s *sim) answer(send Send) Event {
 				r.modes[sh] = "divert"
 			case "hold":
 				complete = false
+				reply.Replaying = append(reply.Replaying, sh)
 			}
 		case protocol.CmdRelease:
 			if r.modes[sh] == "divert" {

@@ -126,6 +126,11 @@ type Reply struct {
 	// Complete answers handoff: every shard of the command is paused and
 	// its entities have stopped.
 	Complete bool `msgpack:"c,omitempty"`
+	// Replaying answers handoff: the command's shards that are still
+	// replaying their buffer here (bound moments ago). The region pauses
+	// them once live, when asked again; the coordinator restarts their
+	// handoff timeout meanwhile, since the region is busy, not stuck.
+	Replaying []int `msgpack:"r,omitempty"`
 	// Load answers probe: the measured load of the held shards whose
 	// message rate has been measured (see ShardLoad). Regions older than
 	// load reports send none; the coordinator then knows no load.

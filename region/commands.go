@@ -69,7 +69,7 @@ func (a *Agent) onCommand(m *nats.Msg) {
 			a.log.Info("dropped shards", "shards", dropped, "epoch", cmd.Epoch)
 		}
 	case protocol.CmdHandOff:
-		reply.Complete, later = a.handOffLocked(cmd)
+		reply.Complete, reply.Replaying, later = a.handOffLocked(cmd)
 	case protocol.CmdRelease:
 		later, err = a.releaseLocked(cmd)
 	case protocol.CmdLeave:
@@ -144,14 +144,13 @@ func (a *Agent) bindShardsLocked(cmd protocol.Command) error {
 // from now on their arrivals go to the buffer and their entities stop. It
 // reports whether every entity of the shards has stopped already; if not,
 // later waits up to HandOffWait for them and sets Complete. A shard that
-// is still replaying is left alone and makes the answer incomplete (the
-// coordinator asks again). A shard not held has nothing to stop. A
-// repeated HandOff restarts nothing. a.mu is held.
-func (a *Agent) handOffLocked(cmd protocol.Command) (complete bool, later func(r *protocol.Reply)) {
+// is still replaying is left alone, reported in replaying, and makes the
+// answer incomplete (the coordinator asks again). A shard not held has
+// nothing to stop. A repeated HandOff restarts nothing. a.mu is held.
+func (a *Agent) handOffLocked(cmd protocol.Command) (complete bool, replaying []int, later func(r *protocol.Reply)) {
 	var (
-		waits     []<-chan struct{}
-		paused    []int
-		replaying bool
+		waits  []<-chan struct{}
+		paused []int
 	)
 	for i, n := range cmd.Shards {
 		st := a.shards[n]
@@ -162,7 +161,7 @@ func (a *Agent) handOffLocked(cmd protocol.Command) (complete bool, later func(r
 		st.mu.Lock()
 		switch st.mode {
 		case modeHold:
-			replaying = true
+			replaying = append(replaying, n)
 		case modeLive:
 			a.pauseLocked(st, h)
 			paused = append(paused, n)
@@ -181,12 +180,12 @@ func (a *Agent) handOffLocked(cmd protocol.Command) (complete bool, later func(r
 		a.log.Info("paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
 	}
 	switch {
-	case replaying:
-		return false, nil
+	case len(replaying) > 0:
+		return false, replaying, nil
 	case allClosed(waits):
-		return true, nil
+		return true, nil, nil
 	}
-	return false, func(r *protocol.Reply) {
+	return false, nil, func(r *protocol.Reply) {
 		t := time.NewTimer(a.cfg.HandOffWait)
 		defer t.Stop()
 		for _, ch := range waits {

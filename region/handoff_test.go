@@ -707,9 +707,9 @@ func TestHandoffCommandsIdempotentAndRefused(t *testing.T) {
 	c.must("b", bind2)
 	c.must("b", bind2)
 	// b replays (the marker is not written yet): its HandOff is not
-	// complete.
-	if r := c.must("b", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1)}); r.Complete {
-		t.Fatal("handoff of a replaying shard answered complete")
+	// complete, and says that the shard is replaying.
+	if r := c.must("b", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1)}); r.Complete || !slices.Equal(r.Replaying, []int{s}) {
+		t.Fatalf("handoff of a replaying shard answered %+v, want incomplete, replaying [%d]", r, s)
 	}
 	release := protocol.Command{Kind: protocol.CmdRelease, Shards: []int{s}, Handoffs: h2}
 	// Two releases at once: both answered after the marker is written.
