@@ -85,7 +85,22 @@ func TestQuery(t *testing.T) {
 		_ = json.Unmarshal(m.Data, &e)
 		return ans, e.Error
 	}
-	ans, _ := ask(``)
+	// The shards go live once their replays reach the markers.
+	var ans protocol.QueryAnswer
+	deadline := time.Now().Add(10 * time.Second)
+	for live := 0; live < 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("shards not all live: %+v", ans)
+		}
+		ans, _ = ask(``)
+		live = 0
+		for _, s := range ans.Shards {
+			if s.Mode == "live" {
+				live++
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if ans.Region != "r1" || ans.Incarnation != f.inc || len(ans.Shards) != 3 {
 		t.Fatalf("all shards: %+v", ans)
 	}

@@ -90,7 +90,31 @@ func startSystem(t *testing.T, shards int, regions ...string) *system {
 		}
 		return len(st.Table) == shards
 	})
+	for _, id := range regions {
+		s.waitLive(t, id)
+	}
 	return s
+}
+
+// waitLive waits until region id serves every shard it holds live (the
+// table says active once the end marker is written; the region goes live
+// when its replay reaches it).
+func (s *system) waitLive(t *testing.T, id string) {
+	t.Helper()
+	nc := natstest.Connect(t, s.url)
+	defer nc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var ans protocol.QueryAnswer
+		m, err := nc.Request(protocol.MustSubjects("", "", "kv").Query(id), nil, 2*time.Second)
+		if err == nil && json.Unmarshal(m.Data, &ans) == nil && !slices.ContainsFunc(ans.Shards, func(r protocol.ShardReport) bool { return r.Mode != "live" }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("region %s does not serve its shards live: %+v %v", id, ans, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // waitTable polls the coordinator's status until cond holds.
@@ -374,6 +398,7 @@ func TestTranscript(t *testing.T) {
 	tr.run("rebalance", "--dry-run", "--json")
 	tr.run("rebalance")
 	s.waitTable(t, "shard 5 on r1", func(st protocol.Status) bool { return st.Table[5].Region == "r1" && st.Table[5].State == "active" })
+	s.waitLive(t, "r1")
 	tr.run("shard", "5")
 	tr.run("move", "5", "r2")
 	tr.run("unpin", "5")
@@ -414,6 +439,7 @@ func (s *system) watchAndMove(tr *transcript, shard int, target string) (wait fu
 		s.waitTable(tr.t, "the move done", func(st protocol.Status) bool {
 			return st.Table[shard].Region == target && st.Table[shard].State == "active"
 		})
+		s.waitLive(tr.t, target)
 	}
 }
 
