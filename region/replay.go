@@ -125,7 +125,20 @@ func (a *Agent) goLive(st *shardState, replayed int) bool {
 		}
 		a.host.deliver(st.n, h.id, h.m)
 	}
-	st.held, st.seen = nil, nil
+	// A copy of a replayed message may still come: the subscription may
+	// not have delivered everything it received before this point (its
+	// callback is busy), or a copy may be on its way. Such copies were
+	// published before the source released the shard, so they come soon
+	// after: the replayed ids are kept until the subscription delivered
+	// what it had queued now and a release grace passed (the load test on
+	// a cluster saw copies arrive 30 ms after going live).
+	queued, _, _ := st.sub.Pending()
+	st.dedupUntil = st.arrivals + uint64(max(queued, 0))
+	st.dedupEnd = time.Now().Add(a.cfg.ReleaseGrace)
+	if len(st.seen) == 0 {
+		st.seen = nil
+	}
+	st.held = nil
 	st.mode = modeLive
 	handoff := st.handoff
 	st.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/kvstate"
@@ -67,10 +68,18 @@ type shardState struct {
 	mode    mode
 	handoff uint64 // hold: the marker being replayed to; divert: the handoff paused for
 
+	arrivals uint64 // messages the subscription delivered to onMessage
+
 	// hold
 	held   []heldMsg           // arrivals, in order
 	seen   map[string]struct{} // Nats-Msg-Id of the replayed messages
 	cancel context.CancelFunc  // ends the replay (and the purge after it)
+
+	// live, just after hold: seen is kept to skip late copies of replayed
+	// messages until the subscription has delivered dedupUntil arrivals
+	// and dedupEnd has passed; see goLive.
+	dedupUntil uint64
+	dedupEnd   time.Time
 
 	// divert
 	stopped <-chan struct{} // closed when the entities have stopped
@@ -85,6 +94,22 @@ func (st *shardState) currentMode() mode {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.mode
+}
+
+// lateCopy reports whether m, arriving at a live shard, is a copy of a
+// message the replay delivered, and forgets the replayed ids once the
+// window for such copies has closed; st.mu is held.
+func (st *shardState) lateCopy(m *nats.Msg) bool {
+	if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
+		if _, dup := st.seen[mid]; dup {
+			delete(st.seen, mid) // a message reaches a subscription once
+			return true
+		}
+	}
+	if st.arrivals >= st.dedupUntil && time.Now().After(st.dedupEnd) {
+		st.seen = nil
+	}
+	return false
 }
 
 // heldMsg is a message held while replaying, with its parsed entity id.
@@ -103,8 +128,14 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 		return
 	}
 	st.mu.Lock()
+	st.arrivals++
 	switch st.mode {
 	case modeLive:
+		if st.seen != nil && st.lateCopy(m) {
+			st.mu.Unlock()
+			a.stats.DuplicatesSkipped.Add(1)
+			return
+		}
 		a.host.deliver(st.n, id, m)
 		st.mu.Unlock()
 		a.stats.Delivered.Add(1)
