@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -36,6 +37,7 @@ type system struct {
 	url       string
 	store     *kvstate.Store
 	shards    int
+	regions   []string
 	stopCoord func()
 }
 
@@ -69,19 +71,8 @@ func startSystem(t *testing.T, shards int, regions ...string) *system {
 		}
 		t.Cleanup(func() { agent.Close(context.Background()) })
 	}
-	nc, cstore, buffer, subjects := open()
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		coordinator.New(coordinator.Config{
-			Conn: nc, Store: cstore, Buffer: buffer, Subjects: subjects, Shards: shards, Region: regions[0],
-			MinRegions: len(regions), RebalanceInterval: -1,
-		}).Run(cctx)
-	}()
-	var once sync.Once
-	s := &system{url: url, store: store, shards: shards, stopCoord: func() { once.Do(func() { cancel(); <-done }) }}
-	t.Cleanup(s.stopCoord)
+	s := &system{url: url, store: store, shards: shards, regions: regions}
+	s.stopCoord = s.startCoordinator(t)
 	s.waitTable(t, "every shard active", func(st protocol.Status) bool {
 		for _, r := range st.Table {
 			if r.State != "active" || r.Region != regions[r.Shard%len(regions)] {
@@ -94,6 +85,36 @@ func startSystem(t *testing.T, shards int, regions ...string) *system {
 		s.waitLive(t, id)
 	}
 	return s
+}
+
+// startCoordinator starts a coordinator candidate in the process of the
+// first region; the returned function stops it (also at cleanup).
+func (s *system) startCoordinator(t *testing.T) (stop func()) {
+	t.Helper()
+	nc := natstest.Connect(t, s.url)
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coordinator.New(coordinator.Config{
+			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: s.shards, Region: s.regions[0],
+			MinRegions: len(s.regions), RebalanceInterval: -1,
+		}).Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // waitLive waits until region id serves every shard it holds live (the
@@ -440,6 +461,36 @@ func (s *system) watchAndMove(tr *transcript, shard int, target string) (wait fu
 			return st.Table[shard].Region == target && st.Table[shard].State == "active"
 		})
 		s.waitLive(tr.t, target)
+	}
+}
+
+// TestChangeDuringHandover: a change asked for while no coordinator runs
+// waits for the next one, within --timeout.
+func TestChangeDuringHandover(t *testing.T) {
+	s := startSystem(t, 4, "r1")
+	s.stopCoord()
+	done := make(chan error, 1)
+	var out bytes.Buffer
+	go func() {
+		done <- run(context.Background(), []string{"--nats", s.url, "--timeout", "20s", "pin", "1", "r1"}, func(string) string { return "" }, strings.NewReader(""), &out, io.Discard)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("pin without a coordinator ended at once: %v", err)
+	default:
+	}
+	s.startCoordinator(t)
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "pinned shard 1 to r1") {
+			t.Fatalf("pin once a coordinator runs: %q %v", out.String(), err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("pin never ended")
+	}
+	if pins, err := s.store.Pins(context.Background()); err != nil || pins[1] != "r1" {
+		t.Fatalf("pins %v %v", pins, err)
 	}
 }
 

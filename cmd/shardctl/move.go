@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/protocol"
@@ -73,7 +74,9 @@ func (c *client) report(out io.Writer, msg, note string) error {
 }
 
 // admin sends an admin request to the coordinator and decodes its answer
-// into ans (unless nil); an error answer is returned as an error.
+// into ans (unless nil); an error answer is returned as an error. While
+// no coordinator listens (a failover or a graceful handover in progress)
+// it asks again, within --timeout.
 func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -81,9 +84,23 @@ func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
-	m, err := c.nc.RequestWithContext(ctx, c.subjects.Admin(verb), data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("no coordinator of type %q is running (no responders on %s)", c.opts.Type, c.subjects.Admin(verb))
+	noCoordinator := fmt.Errorf("no coordinator of type %q is running (no responders on %s within %v)", c.opts.Type, c.subjects.Admin(verb), c.opts.Timeout)
+	var m *nats.Msg
+	waited := false
+	for {
+		m, err = c.nc.RequestWithContext(ctx, c.subjects.Admin(verb), data)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+		waited = true
+		select {
+		case <-ctx.Done():
+			return noCoordinator
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err != nil && waited && ctx.Err() != nil {
+		return noCoordinator
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", verb, err)
