@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -87,9 +86,6 @@ func (c *collector) onRecord(m *nats.Msg) {
 }
 
 func testLoad(t *testing.T, run loadRun) {
-	if run.cluster && os.Getenv("NATSHARD_CLUSTER_LOAD") == "" {
-		t.Skip("quarantined: on a three-server cluster this run showed 7 lost messages (release grace 200ms) and 3 duplicates with Nats-Msg-Id (grace 1s) in about 1 of 5 runs; under investigation in issue 3. Run it with NATSHARD_CLUSTER_LOAD=1; .ci/run runs it as a separate, non-fatal step")
-	}
 	subjects := protocol.MustSubjects("", "", "load")
 	traceSubject := "test.trace." + strings.ReplaceAll(run.name, "-", "_")
 	common := []string{"--type", "load", "--kind", "trace", "--trace-subject", traceSubject, "--min-regions", "3", "--shards", strconv.Itoa(loadShards)}
@@ -251,7 +247,14 @@ func testLoad(t *testing.T, run loadRun) {
 	logf("c exited")
 
 	at(run.duration * 11 / 20)
-	if st, err := status(nc, subjects); err == nil {
+	// c may have held the coordinator lease: its successor answers the
+	// admin API once it took over.
+	var st protocol.Status
+	eventually(t, 30*time.Second, "the coordinator's status", func() (err error) {
+		st, err = status(nc, subjects)
+		return err
+	})
+	{
 		moved := 0
 		for _, s := range st.Table {
 			if moved == 3 || s.State != "active" {
@@ -263,8 +266,6 @@ func testLoad(t *testing.T, run loadRun) {
 				moved++
 			}
 		}
-	} else {
-		t.Errorf("status before moves: %v", err)
 	}
 
 	at(run.duration * 14 / 20)
@@ -302,7 +303,7 @@ func testLoad(t *testing.T, run loadRun) {
 	if run.kill {
 		live = []string{"a"}
 	}
-	st := waitSettled(t, nc, subjects, 60*time.Second, append(live, "b")...)
+	st = waitSettled(t, nc, subjects, 60*time.Second, append(live, "b")...)
 	for _, r := range st.Regions {
 		if r.ID == "b" && (r.Shards != 0 || !r.Leaving) {
 			t.Errorf("drained region b: %+v", r)
