@@ -28,7 +28,7 @@ const handoffShard = 42
 // the move), the medians of the steps (see summarize), and ns/op, the time
 // of a whole move from the decision until the shard is recorded active
 // and every message published until then was handled (it includes the
-// source's release grace of 200 ms). -benchtime 100x makes 100 moves;
+// source's release grace: none by default, see -natshard.grace). -benchtime 100x makes 100 moves;
 // -natshard.report=FILE appends the whole timeline and each move's
 // figures to FILE.
 func BenchmarkHandoff(b *testing.B) {

@@ -34,6 +34,7 @@ var (
 	flagMinSamples = flag.Int("natshard.min-samples", 20, "moves BenchmarkHandoff measures at least, whatever b.N")
 	flagLog        = flag.Bool("natshard.log", false, "log regions and coordinator at debug level to stderr")
 	flagReport     = flag.String("natshard.report", "", "append the benchmarks' full reports (timelines, windows) to this file")
+	flagGrace      = flag.Duration("natshard.grace", -1, "release grace of regions and coordinator; negative: none, as shardd's --release-grace auto on this standalone server")
 )
 
 // report appends text to the -natshard.report file, if any. (A
@@ -182,7 +183,7 @@ func (s *system) startRegion(id string) *node {
 	p := &probe{}
 	agent, err := region.Open(ctx, region.Config{
 		Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: shardCount,
-		ID: id, Factory: p.factory(entities.Echo()), Logger: s.log,
+		ID: id, Factory: p.factory(entities.Echo()), Logger: s.log, ReleaseGrace: *flagGrace,
 	})
 	if err != nil {
 		s.tb.Fatal(err)
@@ -233,6 +234,7 @@ func (s *system) startCoordinator() {
 		_ = coordinator.New(coordinator.Config{
 			Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: shardCount,
 			Region: "bench", MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance, Logger: s.log,
+			ReleaseGrace: *flagGrace,
 		}).Run(cctx)
 	}()
 	s.onClose(func() { cancel(); <-done })

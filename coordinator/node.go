@@ -47,7 +47,7 @@ type Config struct {
 	// RebalanceInterval between strategy rounds; negative disables them.
 	RebalanceInterval time.Duration
 	MaxMoves          int           // moves of live shards in flight
-	ReleaseGrace      time.Duration // unpark: keep diverting this long first
+	ReleaseGrace      time.Duration // unpark: keep diverting this long first; 0 means the default, negative none
 	Logger            *slog.Logger
 }
 
@@ -73,7 +73,7 @@ func (c *Config) setDefaults() {
 	if c.MaxMoves <= 0 {
 		c.MaxMoves = DefaultMaxMoves
 	}
-	if c.ReleaseGrace <= 0 {
+	if c.ReleaseGrace == 0 {
 		c.ReleaseGrace = DefaultReleaseGrace
 	}
 	if c.Logger == nil {

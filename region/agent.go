@@ -45,7 +45,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ReleaseGrace: how long the source of a handoff keeps diverting after
 	// Release, so that the interest of the new owner's subscription reaches
-	// every server of a cluster (default 1s).
+	// every server of a cluster. 0 means DefaultReleaseGrace; negative
+	// means none, for a standalone server (see shardd's --release-grace).
 	ReleaseGrace time.Duration
 	// HandOffWait: how long a HandOff command waits for the shards'
 	// entities to stop before it answers Complete=false (default 1s).
@@ -121,7 +122,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
-	if cfg.ReleaseGrace <= 0 {
+	if cfg.ReleaseGrace == 0 {
 		cfg.ReleaseGrace = DefaultReleaseGrace
 	}
 	if cfg.HandOffWait <= 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/natshard/natshard/region"
 	"io"
 	"log/slog"
 	"os"
@@ -109,7 +110,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
 	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
 	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
-	fs.DurationVar(&c.ReleaseGrace, "release-grace", envDur("NATSHARD_RELEASE_GRACE", time.Second), "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation) [NATSHARD_RELEASE_GRACE]")
+	c.ReleaseGrace = autoGrace
+	if v := getenv("NATSHARD_RELEASE_GRACE"); v != "" {
+		if err := (*graceFlag)(&c.ReleaseGrace).Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("NATSHARD_RELEASE_GRACE: %w", err))
+		}
+	}
+	fs.Var((*graceFlag)(&c.ReleaseGrace), "release-grace", "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation); auto: 0 on a standalone NATS server, 1s on a cluster [NATSHARD_RELEASE_GRACE]")
 	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", 100_000), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
@@ -173,7 +180,7 @@ func (c *config) Validate() error {
 	if c.MaxMoves < 1 {
 		errs = append(errs, fmt.Errorf("--max-moves: %d is less than 1", c.MaxMoves))
 	}
-	if c.ReleaseGrace < 0 || c.ReleaseGrace > 10*time.Second {
+	if c.ReleaseGrace != autoGrace && (c.ReleaseGrace < 0 || c.ReleaseGrace > 10*time.Second) {
 		errs = append(errs, fmt.Errorf("--release-grace: %s is out of range 0..10s", c.ReleaseGrace))
 	}
 	if c.BufferSize < 1 {
@@ -227,4 +234,49 @@ func defaultDataDir(getenv func(string) string) string {
 		return ""
 	}
 	return filepath.Join(home, ".local", "state", "natshard")
+}
+
+// autoGrace is --release-grace auto: see releaseGrace.
+const autoGrace time.Duration = -1
+
+// graceFlag is --release-grace: a duration, or "auto".
+type graceFlag time.Duration
+
+func (g *graceFlag) String() string {
+	if time.Duration(*g) == autoGrace {
+		return "auto"
+	}
+	return time.Duration(*g).String()
+}
+
+func (g *graceFlag) Set(s string) error {
+	if s == "auto" {
+		*g = graceFlag(autoGrace)
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is neither auto nor a duration (like 1s)", s)
+	}
+	*g = graceFlag(d)
+	return nil
+}
+
+// releaseGrace resolves --release-grace for the connection's server: auto
+// is none on a standalone server (no cluster: every client is on it, so a
+// subscription is known to all publishers once Flush returns, and regions
+// on leaf nodes of one hub keep the hub's interest while both the source
+// and the new owner subscribe) and region.DefaultReleaseGrace on a cluster.
+// The result is for region and coordinator Configs, where 0 means their
+// default and a negative duration none.
+func releaseGrace(flag time.Duration, clusterName string) time.Duration {
+	switch {
+	case flag == autoGrace && clusterName == "":
+		return -1
+	case flag == autoGrace:
+		return region.DefaultReleaseGrace
+	case flag == 0:
+		return -1
+	}
+	return flag
 }

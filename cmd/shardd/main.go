@@ -152,10 +152,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}
 		factory = entities.Trace(nc.Publish, subject, cfg.Region)
 	}
+	grace := releaseGrace(cfg.ReleaseGrace, nc.ConnectedClusterName())
+	log.Info("release grace", "grace", max(grace, 0), "cluster", nc.ConnectedClusterName())
 	a, err := region.Open(ctx, region.Config{
 		Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
 		Factory: factory, IdleTimeout: idleOrNever(cfg.IdleTimeout), LeaseTTL: cfg.LeaseTTL, Logger: log,
-		ReleaseGrace: cfg.ReleaseGrace, MaxHeld: cfg.BufferSize,
+		ReleaseGrace: grace, MaxHeld: cfg.BufferSize,
 	})
 	if err != nil {
 		return err
@@ -173,7 +175,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: cfg.Region, Strategy: strategy,
 			MinRegions: cfg.MinRegions, LeaseTTL: cfg.LeaseTTL, Logger: log,
 			HandOffTimeout: cfg.HandOffTimeout, RebalanceInterval: rebalanceOrNever(cfg.RebalanceInterval),
-			MaxMoves: cfg.MaxMoves, ReleaseGrace: cfg.ReleaseGrace,
+			MaxMoves: cfg.MaxMoves, ReleaseGrace: grace,
 		})
 		go func() {
 			defer close(coordDone)

@@ -185,3 +185,32 @@ func TestRunStrategyStoredPerType(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// TestReleaseGrace: --release-grace auto is none on a standalone server and
+// the default on a cluster; an explicit value wins; 0 is none (not the
+// library's default).
+func TestReleaseGrace(t *testing.T) {
+	for _, c := range []struct {
+		flag    string
+		cluster string
+		want    time.Duration
+	}{
+		{"auto", "", -1},
+		{"auto", "east", time.Second},
+		{"250ms", "", 250 * time.Millisecond},
+		{"250ms", "east", 250 * time.Millisecond},
+		{"0s", "east", -1},
+	} {
+		var g time.Duration
+		if err := (*graceFlag)(&g).Set(c.flag); err != nil {
+			t.Fatalf("Set(%q): %v", c.flag, err)
+		}
+		if got := releaseGrace(g, c.cluster); got != c.want {
+			t.Errorf("--release-grace %s on cluster %q: %v, want %v", c.flag, c.cluster, got, c.want)
+		}
+	}
+	var g time.Duration
+	if err := (*graceFlag)(&g).Set("soon"); err == nil {
+		t.Error("--release-grace soon accepted")
+	}
+}
