@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
 	"time"
 
@@ -115,7 +116,7 @@ func (n *Node) Run(ctx context.Context) error {
 			n.waitForVacancy(ctx)
 		default:
 			n.log.Warn("cannot campaign for the coordinator lease", "err", err)
-			sleep(ctx, time.Second)
+			wait.Sleep(ctx, time.Second)
 		}
 	}
 	return nil
@@ -135,15 +136,6 @@ func (n *Node) waitForVacancy(ctx context.Context) {
 		if !ev.Synced && ev.Info == nil {
 			return
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -343,7 +335,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 // to every server of a cluster), it unsubscribes and appends the end
 // markers, then reports each shard Unparked.
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
-	sleep(ctx, l.cfg.ReleaseGrace)
+	wait.Sleep(ctx, l.cfg.ReleaseGrace)
 	for _, u := range us {
 		l.parker.unsubscribe(u.Shard, u.Handoff)
 	}
@@ -368,7 +360,7 @@ func (l *leader) markRetrying(ctx context.Context, shard int, handoff uint64) bo
 		} else {
 			l.log.Warn("cannot write an end marker; retrying", "shard", shard, "handoff", handoff, "err", err)
 		}
-		sleep(ctx, 500*time.Millisecond)
+		wait.Sleep(ctx, 500*time.Millisecond)
 	}
 	return false
 }
@@ -419,7 +411,7 @@ func (l *leader) watchRegions(ctx context.Context) <-chan Event {
 				break
 			}
 			l.log.Warn("cannot watch regions; retrying", "err", err)
-			sleep(ctx, time.Second)
+			wait.Sleep(ctx, time.Second)
 		}
 		var ids []string
 		synced := false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -594,7 +595,7 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 			return 0, false, nil
 		default:
 			failures++
-			if !sleep(ctx, 50*time.Millisecond) {
+			if !wait.Sleep(ctx, 50*time.Millisecond) {
 				return 0, false, ctx.Err()
 			}
 		}
@@ -661,19 +662,6 @@ func (r *replay) watch(ctx context.Context, log *slog.Logger) (stop func()) {
 		ended = true
 		t.Stop()
 		mu.Unlock()
-	}
-}
-
-// sleep waits for d or until ctx ends; it reports whether ctx is still
-// alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

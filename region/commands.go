@@ -3,6 +3,7 @@ package region
 import (
 	"errors"
 	"fmt"
+	"github.com/natshard/natshard/internal/wait"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -252,7 +253,7 @@ func (a *Agent) releaseLocked(cmd protocol.Command) (later func(r *protocol.Repl
 		jobs[i] = j
 	}
 	return func(r *protocol.Reply) {
-		if grace && !sleep(a.ctx, a.cfg.ReleaseGrace) {
+		if grace && !wait.Sleep(a.ctx, a.cfg.ReleaseGrace) {
 			r.Error = ErrClosed.Error()
 			return
 		}

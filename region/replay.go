@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"fmt"
+	"github.com/natshard/natshard/internal/wait"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,7 +36,7 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	// nobody purges while this replay runs: the messages the earlier
 	// attempts delivered are skipped.
 	done := 0
-	wait := retryFirst
+	backoff := retryFirst
 	var marker uint64
 	for {
 		skip := done
@@ -55,16 +56,16 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 			return
 		}
 		a.limit.log(a.log, "replay-failed", "replaying a shard's buffer failed; retrying", "shard", st.n, "handoff", handoff, "err", err)
-		if !sleep(ctx, wait) {
+		if !wait.Sleep(ctx, backoff) {
 			return
 		}
-		wait = min(wait*2, retryMax)
+		backoff = min(backoff*2, retryMax)
 	}
 	// Purge before going live: the shard's next move may start as soon as
 	// it is live, and its new owner replays the buffer from the start, so
 	// messages left in it would be handled twice (a load test caught that
 	// when the purge came after). Held arrivals wait meanwhile.
-	for wait = retryFirst; ; wait = min(wait*2, retryMax) {
+	for backoff = retryFirst; ; backoff = min(backoff*2, retryMax) {
 		err := a.cfg.Buffer.Purge(ctx, st.n, marker)
 		if err == nil {
 			break
@@ -73,7 +74,7 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 			return
 		}
 		a.limit.log(a.log, "purge-failed", "purging a shard's buffer failed; retrying", "shard", st.n, "upto", marker, "err", err)
-		if !sleep(ctx, wait) {
+		if !wait.Sleep(ctx, backoff) {
 			return
 		}
 	}
@@ -146,17 +147,4 @@ func (a *Agent) goLive(st *shardState, replayed int) bool {
 	a.stats.Delivered.Add(uint64(held - skipped))
 	a.log.Info("shard live", "shard", st.n, "handoff", handoff, "replayed", replayed, "held", held, "duplicates_skipped", skipped)
 	return true
-}
-
-// sleep waits for d or until ctx ends; it reports whether ctx is still
-// alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
