@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/natshard/natshard/protocol"
@@ -501,7 +502,7 @@ func (c *Core) allocate() {
 		}
 		binds[target] = append(binds[target], sh)
 	}
-	for _, id := range sortedKeys(binds) {
+	for _, id := range slices.Sorted(maps.Keys(binds)) {
 		c.sendBindBatch(id, binds[id])
 	}
 }
@@ -792,19 +793,10 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 	return view
 }
 
-func (c *Core) sortedRegionIDs() []string { return sortedKeys(c.regions) }
+func (c *Core) sortedRegionIDs() []string { return slices.Sorted(maps.Keys(c.regions)) }
 
 func (c *Core) flush() []Action {
 	out := c.out
 	c.out = nil
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

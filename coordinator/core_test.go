@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -359,7 +360,7 @@ func TestRandomHistories(t *testing.T) {
 		epoch := uint64(1)
 		for range 60 {
 			alive := []string{}
-			for _, id := range sortedKeys(s.regions) {
+			for _, id := range slices.Sorted(maps.Keys(s.regions)) {
 				if !s.regions[id].dead {
 					alive = append(alive, id)
 				}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -541,7 +543,7 @@ func (l *leader) announceRegions() {
 			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
 		}
 	}
-	for _, id := range sortedKeys(l.seen) {
+	for _, id := range slices.Sorted(maps.Keys(l.seen)) {
 		if _, ok := now[id]; !ok {
 			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: id})
 		}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
@@ -179,7 +180,7 @@ func (s *sim) check() {
 	s.t.Helper()
 	for sh := range s.c.cfg.Shards {
 		var live, divert []string
-		for _, id := range sortedKeys(s.regions) {
+		for _, id := range slices.Sorted(maps.Keys(s.regions)) {
 			r := s.regions[id]
 			if r.dead {
 				continue

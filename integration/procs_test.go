@@ -1,16 +1,15 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/natshard/natshard/internal/natstest"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -65,26 +64,9 @@ type proc struct {
 	t       *testing.T
 	name    string
 	cmd     *exec.Cmd
-	log     *syncBuffer
+	log     *natstest.Buffer
 	done    chan struct{}
 	exitErr error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startShardd starts shardd with args; its log is printed if the test fails.
@@ -96,7 +78,7 @@ func startShardd(t *testing.T, name string, args ...string) *proc {
 // startProcess starts one of the binaries TestMain built.
 func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, log: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, name: name, log: &natstest.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
 	p.cmd.Env = append(os.Environ(), "NATS_URL=", "NATSHARD_LOG_LEVEL=debug")
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

@@ -21,25 +21,13 @@ func (s *Store) PutPin(ctx context.Context, fence Lease, shard int, region strin
 	if err := checkFence(fence, "PutPin"); err != nil {
 		return 0, err
 	}
-	if shard < 0 || shard >= protocol.MaxShards {
-		return 0, fmt.Errorf("kvstate: shard %d out of range 0..%d", shard, protocol.MaxShards-1)
+	if err := checkShard(shard); err != nil {
+		return 0, err
 	}
 	if err := protocol.ValidateName("region id", region); err != nil {
 		return 0, err
 	}
-	data, err := protocol.Encode(protocol.Pin{Shard: shard, Region: region})
-	if err != nil {
-		return 0, err
-	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	s.fenceMu.Lock()
-	defer s.fenceMu.Unlock()
-	rev, err := s.cas(ctx, pinKey(shard), data, nil, KeyCoordinator, fence.Revision)
-	if err != nil {
-		return 0, translate(fmt.Errorf("pin shard %d fenced at coordinator revision %d: %w", shard, fence.Revision, err), ErrFenced)
-	}
-	return rev, nil
+	return s.fencedPut(ctx, fence, pinKey(shard), protocol.Pin{Shard: shard, Region: region}, fmt.Sprintf("pin shard %d", shard))
 }
 
 // DeletePin removes shard's pin, fenced on the coordinator lease. Removing
@@ -48,8 +36,8 @@ func (s *Store) DeletePin(ctx context.Context, fence Lease, shard int) error {
 	if err := checkFence(fence, "DeletePin"); err != nil {
 		return err
 	}
-	if shard < 0 || shard >= protocol.MaxShards {
-		return fmt.Errorf("kvstate: shard %d out of range 0..%d", shard, protocol.MaxShards-1)
+	if err := checkShard(shard); err != nil {
+		return err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()

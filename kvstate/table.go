@@ -25,10 +25,16 @@ func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRec
 	if err := checkFence(fence, "PutShard"); err != nil {
 		return 0, err
 	}
-	if rec.Shard < 0 || rec.Shard >= protocol.MaxShards {
-		return 0, fmt.Errorf("kvstate: shard %d out of range 0..%d", rec.Shard, protocol.MaxShards-1)
+	if err := checkShard(rec.Shard); err != nil {
+		return 0, err
 	}
-	data, err := protocol.Encode(rec)
+	return s.fencedPut(ctx, fence, shardKey(rec.Shard), rec, fmt.Sprintf("put shard %d", rec.Shard))
+}
+
+// fencedPut writes v (msgpack) to key only while fence is the current
+// coordinator lease; what names the write in errors.
+func (s *Store) fencedPut(ctx context.Context, fence Lease, key string, v any, what string) (uint64, error) {
+	data, err := protocol.Encode(v)
 	if err != nil {
 		return 0, err
 	}
@@ -36,11 +42,19 @@ func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRec
 	defer cancel()
 	s.fenceMu.Lock()
 	defer s.fenceMu.Unlock()
-	rev, err := s.cas(ctx, shardKey(rec.Shard), data, nil, KeyCoordinator, fence.Revision)
+	rev, err := s.cas(ctx, key, data, nil, KeyCoordinator, fence.Revision)
 	if err != nil {
-		return 0, translate(fmt.Errorf("put shard %d fenced at coordinator revision %d: %w", rec.Shard, fence.Revision, err), ErrFenced)
+		return 0, translate(fmt.Errorf("%s fenced at coordinator revision %d: %w", what, fence.Revision, err), ErrFenced)
 	}
 	return rev, nil
+}
+
+// checkShard refuses a shard number no type can have.
+func checkShard(n int) error {
+	if n < 0 || n >= protocol.MaxShards {
+		return fmt.Errorf("kvstate: shard %d out of range 0..%d", n, protocol.MaxShards-1)
+	}
+	return nil
 }
 
 // shardKey is the key of shard n's row.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strconv"
@@ -215,13 +216,7 @@ func (c *cluster) totals(counter func(*region.Stats) uint64) uint64 {
 
 func (c *cluster) logStats() {
 	c.t.Helper()
-	for _, id := range slices.Sorted(func(yield func(string) bool) {
-		for id := range c.agents {
-			if !yield(id) {
-				return
-			}
-		}
-	}) {
+	for _, id := range slices.Sorted(maps.Keys(c.agents)) {
 		s := c.agents[id].Stats()
 		c.t.Logf("region %s: delivered %d, buffered %d, buffer failed %d, replayed %d, duplicates skipped %d, held overflow %d, not owned %d",
 			id, s.Delivered.Load(), s.Buffered.Load(), s.BufferFailed.Load(), s.Replayed.Load(),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/natshard/natshard/internal/natstest"
 	"io"
 	"log/slog"
 	"runtime"
@@ -73,24 +74,6 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
-}
-
-// logBuffer is a goroutine-safe log sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -728,7 +711,7 @@ func TestHostFactoryErrorRetriedWithinMailbox(t *testing.T) {
 }
 
 func TestHostPanicRecovered(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &natstest.Buffer{}
 	var stops atomic.Int32
 	f := &testFactory{
 		handle: func(inc int, m *Message) ([]byte, error) {

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -277,7 +278,7 @@ func quote(args []string) []string {
 // rewrites them with -update.
 func (tr *transcript) check() {
 	tr.t.Helper()
-	for _, name := range sortedKeys(tr.golden) {
+	for _, name := range slices.Sorted(maps.Keys(tr.golden)) {
 		path := filepath.Join("testdata", name+".golden")
 		got := tr.golden[name].Bytes()
 		if *update {
@@ -299,38 +300,11 @@ func (tr *transcript) check() {
 	}
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startWatch runs shardctl watch with args in the background and returns
 // once it is subscribed; wait returns its output and error.
 func (tr *transcript) startWatch(args ...string) (wait func()) {
 	tr.t.Helper()
-	var stdout, stderr syncBuffer
+	var stdout, stderr natstest.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(context.Background(), append([]string{"--nats", tr.url, "--timeout", "2s"}, args...), func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)

@@ -22,11 +22,7 @@ func cmdMove(ctx context.Context, c *client, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	var ans protocol.AdminOK
-	if err := c.admin(ctx, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: region}, &ans); err != nil {
-		return err
-	}
-	return c.report(out, fmt.Sprintf("moving shard %d to %s", shard, region), ans.Note)
+	return c.change(ctx, out, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: region}, fmt.Sprintf("moving shard %d to %s", shard, region))
 }
 
 func cmdDrain(ctx context.Context, c *client, args []string, out io.Writer) error {
@@ -34,11 +30,7 @@ func cmdDrain(ctx context.Context, c *client, args []string, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	var ans protocol.AdminOK
-	if err := c.admin(ctx, protocol.AdminDrain, protocol.DrainRequest{Region: region}, &ans); err != nil {
-		return err
-	}
-	return c.report(out, fmt.Sprintf("draining %s: its shards are being handed off", region), ans.Note)
+	return c.change(ctx, out, protocol.AdminDrain, protocol.DrainRequest{Region: region}, fmt.Sprintf("draining %s: its shards are being handed off", region))
 }
 
 func (c *client) parseShard(arg string) (int, error) {
@@ -56,9 +48,14 @@ func parseRegion(arg string) (string, error) {
 	return arg, nil
 }
 
-// report prints the outcome of a command that changes something, and the
-// coordinator's note about what follows.
-func (c *client) report(out io.Writer, msg, note string) error {
+// change sends an admin request that changes something and prints done,
+// with the coordinator's note about what follows.
+func (c *client) change(ctx context.Context, out io.Writer, verb string, req any, done string) error {
+	var ans protocol.AdminOK
+	if err := c.admin(ctx, verb, req, &ans); err != nil {
+		return err
+	}
+	msg, note := done, ans.Note
 	if c.opts.JSON {
 		return writeJSON(out, struct {
 			OK      bool   `json:"ok"`

@@ -17,11 +17,7 @@ func cmdPin(ctx context.Context, c *client, args []string, out io.Writer) error 
 	if err != nil {
 		return err
 	}
-	var ans protocol.AdminOK
-	if err := c.admin(ctx, protocol.AdminPin, protocol.PinRequest{Shard: shard, Region: region}, &ans); err != nil {
-		return err
-	}
-	return c.report(out, fmt.Sprintf("pinned shard %d to %s", shard, region), ans.Note)
+	return c.change(ctx, out, protocol.AdminPin, protocol.PinRequest{Shard: shard, Region: region}, fmt.Sprintf("pinned shard %d to %s", shard, region))
 }
 
 func cmdUnpin(ctx context.Context, c *client, args []string, out io.Writer) error {
@@ -29,9 +25,5 @@ func cmdUnpin(ctx context.Context, c *client, args []string, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	var ans protocol.AdminOK
-	if err := c.admin(ctx, protocol.AdminUnpin, protocol.UnpinRequest{Shard: shard}, &ans); err != nil {
-		return err
-	}
-	return c.report(out, fmt.Sprintf("unpinned shard %d", shard), ans.Note)
+	return c.change(ctx, out, protocol.AdminUnpin, protocol.UnpinRequest{Shard: shard}, fmt.Sprintf("unpinned shard %d", shard))
 }

@@ -263,12 +263,13 @@ func (g *graceFlag) Set(s string) error {
 }
 
 // releaseGrace resolves --release-grace for the connection's server: auto
-// is none on a standalone server (no cluster: every client is on it, so a
-// subscription is known to all publishers once Flush returns, and regions
-// on leaf nodes of one hub keep the hub's interest while both the source
-// and the new owner subscribe) and region.DefaultReleaseGrace on a cluster.
-// The result is for region and coordinator Configs, where 0 means their
-// default and a negative duration none.
+// is none on a standalone server (no cluster: the new owner's server is
+// every publisher's server, so its subscription is known to all of them
+// once Flush returns) and region.DefaultReleaseGrace on a cluster. Regions
+// behind different leaf nodes of one hub need an explicit value (see
+// docs/OPERATIONS.md): the client cannot see leaf connections. The result
+// is for region and coordinator Configs, where 0 means their default and a
+// negative duration none.
 func releaseGrace(flag time.Duration, clusterName string) time.Duration {
 	switch {
 	case flag == autoGrace && clusterName == "":

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -101,7 +100,7 @@ func TestRunEmbedded(t *testing.T) {
 	l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	logs := &lockedWriter{}
+	logs := &natstest.Buffer{}
 	go func() {
 		done <- run(ctx, []string{"--listen", addr, "--data-dir", t.TempDir(), "--region", "solo", "--shards", "8"}, noEnv, logs)
 	}()
@@ -141,23 +140,6 @@ func TestRunEmbedded(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 func TestRunStrategyStoredPerType(t *testing.T) {
