@@ -9,6 +9,7 @@
 //
 //	go test -run '^$' -bench BenchmarkHandoff -benchtime 100x ./bench/
 //	go test -run '^$' -bench BenchmarkRebalanceDip -benchtime 1x ./bench/
+//	go test -run '^$' -bench BenchmarkIdleEntities -benchtime 1x ./bench/
 //
 // Figures are reported with b.ReportMetric as percentiles over many
 // samples and as ratios, never asserted: the machines they run on are
@@ -21,6 +22,7 @@
 //	-natshard.rate N         messages/s of BenchmarkHandoff's publisher (2000)
 //	-natshard.dip-rate N     messages/s of BenchmarkRebalanceDip's publisher (3000)
 //	-natshard.min-samples N  moves BenchmarkHandoff measures at least (20)
+//	-natshard.idle-entities N  entities BenchmarkIdleEntities activates (1 000 000)
 //	-natshard.report=FILE    append the full reports (timelines, windows) to FILE
 //	-natshard.log            log regions and coordinator at debug level to stderr
 package bench

@@ -35,4 +35,13 @@ func TestScenarios(t *testing.T) {
 		}
 		t.Log(runDip(t, cfg).describe(cfg, true))
 	})
+	// Not parallel: it counts the process's goroutines and heap; it runs
+	// before the parallel ones resume.
+	t.Run("idle-entities", func(t *testing.T) {
+		r := runIdle(t, 2000)
+		if r.goroutines > 0 {
+			t.Errorf("%d goroutines more with 2000 idle entities than without", r.goroutines)
+		}
+		t.Log(r)
+	})
 }

@@ -72,6 +72,9 @@ type sysConfig struct {
 	minRegions int
 	// rebalance is the coordinator's RebalanceInterval (negative: none).
 	rebalance time.Duration
+	// plain: regions host echo entities as they are, without the probe
+	// (BenchmarkIdleEntities measures what they cost).
+	plain bool
 }
 
 // system is a NATS server with JetStream, regions and one coordinator,
@@ -181,9 +184,13 @@ func (s *system) startRegion(id string) *node {
 		s.tb.Fatal(err)
 	}
 	p := &probe{}
+	factory := p.factory(entities.Echo())
+	if s.cfg.plain {
+		factory = entities.Echo()
+	}
 	agent, err := region.Open(ctx, region.Config{
 		Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: shardCount,
-		ID: id, Factory: p.factory(entities.Echo()), Logger: s.log, ReleaseGrace: *flagGrace,
+		ID: id, Factory: factory, Logger: s.log, ReleaseGrace: *flagGrace,
 	})
 	if err != nil {
 		s.tb.Fatal(err)

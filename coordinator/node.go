@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,12 +106,13 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli()}
+		sent := time.Now()
 		lease, err := n.cfg.Store.AcquireCoordinator(ctx, info, n.cfg.LeaseTTL)
 		switch {
 		case err == nil:
 			n.log.Info("took the coordinator lease", "epoch", lease.Revision)
 			info.Epoch = lease.Revision
-			l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
+			l := &leader{Node: n, info: info, lease: lease, renewedAt: sent}
 			l.run(ctx)
 		case errors.Is(err, kvstate.ErrConflict):
 			n.waitForVacancy(ctx)
@@ -263,7 +263,13 @@ func (l *leader) lead(ctx context.Context) error {
 // unreachable server ends it when the lease may have expired.
 func (l *leader) renew(ctx context.Context) error {
 	sent := time.Now()
-	lease, err := l.cfg.Store.Renew(ctx, l.lease, l.info)
+	// The renewal may not outlast the moment the term must end: into a cut
+	// network the request would wait the store's whole timeout, past the
+	// lease's expiry on the server.
+	stepDownAt := l.renewedAt.Add(l.cfg.LeaseTTL * 3 / 4)
+	rctx, cancel := context.WithDeadline(ctx, stepDownAt)
+	lease, err := l.cfg.Store.Renew(rctx, l.lease, l.info)
+	cancel()
 	if err == nil {
 		l.lease, l.renewedAt = lease, sent
 		return nil
@@ -271,7 +277,7 @@ func (l *leader) renew(ctx context.Context) error {
 	if errors.Is(err, kvstate.ErrConflict) {
 		return fmt.Errorf("%w: lease lost: %w", errStepDown, err)
 	}
-	if time.Since(l.renewedAt) > l.cfg.LeaseTTL*3/4 {
+	if !time.Now().Before(stepDownAt) {
 		return fmt.Errorf("%w: cannot renew the lease in time: %w", errStepDown, err)
 	}
 	l.log.Warn("lease renewal failed; will retry", "err", err)
@@ -447,56 +453,19 @@ func (l *leader) watchRegions(ctx context.Context) <-chan Event {
 // them out ends the term, like any failed write.
 func (l *leader) answerAdmin(ctx context.Context, m *nats.Msg) error {
 	var (
-		body any = protocol.AdminOK{OK: true}
+		body any
 		acts []Action
-		note string
 		err  error
 	)
-	switch verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb {
-	case protocol.AdminStatus:
+	if verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb == protocol.AdminStatus {
 		body = l.status()
-	case protocol.AdminMove:
-		var req protocol.MoveRequest
-		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
-			acts, err = l.core.Move(req.Shard, req.Region)
-			if err == nil && len(acts) == 0 {
-				note = fmt.Sprintf("shard %d is on %s already", req.Shard, req.Region)
-			}
-		}
-	case protocol.AdminDrain:
-		var req protocol.DrainRequest
-		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
-			acts, err = l.core.Drain(req.Region)
-		}
-	case protocol.AdminPin:
-		var req protocol.PinRequest
-		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
-			acts, note, err = l.core.Pin(req.Shard, req.Region)
-		}
-	case protocol.AdminUnpin:
-		var req protocol.UnpinRequest
-		if err = protocol.DecodeJSON(m.Data, &req); err == nil {
-			acts, note, err = l.core.Unpin(req.Shard)
-		}
-	case protocol.AdminRebalance:
-		var req protocol.RebalanceRequest
-		if len(bytes.TrimSpace(m.Data)) > 0 { // an empty body runs a round
-			err = protocol.DecodeJSON(m.Data, &req)
-		}
-		if err == nil {
-			body, acts = l.core.Rebalance(req.DryRun)
-		}
-	default:
-		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, pin, unpin, rebalance)", verb)
+	} else {
+		body, acts, err = l.core.AdminRequest(verb, m.Data)
 	}
 	var failed error
 	if err == nil {
 		failed = l.execute(ctx, acts)
 		err = failed
-	}
-	if ok, isOK := body.(protocol.AdminOK); isOK {
-		ok.Note = note
-		body = ok
 	}
 	if err != nil {
 		body = protocol.AdminError{Error: err.Error()}

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,7 +12,58 @@ import (
 
 // This file holds the operators' requests that change what the strategy
 // decides: pins and rebalance rounds on demand (shardctl pin, unpin,
-// rebalance). Move and Drain are in core.go.
+// rebalance), and the admin API's decoding of every request but status.
+// Move and Drain are in core.go.
+
+// AdminRequest decodes and applies an admin API request (JSON body data,
+// strictly decoded) for every verb but status, which the driver answers.
+// It returns the answer's body (AdminOK, or RebalanceAnswer) and the
+// actions to carry out before answering; an error says what is wrong with
+// the request, and then nothing changed.
+func (c *Core) AdminRequest(verb string, data []byte) (body any, acts []Action, err error) {
+	var note string
+	switch verb {
+	case protocol.AdminMove:
+		var req protocol.MoveRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, err = c.Move(req.Shard, req.Region)
+			if err == nil && len(acts) == 0 {
+				note = fmt.Sprintf("shard %d is on %s already", req.Shard, req.Region)
+			}
+		}
+	case protocol.AdminDrain:
+		var req protocol.DrainRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, err = c.Drain(req.Region)
+		}
+	case protocol.AdminPin:
+		var req protocol.PinRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, note, err = c.Pin(req.Shard, req.Region)
+		}
+	case protocol.AdminUnpin:
+		var req protocol.UnpinRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, note, err = c.Unpin(req.Shard)
+		}
+	case protocol.AdminRebalance:
+		var req protocol.RebalanceRequest
+		if len(bytes.TrimSpace(data)) > 0 { // an empty body runs a round
+			err = protocol.DecodeJSON(data, &req)
+		}
+		if err == nil {
+			var ans protocol.RebalanceAnswer
+			ans, acts = c.Rebalance(req.DryRun)
+			return ans, acts, nil
+		}
+	default:
+		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, pin, unpin, rebalance)", verb)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return protocol.AdminOK{OK: true, Note: note}, acts, nil
+}
 
 // Pin pins shard to region: from now on the strategy allocates it there
 // and rebalance rounds move it there whenever the region is registered and

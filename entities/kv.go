@@ -14,8 +14,12 @@ import (
 	"github.com/natshard/natshard/region"
 )
 
-// MaxDocumentSize bounds the JSON encoding of a kv entity's document.
-const MaxDocumentSize = 1 << 20
+// MaxDocumentSize bounds the JSON encoding of a kv entity's document: 1
+// MiB (NATS's default max_payload) less 4 KiB, so that the KV write with
+// its headers and the whole-document answer fit a NATS message. On a
+// server with a smaller max_payload, a change that makes the document too
+// large for it fails with "maximum payload exceeded" and is not applied.
+const MaxDocumentSize = 1<<20 - 4<<10
 
 // Errors of kv entities, returned (wrapped) by Handle with the
 // {"ok":false,...} answer; test for them with errors.Is. Store failures are

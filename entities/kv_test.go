@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/region"
 )
@@ -453,13 +454,35 @@ func TestKVSizeLimit(t *testing.T) {
 		t.Fatalf("stored %d bytes, want exactly %d", n, MaxDocumentSize)
 	}
 	mustFail(t, e, `{"op":"append","key":"a","value":"y"}`, ErrDocumentTooLarge, "document too large")
-	mustFail(t, e, `{"op":"set","key":"b","value":0}`, ErrDocumentTooLarge, "at most 1048576")
+	mustFail(t, e, `{"op":"set","key":"b","value":0}`, ErrDocumentTooLarge, fmt.Sprintf("at most %d", MaxDocumentSize))
 	if n := len(store.get("doc")); n != MaxDocumentSize {
 		t.Fatalf("stored %d bytes after refused changes", n)
 	}
 	// Shrinking is always allowed.
 	mustOK(t, e, `{"op":"set","key":"a","value":"small"}`, `"small"`)
 	mustOK(t, e, `{"op":"append","key":"a","value":"er"}`, `"smaller"`)
+}
+
+// TestKVSizeLimitFitsNATS: a document of MaxDocumentSize bytes is saved
+// in a real KV bucket and its whole-document answer fits the server's
+// default max_payload (1 MiB): the limit leaves room for the KV write's
+// headers and the answer's wrapper.
+func TestKVSizeLimitFitsNATS(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newKV(t, store, "doc")
+	fits := strings.Repeat("x", MaxDocumentSize-8)
+	mustOK(t, e, `{"op":"set","key":"a","value":"`+fits+`"}`, `"`+fits+`"`)
+	out, err := call(t, newKV(t, store, "doc"), `{"op":"get"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(out)) > nc.MaxPayload() {
+		t.Fatalf("the answer of a whole document of %d bytes is %d bytes, more than max_payload %d", MaxDocumentSize, len(out), nc.MaxPayload())
+	}
 }
 
 func TestEcho(t *testing.T) {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -78,8 +77,19 @@ func startShardd(t *testing.T, name string, args ...string) *proc {
 // startProcess starts one of the binaries TestMain built.
 func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 	t.Helper()
+	return startProcessOn(t, nil, bin, name, args...)
+}
+
+// startProcessOn starts one of the binaries TestMain built on host h (in
+// its network namespace), or on this machine when h is nil.
+func startProcessOn(t *testing.T, h *netHost, bin, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, log: &natstest.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
+	if h != nil {
+		// ip netns exec execs the program: the pid is shardd's own.
+		p.cmd = exec.Command("ip", append([]string{"netns", "exec", h.name, filepath.Join(binDir, bin)}, args...)...)
+	}
 	p.cmd.Env = append(os.Environ(), "NATS_URL=", "NATSHARD_LOG_LEVEL=debug")
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
@@ -93,6 +103,8 @@ func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 		p.kill()
 		if t.Failed() {
 			t.Logf("---- log of %s %s ----\n%s", bin, name, lastLines(p.log.String(), 80))
+		}
+		if t.Failed() || os.Getenv("NATSHARD_KEEP_LOGS") != "" {
 			if f := keepLog(t, bin+"-"+name, p.log.String()); f != "" {
 				t.Logf("---- the whole log of %s %s: %s", bin, name, f)
 			}
@@ -101,7 +113,8 @@ func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 	return p
 }
 
-// keepLog writes a failed test's whole process log under
+// keepLog writes a failed test's (with NATSHARD_KEEP_LOGS set, every
+// test's) whole process log under
 // $NATSHARD_TEST_LOGS (default: the system's temporary directory) and
 // returns the file's name; "" if it could not.
 func keepLog(t *testing.T, name, log string) string {
@@ -247,38 +260,9 @@ func kvRequest(ctx context.Context, nc *nats.Conn, subject, body string) (map[st
 	return out, nil
 }
 
-// startNATSCluster starts three nats-server processes forming a cluster with
-// JetStream, and returns their client URLs, comma-separated. It returns
-// once JetStream answers.
+// startNATSCluster starts three nats-server processes forming a cluster
+// with JetStream, and returns their client URLs, comma-separated.
 func startNATSCluster(t *testing.T) string {
 	t.Helper()
-	var client, cluster [3]int
-	for i := range 3 {
-		client[i], cluster[i] = freePort(t), freePort(t)
-	}
-	var routes, urls []string
-	for i := range 3 {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cluster[i]))
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", client[i]))
-	}
-	for i := range 3 {
-		name := fmt.Sprintf("n%d", i+1)
-		startProcess(t, "nats-server", name,
-			"-a", "127.0.0.1", "-p", fmt.Sprint(client[i]), "-n", name,
-			"-js", "-sd", t.TempDir(),
-			"--cluster_name", "natshard-test", "--cluster", routes[i], "--routes", strings.Join(routes, ","))
-	}
-	all := strings.Join(urls, ",")
-	nc := connect(t, all)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 60*time.Second, "JetStream on the NATS cluster", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err
-	})
-	return all
+	return startNATS(t, "127.0.0.1").urls("127.0.0.1")
 }

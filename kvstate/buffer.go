@@ -336,6 +336,10 @@ func (b *Buffer) Append(shard int, m *nats.Msg, failed func(m *nats.Msg, err err
 		return
 	}
 	if _, err := b.js.PublishMsgAsync(bm, noRetry, jetstream.WithStallWait(bufferStallWait)); err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			err = fmt.Errorf("kvstate: a message of %d bytes does not fit the server's max_payload of %d bytes with the buffer's headers: %w",
+				len(m.Data), b.js.Conn().MaxPayload(), err)
+		}
 		b.refused(nil, bm, err)
 	}
 }
@@ -487,6 +491,9 @@ func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(
 		defer stop()
 	}
 	defer r.setConsumer(nil)
+	if err := r.start(ctx); err != nil {
+		return 0, err
+	}
 	for {
 		seq, done, err := r.run(ctx)
 		if done || err != nil {
@@ -496,6 +503,31 @@ func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(
 	}
 }
 
+// start sets where the replay begins: the first message of the shard's
+// buffer as the stream's leader has it, or past its last message when the
+// buffer is empty. The consumer cannot start from "all": on a replicated
+// stream it may be placed on a follower that has not yet applied the
+// previous owner's Purge, and would deliver purged messages again.
+func (r *replay) start(ctx context.Context) error {
+	ctx, cancel := r.b.ctx(ctx)
+	defer cancel()
+	// Last first: a message appended after Info is found by GetMsg.
+	info, err := r.b.stream.Info(ctx)
+	if err != nil {
+		return translate(fmt.Errorf("replay %s: %w", r.subject, err), ErrConflict)
+	}
+	first, err := r.b.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(r.subject))
+	switch {
+	case err == nil:
+		r.next = first.Sequence
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		r.next = info.State.LastSeq + 1
+	default:
+		return translate(fmt.Errorf("replay %s: %w", r.subject, err), ErrConflict)
+	}
+	return nil
+}
+
 // replay is the state of one Replay.
 type replay struct {
 	b       *Buffer
@@ -503,7 +535,7 @@ type replay struct {
 	want    string // the handoff id of the marker that ends the replay
 	fn      func(m *nats.Msg)
 
-	next    uint64 // stream sequence to resume from; 0 means the start
+	next    uint64 // stream sequence to start or resume from
 	read    atomic.Uint64
 	fetches atomic.Uint64
 
@@ -524,14 +556,12 @@ const replayFailures = 5
 func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 	cfg := jetstream.ConsumerConfig{
 		FilterSubject:     r.subject,
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       r.next,
 		AckPolicy:         jetstream.AckNonePolicy,
 		MemoryStorage:     true,
 		Replicas:          1,
 		InactiveThreshold: replayInactive,
-	}
-	if r.next > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
 	}
 	cctx, cancel := r.b.ctx(ctx)
 	cons, err := r.b.js.CreateConsumer(cctx, r.b.name, cfg)

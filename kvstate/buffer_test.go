@@ -8,6 +8,7 @@ import (
 	"math"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,7 @@ func TestBuffer(t *testing.T) {
 			t.Run("SkipsOtherMarkers", env.testSkipsOtherMarkers)
 			t.Run("Duplicates", env.testDuplicates)
 			t.Run("Overflow", env.testOverflow)
+			t.Run("TooLarge", env.testTooLarge)
 			t.Run("Purge", env.testPurge)
 			t.Run("ReplayCancel", env.testReplayCancel)
 			t.Run("ReplayConsumerLost", env.testReplayConsumerLost)
@@ -682,4 +684,37 @@ func (e *bufEnv) testThroughput(t *testing.T) {
 	t.Logf("R%d: %d Appends in %v, all acknowledged after %v: %.0f messages/s; Replay of %d messages in %v: %.0f messages/s",
 		e.replicas, n, appended.Round(time.Millisecond), acked.Round(time.Millisecond), n/acked.Seconds(),
 		n, replayed.Round(time.Millisecond), n/replayed.Seconds())
+}
+
+// testTooLarge: a message that fits the server's max_payload but not with
+// the buffer's headers is refused with an error that says so; the
+// messages around it are buffered.
+func (e *bufEnv) testTooLarge(t *testing.T) {
+	b, s := e.open(t, 0)
+	max := e.js.Conn().MaxPayload()
+	big := &nats.Msg{Subject: s.Entity(3, "big"), Reply: "_INBOX.x", Data: make([]byte, max-10)}
+	var mu sync.Mutex
+	var refused []error
+	failed := func(m *nats.Msg, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if m != big {
+			t.Errorf("refused %s: %v", m.Subject, err)
+		}
+		refused = append(refused, err)
+	}
+	b.Append(3, &nats.Msg{Subject: s.Entity(3, "a"), Data: []byte("a")}, failed)
+	b.Append(3, big, failed)
+	b.Append(3, &nats.Msg{Subject: s.Entity(3, "b"), Data: []byte("b")}, failed)
+	if err := b.Flush(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) != 1 || !errors.Is(refused[0], nats.ErrMaxPayload) || !strings.Contains(refused[0].Error(), "max_payload") {
+		t.Fatalf("refusals %v, want one saying the message exceeds max_payload", refused)
+	}
+	if got := bufLen(t, b, 3); got != 2 {
+		t.Fatalf("Len(3) = %d, want the 2 small messages", got)
+	}
 }

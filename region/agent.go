@@ -243,7 +243,12 @@ func (a *Agent) renew(ctx context.Context) error {
 		return errNotRegistered
 	}
 	sent := time.Now()
-	next, err := a.cfg.Store.Renew(ctx, lease, info)
+	// The renewal may not outlast the moment the region must have fenced:
+	// into a cut network the request would wait the store's whole timeout,
+	// past the registration's expiry on the server.
+	rctx, cancel := context.WithDeadline(ctx, renewedAt.Add(a.fenceAfter()))
+	next, err := a.cfg.Store.Renew(rctx, lease, info)
+	cancel()
 	switch {
 	case err == nil:
 		a.mu.Lock()
@@ -255,13 +260,18 @@ func (a *Agent) renew(ctx context.Context) error {
 		// Our own caller gave up (Close): no verdict on the registration.
 	case errors.Is(err, kvstate.ErrConflict):
 		a.Fence("registration lost (removed by the coordinator, or taken over)")
-	case time.Since(renewedAt) > a.cfg.LeaseTTL*3/4:
+	case time.Since(renewedAt) >= a.fenceAfter():
 		a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
 	default:
 		a.log.Warn("registration renewal failed; will retry", "err", err)
 	}
 	return err
 }
+
+// fenceAfter is how long after the last successful renewal was sent the
+// region fences itself when it cannot renew: 3/4 of the TTL, which the
+// server counts from when it stored that renewal, later still.
+func (a *Agent) fenceAfter() time.Duration { return a.cfg.LeaseTTL * 3 / 4 }
 
 // leaseLoop renews the registration, fences the region when it cannot, and
 // registers a new incarnation after a fence.

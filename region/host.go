@@ -166,13 +166,24 @@ func newHost(cfg hostConfig) *host {
 		h.log = slog.Default()
 	}
 	if h.clock == nil {
-		h.clock = time.Now
+		h.epoch = time.Now()
+	} else {
+		h.epoch = h.clock()
 	}
-	h.epoch = h.clock()
 	return h
 }
 
-func (h *host) now() int64 { return int64(h.clock().Sub(h.epoch)) }
+// now is the time since h.epoch. It runs after every message handled:
+// without an injected clock it reads only the monotonic clock
+// (time.Since), a third of the cost of time.Now().Sub (which also reads
+// the wall clock); profiles of shardctl bench showed time.Now at 10% of
+// the region's dispatch.
+func (h *host) now() int64 {
+	if h.clock == nil {
+		return int64(time.Since(h.epoch))
+	}
+	return int64(h.clock().Sub(h.epoch))
+}
 
 // deliver queues m for entity id of shard and makes sure a goroutine runs
 // the entity. It never waits for an entity. A shard being stopped refuses

@@ -193,8 +193,15 @@ func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
 		return
 	}
 	if err == nil {
-		_ = a.cfg.Conn.Publish(m.Reply, data)
-		return
+		err = a.cfg.Conn.Publish(m.Reply, data)
+		if !errors.Is(err, nats.ErrMaxPayload) {
+			return
+		}
+		// Too large to send: say so instead of leaving the requester to
+		// time out.
+		err = fmt.Errorf("answer of %d bytes exceeds the NATS max_payload of %d bytes", len(data), a.cfg.Conn.MaxPayload())
+		a.limit.log(a.log, "answer-too-large", "an answer was too large to send", "subject", m.Subject, "err", err)
+		data = nil
 	}
 	_ = a.cfg.Conn.PublishMsg(protocol.ErrorReply(m.Reply, data, err))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,9 +31,20 @@ func dial(ctx context.Context, o options) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	nc, err := nats.Connect(o.NATS, nats.Name("shardctl"), nats.Timeout(o.Timeout), nats.MaxReconnects(0))
+	opts, err := o.Auth.Options()
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to NATS at %s: %w (is shardd running? set --nats or NATS_URL)", o.NATS, err)
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	nc, err := nats.Connect(o.NATS, append(opts, nats.Name("shardctl"), nats.Timeout(o.Timeout), nats.MaxReconnects(0))...)
+	if err != nil {
+		hint := "is shardd running? set --nats or NATS_URL"
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "tls"):
+			hint = "the server requires TLS: check --tls-ca (its CA) and --tls-cert/--tls-key (a client certificate it accepts)"
+		case errors.Is(err, nats.ErrAuthorization), strings.Contains(msg, "Authorization"), strings.Contains(msg, "authentication"):
+			hint = "the server requires credentials: set --creds or NATS_CREDS (shardctl auth)"
+		}
+		return nil, fmt.Errorf("cannot connect to NATS at %s: %w (%s)", o.NATS, err, hint)
 	}
 	c := &client{opts: o, nc: nc, subjects: subjects, stderr: io.Discard}
 	js, err := jetstream.New(nc)

@@ -6,8 +6,10 @@
 // Commands: status, regions, region <id>, shards, shard <n>, locate
 // <entity>, stats, send <entity> <payload>, request <entity> <payload>,
 // move <shard> <region>, drain <region>, pin <shard> <region>, unpin
-// <shard>, rebalance [--dry-run], watch [--count N]. A payload of "-" is
-// read from standard input. Exit status: 0 ok, 1 the operation failed, 2
+// <shard>, rebalance [--dry-run], watch [--count N], bench [flags] (see
+// bench.go), and auth init|user (keys and credentials, see auth.go). A
+// payload of "-" is read from standard input. Exit status: 0 ok, 1 the
+// operation failed, 2
 // a bad command line.
 package main
 
@@ -23,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -59,6 +62,7 @@ type options struct {
 	ControlPrefix string
 	Timeout       time.Duration
 	JSON          bool
+	Auth          auth.Client // --creds, --tls-*
 	// Flags of single commands.
 	DryRun bool // rebalance
 	Count  int  // watch
@@ -88,6 +92,7 @@ var commands = []command{
 	{"unpin", "<shard>", "remove a shard's pin", 1, cmdUnpin, nil},
 	{"rebalance", "[--dry-run]", "run a strategy round now (--dry-run: print the plan only)", 0, cmdRebalance, []string{"dry-run"}},
 	{"watch", "[--count N]", "print allocations and handoffs as they happen (N events, or until interrupted)", 0, cmdWatch, []string{"count"}},
+	{"bench", "[flags]", "throughput and latency through entities beside raw NATS (bench --help)", 0, nil, nil},
 }
 
 // commandNames lists the commands, for error messages.
@@ -111,6 +116,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	fs.StringVar(&o.Type, "type", "kv", "entity type")
 	fs.StringVar(&o.DataPrefix, "data-prefix", "", "subject prefix of the data plane (default shard)")
 	fs.StringVar(&o.ControlPrefix, "control-prefix", "", "subject prefix of the control plane (default $SHARD)")
+	fs.StringVar(&o.Auth.Creds, "creds", getenv("NATS_CREDS"), "NATS credentials file (shardctl auth) [NATS_CREDS]")
+	fs.StringVar(&o.Auth.TLSCert, "tls-cert", getenv("NATS_CERT"), "TLS client certificate [NATS_CERT]")
+	fs.StringVar(&o.Auth.TLSKey, "tls-key", getenv("NATS_KEY"), "TLS client key [NATS_KEY]")
+	fs.StringVar(&o.Auth.TLSCA, "tls-ca", getenv("NATS_CA"), "CA certificates that sign the server's [NATS_CA]")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Second, "bound on each NATS operation")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "rebalance: print the plan, move nothing")
@@ -121,6 +130,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		for _, c := range commands {
 			fmt.Fprintf(stderr, "  %-34s %s\n", c.name+" "+c.args, c.help)
 		}
+		fmt.Fprintf(stderr, "  %-34s %s\n", "auth init|user ...", "create keys and credentials (shardctl auth --help)")
 		fmt.Fprintf(stderr, "\nFlags:\n")
 		fs.PrintDefaults()
 	}
@@ -131,6 +141,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if len(rest) == 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: no command given", errUsage)
+	}
+	if rest[0] == "bench" {
+		return runBench(ctx, fs, rest[1:], stdout, stderr)
+	}
+	if rest[0] == "auth" {
+		return cmdAuth(o, rest[1:], stdout, stderr)
 	}
 	var cmd *command
 	for i := range commands {

@@ -14,11 +14,7 @@ import (
 )
 
 func cmdMove(ctx context.Context, c *client, args []string, out io.Writer) error {
-	shard, err := c.parseShard(args[0])
-	if err != nil {
-		return err
-	}
-	region, err := parseRegion(args[1])
+	shard, region, err := c.parseShardRegion(args)
 	if err != nil {
 		return err
 	}
@@ -39,6 +35,16 @@ func (c *client) parseShard(arg string) (int, error) {
 		return 0, fmt.Errorf("%w: shard %q is not a number in 0..%d", errUsage, arg, c.shards-1)
 	}
 	return shard, nil
+}
+
+// parseShardRegion parses the <shard> <region> arguments of move and pin.
+func (c *client) parseShardRegion(args []string) (int, string, error) {
+	shard, err := c.parseShard(args[0])
+	if err != nil {
+		return 0, "", err
+	}
+	region, err := parseRegion(args[1])
+	return shard, region, err
 }
 
 func parseRegion(arg string) (string, error) {

@@ -9,11 +9,7 @@ import (
 )
 
 func cmdPin(ctx context.Context, c *client, args []string, out io.Writer) error {
-	shard, err := c.parseShard(args[0])
-	if err != nil {
-		return err
-	}
-	region, err := parseRegion(args[1])
+	shard, region, err := c.parseShardRegion(args)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/strategies"
 )
@@ -45,6 +46,9 @@ type config struct {
 	ControlPrefix     string
 	LogLevel          string
 	LogFormat         string
+	// Security (docs/SECURITY.md).
+	AuthDir string      // embedded server in operator mode; region.creds by default
+	Auth    auth.Client // --creds, --tls-*
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -105,23 +109,34 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", 1), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
 	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 1), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", 120*time.Second), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDur("NATSHARD_LEASE_TTL", 4*time.Second), "TTL of the coordinator and region leases, whole seconds [NATSHARD_LEASE_TTL]")
+	c.LeaseTTL = auto
+	if v := getenv("NATSHARD_LEASE_TTL"); v != "" {
+		if err := (*autoFlag)(&c.LeaseTTL).Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("NATSHARD_LEASE_TTL: %w", err))
+		}
+	}
+	fs.Var((*autoFlag)(&c.LeaseTTL), "lease-ttl", "TTL of the coordinator and region leases, whole seconds; auto: 4s on a standalone NATS server, 15s on a cluster (longer than a JetStream leader election) [NATSHARD_LEASE_TTL]")
 	fs.StringVar(&c.Strategy, "strategy", env("NATSHARD_STRATEGY", ""), "allocation strategy, <name>[:<param>=<value>,...]: least-shard (default), legacy-least-shard, consistent-hashing, load-aware; stored per type, a process that disagrees refuses to start [NATSHARD_STRATEGY]")
 	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
 	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
 	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
-	c.ReleaseGrace = autoGrace
+	c.ReleaseGrace = auto
 	if v := getenv("NATSHARD_RELEASE_GRACE"); v != "" {
-		if err := (*graceFlag)(&c.ReleaseGrace).Set(v); err != nil {
+		if err := (*autoFlag)(&c.ReleaseGrace).Set(v); err != nil {
 			errs = append(errs, fmt.Errorf("NATSHARD_RELEASE_GRACE: %w", err))
 		}
 	}
-	fs.Var((*graceFlag)(&c.ReleaseGrace), "release-grace", "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation); auto: 0 on a standalone NATS server, 1s on a cluster [NATSHARD_RELEASE_GRACE]")
+	fs.Var((*autoFlag)(&c.ReleaseGrace), "release-grace", "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation); auto: 0 on a standalone NATS server, 1s on a cluster [NATSHARD_RELEASE_GRACE]")
 	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", 100_000), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
 	fs.StringVar(&c.LogLevel, "log-level", env("NATSHARD_LOG_LEVEL", "info"), "debug, info, warn or error [NATSHARD_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", env("NATSHARD_LOG_FORMAT", "text"), "text or json [NATSHARD_LOG_FORMAT]")
+	fs.StringVar(&c.AuthDir, "auth-dir", env("NATSHARD_AUTH_DIR", ""), "directory of shardctl auth init: the embedded server runs in operator mode with its accounts, and shardd connects with its region.creds unless --creds [NATSHARD_AUTH_DIR]")
+	fs.StringVar(&c.Auth.Creds, "creds", env("NATSHARD_CREDS", ""), "NATS credentials file of a region user (shardctl auth) [NATSHARD_CREDS]")
+	fs.StringVar(&c.Auth.TLSCert, "tls-cert", env("NATSHARD_TLS_CERT", ""), "TLS certificate: the embedded server's, or the client certificate for --nats [NATSHARD_TLS_CERT]")
+	fs.StringVar(&c.Auth.TLSKey, "tls-key", env("NATSHARD_TLS_KEY", ""), "TLS key of --tls-cert [NATSHARD_TLS_KEY]")
+	fs.StringVar(&c.Auth.TLSCA, "tls-ca", env("NATSHARD_TLS_CA", ""), "TLS CA certificates: those that sign the --nats server's, or, for the embedded server, the clients' (which must then present one) [NATSHARD_TLS_CA]")
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}
@@ -161,7 +176,7 @@ func (c *config) Validate() error {
 	if c.IdleTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--idle-timeout: %s is negative", c.IdleTimeout))
 	}
-	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 {
+	if c.LeaseTTL != auto && (c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
 	}
 	if c.Strategy != "" {
@@ -180,7 +195,7 @@ func (c *config) Validate() error {
 	if c.MaxMoves < 1 {
 		errs = append(errs, fmt.Errorf("--max-moves: %d is less than 1", c.MaxMoves))
 	}
-	if c.ReleaseGrace != autoGrace && (c.ReleaseGrace < 0 || c.ReleaseGrace > 10*time.Second) {
+	if c.ReleaseGrace != auto && (c.ReleaseGrace < 0 || c.ReleaseGrace > 10*time.Second) {
 		errs = append(errs, fmt.Errorf("--release-grace: %s is out of range 0..10s", c.ReleaseGrace))
 	}
 	if c.BufferSize < 1 {
@@ -188,6 +203,15 @@ func (c *config) Validate() error {
 	}
 	if c.NATS == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: needed for the embedded server"))
+	}
+	if c.AuthDir != "" && c.Auth.Creds == "" {
+		c.Auth.Creds = filepath.Join(c.AuthDir, "region.creds")
+	}
+	if err := c.Auth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.NATS == "" && c.Auth.TLSCA != "" && c.Auth.TLSCert == "" {
+		errs = append(errs, errors.New("--tls-ca: verifies the clients of the embedded server, which then needs --tls-cert and --tls-key"))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
@@ -236,30 +260,53 @@ func defaultDataDir(getenv func(string) string) string {
 	return filepath.Join(home, ".local", "state", "natshard")
 }
 
-// autoGrace is --release-grace auto: see releaseGrace.
-const autoGrace time.Duration = -1
+// auto is the value of a duration flag set to "auto" (--release-grace,
+// --lease-ttl): resolved once the connection tells whether the NATS server
+// is part of a cluster.
+const auto time.Duration = -1
 
-// graceFlag is --release-grace: a duration, or "auto".
-type graceFlag time.Duration
+// autoFlag is a duration flag that may also be "auto".
+type autoFlag time.Duration
 
-func (g *graceFlag) String() string {
-	if time.Duration(*g) == autoGrace {
+func (g *autoFlag) String() string {
+	if time.Duration(*g) == auto {
 		return "auto"
 	}
 	return time.Duration(*g).String()
 }
 
-func (g *graceFlag) Set(s string) error {
+func (g *autoFlag) Set(s string) error {
 	if s == "auto" {
-		*g = graceFlag(autoGrace)
+		*g = autoFlag(auto)
 		return nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		return fmt.Errorf("%q is neither auto nor a duration (like 1s)", s)
 	}
-	*g = graceFlag(d)
+	*g = autoFlag(d)
 	return nil
+}
+
+// Lease TTLs of --lease-ttl auto.
+const (
+	standaloneLeaseTTL = 4 * time.Second
+	// clusterLeaseTTL outlives a JetStream leader election (nats-server
+	// waits 4-9 s before electing a new leader of a stream whose leader's
+	// server died): shorter, every region fences itself whenever the
+	// server leading the KV bucket dies.
+	clusterLeaseTTL = 15 * time.Second
+)
+
+// leaseTTL resolves --lease-ttl for the connection's server.
+func leaseTTL(flag time.Duration, clusterName string) time.Duration {
+	switch {
+	case flag != auto:
+		return flag
+	case clusterName == "":
+		return standaloneLeaseTTL
+	}
+	return clusterLeaseTTL
 }
 
 // releaseGrace resolves --release-grace for the connection's server: auto
@@ -272,9 +319,9 @@ func (g *graceFlag) Set(s string) error {
 // negative duration none.
 func releaseGrace(flag time.Duration, clusterName string) time.Duration {
 	switch {
-	case flag == autoGrace && clusterName == "":
+	case flag == auto && clusterName == "":
 		return -1
-	case flag == autoGrace:
+	case flag == auto:
 		return region.DefaultReleaseGrace
 	case flag == 0:
 		return -1

@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/kvstate"
@@ -65,21 +67,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	log := slog.New(handler).With("type", cfg.Type)
 
 	url := cfg.NATS
+	client := cfg.Auth
+	var extra []nats.Option
 	if url == "" {
-		srv, err := startEmbedded(cfg.Listen, cfg.DataDir)
+		srv, err := startEmbedded(cfg)
 		if err != nil {
 			return err
 		}
 		defer srv.Shutdown()
 		url = srv.ClientURL()
-		log.Info("embedded NATS server started", "url", url, "data_dir", cfg.DataDir)
+		log.Info("embedded NATS server started", "url", url, "data_dir", cfg.DataDir, "operator_mode", cfg.AuthDir != "", "tls", cfg.Auth.TLSCert != "")
+		// The TLS files are the server's; shardd itself connects in process.
+		client = auth.Client{Creds: cfg.Auth.Creds}
+		if cfg.Auth.TLSCert != "" {
+			// In process, the server offers TLS without requiring it.
+			extra = append(extra, nats.InProcessServer(srv))
+			url = strings.Replace(url, "tls://", "nats://", 1)
+		}
+	}
+	authOpts, err := client.Options()
+	if err != nil {
+		return err
 	}
 
 	// The region is created after the connection; the disconnect handler
 	// reaches it through this variable.
 	var agentMu sync.Mutex
 	var agent *region.Agent
-	nc, err := nats.Connect(url,
+	nc, err := nats.Connect(url, append(append(authOpts, extra...),
 		nats.Name("shardd "+cfg.Region),
 		nats.PingInterval(2*time.Second), // notice a dead server in seconds (DESIGN.md 6)
 		nats.MaxPingsOutstanding(2),
@@ -98,7 +113,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("reconnected to NATS", "url", c.ConnectedUrl()) }),
-	)
+		// Asynchronous errors, permission violations among them.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS error", "err", err) }),
+	)...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS at %s: %w", url, err)
 	}
@@ -153,7 +170,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		factory = entities.Trace(nc.Publish, subject, cfg.Region)
 	}
 	grace := releaseGrace(cfg.ReleaseGrace, nc.ConnectedClusterName())
-	log.Info("release grace", "grace", max(grace, 0), "cluster", nc.ConnectedClusterName())
+	cfg.LeaseTTL = leaseTTL(cfg.LeaseTTL, nc.ConnectedClusterName())
+	log.Info("release grace and lease TTL", "grace", max(grace, 0), "lease_ttl", cfg.LeaseTTL, "cluster", nc.ConnectedClusterName())
 	a, err := region.Open(ctx, region.Config{
 		Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: cfg.Region, Version: cfg.Version,
 		Factory: factory, IdleTimeout: idleOrNever(cfg.IdleTimeout), LeaseTTL: cfg.LeaseTTL, Logger: log,

@@ -38,6 +38,10 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--strategy", "least-shard:absolute=x"}, nil, "--strategy"},
 		{nil, map[string]string{"NATSHARD_SHARDS": "many"}, "NATSHARD_SHARDS"},
 		{nil, map[string]string{"NATSHARD_NO_COORDINATOR": "maybe"}, "NATSHARD_NO_COORDINATOR"},
+		{[]string{"--auth-dir", "/nonexistent"}, nil, "--creds"}, // its region.creds
+		{[]string{"--creds", "/nonexistent.creds"}, nil, "--creds"},
+		{[]string{"--tls-cert", "main.go"}, nil, "--tls-key"},
+		{[]string{"--tls-ca", "main.go"}, nil, "--tls-ca"}, // the embedded server needs its own certificate
 	} {
 		getenv := func(k string) string { return tc.env[k] }
 		_, err := parseConfig(tc.args, getenv, &bytes.Buffer{})
@@ -184,7 +188,7 @@ func TestReleaseGrace(t *testing.T) {
 		{"0s", "east", -1},
 	} {
 		var g time.Duration
-		if err := (*graceFlag)(&g).Set(c.flag); err != nil {
+		if err := (*autoFlag)(&g).Set(c.flag); err != nil {
 			t.Fatalf("Set(%q): %v", c.flag, err)
 		}
 		if got := releaseGrace(g, c.cluster); got != c.want {
@@ -192,7 +196,30 @@ func TestReleaseGrace(t *testing.T) {
 		}
 	}
 	var g time.Duration
-	if err := (*graceFlag)(&g).Set("soon"); err == nil {
+	if err := (*autoFlag)(&g).Set("soon"); err == nil {
 		t.Error("--release-grace soon accepted")
+	}
+}
+
+// TestLeaseTTL: --lease-ttl auto is 4s on a standalone server and 15s on a
+// cluster; an explicit value wins.
+func TestLeaseTTL(t *testing.T) {
+	for _, c := range []struct {
+		flag    string
+		cluster string
+		want    time.Duration
+	}{
+		{"auto", "", 4 * time.Second},
+		{"auto", "east", 15 * time.Second},
+		{"6s", "", 6 * time.Second},
+		{"6s", "east", 6 * time.Second},
+	} {
+		var ttl time.Duration
+		if err := (*autoFlag)(&ttl).Set(c.flag); err != nil {
+			t.Fatalf("Set(%q): %v", c.flag, err)
+		}
+		if got := leaseTTL(ttl, c.cluster); got != c.want {
+			t.Errorf("--lease-ttl %s on cluster %q: %v, want %v", c.flag, c.cluster, got, c.want)
+		}
 	}
 }

@@ -1,0 +1,467 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/protocol"
+)
+
+// benchConfig is shardctl bench's command line.
+type benchConfig struct {
+	NATS          string // "": an embedded server
+	Type          string
+	DataPrefix    string
+	ControlPrefix string
+	Timeout       time.Duration
+	JSON          bool
+
+	Regions  int
+	Shards   int
+	Kind     string
+	Entities int
+	Msgs     int
+	Size     int
+	Pubs     int
+	Window   int
+	Rounds   int
+	Requests int
+
+	Handoff         bool
+	HandoffEntities int
+	Moves           int
+	Rate            float64
+	Failover        bool
+	Kills           int
+
+	Progress   bool
+	CPUProfile string
+	MemProfile string
+}
+
+// benchUsage is the first line of shardctl bench --help.
+const benchUsage = "Usage: shardctl bench [flags] (no flags: the default workload on an embedded NATS server, under a minute)"
+
+// parseBench parses bench's flags. Global flags given before "bench"
+// (global: the flag set shardctl parsed) are the defaults, except that
+// --nats counts only when given: NATS_URL is not used, so that a bench
+// never loads a server by accident.
+func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchConfig, error) {
+	c := benchConfig{Type: "bench", Timeout: 5 * time.Second}
+	var secured string
+	global.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "nats":
+			c.NATS = f.Value.String()
+		case "type":
+			c.Type = f.Value.String()
+		case "data-prefix":
+			c.DataPrefix = f.Value.String()
+		case "control-prefix":
+			c.ControlPrefix = f.Value.String()
+		case "timeout":
+			c.Timeout = f.Value.(flag.Getter).Get().(time.Duration)
+		case "json":
+			c.JSON = true
+		case "creds", "tls-cert", "tls-key", "tls-ca":
+			// Visit sees flags set on the command line only, not NATS_CREDS
+			// and the like from the environment, which bench ignores.
+			secured = "--" + f.Name
+		}
+	})
+	if secured != "" {
+		// bench creates (and deletes) a type of its own, which none of
+		// the least-privilege roles of shardctl auth may do.
+		return c, fmt.Errorf("%w: bench does not take %s: it creates its own type, which no natshard role may; run it on its embedded server or against a server without auth", errUsage, secured)
+	}
+	typeGiven := c.Type != "bench"
+	fs := flag.NewFlagSet("shardctl bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.NATS, "nats", c.NATS, "use this NATS server (JetStream enabled) instead of an embedded one")
+	fs.StringVar(&c.Type, "type", c.Type, "entity type of the bench (with --nats: bench-<random> unless given; it must not exist, and is deleted at the end)")
+	fs.StringVar(&c.DataPrefix, "data-prefix", c.DataPrefix, "subject prefix of the data plane (default shard)")
+	fs.StringVar(&c.ControlPrefix, "control-prefix", c.ControlPrefix, "subject prefix of the control plane (default $SHARD)")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on each request")
+	fs.BoolVar(&c.JSON, "json", c.JSON, "print JSON instead of a table")
+	fs.IntVar(&c.Regions, "regions", 2, "regions, each on a connection of its own")
+	fs.IntVar(&c.Shards, "shards", protocol.DefaultShards, "shards of the bench type")
+	fs.StringVar(&c.Kind, "kind", "echo", "entities: echo (answer the payload) or kv (persistent documents: set per message, get per request)")
+	fs.IntVar(&c.Entities, "entities", 1000, "entities the messages go to, round-robin")
+	fs.IntVar(&c.Msgs, "msgs", 300_000, "messages per throughput run")
+	fs.IntVar(&c.Size, "size", 128, "payload bytes")
+	fs.IntVar(&c.Pubs, "pubs", 2, "publishers, each on a connection of its own")
+	fs.IntVar(&c.Window, "window", 20_000, "most messages published and not yet received (flow control, both sides)")
+	fs.IntVar(&c.Rounds, "rounds", 5, "throughput runs per side, raw and natshard alternating; the median is reported")
+	fs.IntVar(&c.Requests, "requests", 5000, "requests per side for the latency run (0: none)")
+	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
+	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
+	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
+	fs.Float64Var(&c.Rate, "rate", 2000, "messages/s of the background publisher during handoff and failover runs")
+	fs.BoolVar(&c.Failover, "failover", false, "also measure region crashes: kill a region --kills times, time its shards to parked and re-homed")
+	fs.IntVar(&c.Kills, "kills", 3, "region crashes to measure")
+	fs.BoolVar(&c.Progress, "progress", false, "show progress on stderr even when it is not a terminal")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured runs to this file")
+	fs.StringVar(&c.MemProfile, "memprofile", "", "write an allocation profile (pprof allocs) to this file at the end")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, benchUsage)
+		fmt.Fprintln(stderr, "\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, flagErr(err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%w: bench takes no arguments, got %q", errUsage, fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) { typeGiven = typeGiven || f.Name == "type" })
+	if c.NATS != "" && !typeGiven {
+		c.Type = "bench-" + strings.ToLower(nuid.Next()[14:])
+	}
+	return c, c.validate()
+}
+
+// minKVSize is the smallest kv payload: {"op":"set","key":"v","value":""}.
+const minKVSize = 34
+
+// validate names the first flag at fault.
+func (c benchConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
+	}
+	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, c.Type); err != nil {
+		return bad("%v", err)
+	}
+	switch {
+	case c.Timeout <= 0:
+		return bad("--timeout must be positive")
+	case c.Regions < 1 || c.Regions > 64:
+		return bad("--regions must be 1..64, not %d", c.Regions)
+	case c.Shards < 1 || c.Shards > protocol.MaxShards:
+		return bad("--shards must be 1..%d, not %d", protocol.MaxShards, c.Shards)
+	case c.Kind != "echo" && c.Kind != "kv":
+		return bad("--kind must be echo or kv, not %q", c.Kind)
+	case c.Entities < 1:
+		return bad("--entities must be at least 1")
+	case c.Pubs < 1 || c.Pubs > 256:
+		return bad("--pubs must be 1..256, not %d", c.Pubs)
+	case c.Msgs < c.Pubs:
+		return bad("--msgs (%d) must be at least --pubs (%d)", c.Msgs, c.Pubs)
+	case c.Size < 1 || c.Size > 1<<20:
+		return bad("--size must be 1..%d bytes, not %d", 1<<20, c.Size)
+	case c.Kind == "kv" && c.Size < minKVSize:
+		return bad("--size must be at least %d with --kind kv (a set request)", minKVSize)
+	case c.Window < 1:
+		return bad("--window must be at least 1")
+	case c.Rounds < 1:
+		return bad("--rounds must be at least 1")
+	case c.Requests < 0:
+		return bad("--requests must be 0 or more")
+	case (c.Handoff || c.Failover) && c.Regions < 2:
+		return bad("--handoff and --failover need --regions 2 or more")
+	case c.HandoffEntities < 1 || c.Moves < 1 || c.Kills < 1:
+		return bad("--handoff-entities, --moves and --kills must be at least 1")
+	case c.Rate <= 0:
+		return bad("--rate must be positive")
+	}
+	return nil
+}
+
+// runBench is shardctl bench.
+func runBench(ctx context.Context, global *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseBench(global, args, stderr)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	prog := newProgress(stderr, cfg.Progress)
+	prog.note("starting NATS, %d regions and a coordinator", cfg.Regions)
+	sys, err := startBenchSystem(ctx, cfg)
+	if err != nil {
+		prog.clear()
+		return err
+	}
+	defer sys.close()
+	b, err := newBench(ctx, sys, prog)
+	if err != nil {
+		prog.clear()
+		return err
+	}
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := b.run()
+	prog.clear()
+	if err != nil {
+		return err
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if cfg.MemProfile != "" {
+		if err := writeAllocProfile(cfg.MemProfile); err != nil {
+			return err
+		}
+	}
+	if cfg.JSON {
+		return writeJSON(stdout, res)
+	}
+	return res.print(stdout)
+}
+
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// benchResult is what shardctl bench prints; --json prints it as is.
+type benchResult struct {
+	// Ratio is natshard's throughput over raw NATS's, in the same run:
+	// the median over the rounds of each round's ratio.
+	Ratio      float64          `json:"ratio"`
+	Config     benchConfigView  `json:"config"`
+	Machine    machineView      `json:"machine"`
+	Throughput throughputResult `json:"throughput"`
+	Latency    *latencyResult   `json:"latency,omitempty"`
+	Handoff    *handoffResult   `json:"handoff,omitempty"`
+	Failover   *failoverResult  `json:"failover,omitempty"`
+	Seconds    float64          `json:"seconds"`
+	Notes      []string         `json:"notes,omitempty"`
+}
+
+type benchConfigView struct {
+	Server   string `json:"server"` // "embedded" or the URL
+	Type     string `json:"type"`
+	Regions  int    `json:"regions"`
+	Shards   int    `json:"shards"`
+	Kind     string `json:"kind"`
+	Entities int    `json:"entities"`
+	Msgs     int    `json:"msgs"`
+	Size     int    `json:"size"`
+	Pubs     int    `json:"pubs"`
+	Window   int    `json:"window"`
+	Rounds   int    `json:"rounds"`
+	Requests int    `json:"requests"`
+}
+
+type machineView struct {
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+	CPUs       int    `json:"cpus"`
+	NATSServer string `json:"nats_server"`
+}
+
+// throughputResult: each round runs both sides back to back; Ratio is
+// the median of the rounds' ratios, which cancels the machine's slower
+// swings better than the ratio of the medians.
+type throughputResult struct {
+	Natshard    throughputSide `json:"natshard"`
+	Raw         throughputSide `json:"raw"`
+	Ratio       float64        `json:"ratio"`
+	RoundsRatio []float64      `json:"rounds_ratio"`
+	// CPURatio is raw's CPU per message over natshard's (median of the
+	// rounds' ratios): what throughput ratio the machine would give if
+	// it were CPU-bound and not shared.
+	CPURatio float64 `json:"cpu_ratio"`
+}
+
+// throughputSide: Sent and Received are totals over the rounds; the rates
+// are over the rounds, counted at the receiving side.
+type throughputSide struct {
+	Sent         int64     `json:"sent"`
+	Received     int64     `json:"received"`
+	Errors       int64     `json:"errors"`       // natshard: messages an entity handled with an error (kv: a failed write)
+	MsgsPerSec   float64   `json:"msgs_per_sec"` // median
+	RoundsPerSec []float64 `json:"rounds_msgs_per_sec"`
+	// CPUPerMsgUS is the CPU time the whole process (publishers, the
+	// embedded server, receivers) used per message, median over the
+	// rounds: steadier than msgs/s when other jobs share the machine.
+	// 0 where it is not measured (not unix).
+	CPUPerMsgUS float64 `json:"cpu_us_per_msg"`
+}
+
+type latencyResult struct {
+	Natshard  latencySide `json:"natshard"`
+	Raw       latencySide `json:"raw"`
+	P50DiffUS float64     `json:"p50_diff_us"` // natshard p50 - raw p50
+}
+
+type latencySide struct {
+	Count  int     `json:"count"`
+	Errors int     `json:"errors"`
+	P50US  float64 `json:"p50_us"`
+	P99US  float64 `json:"p99_us"`
+	P999US float64 `json:"p999_us"`
+	MaxUS  float64 `json:"max_us"`
+}
+
+type handoffResult struct {
+	Entities int       `json:"entities"`
+	Moves    int       `json:"moves"`
+	Rate     float64   `json:"rate"`
+	P50MS    float64   `json:"p50_ms"`
+	P99MS    float64   `json:"p99_ms"`
+	MaxMS    float64   `json:"max_ms"`
+	Samples  []float64 `json:"samples_ms"`
+}
+
+type failoverResult struct {
+	Kills        int       `json:"kills"`
+	Rate         float64   `json:"rate"`
+	ParkedP50MS  float64   `json:"parked_p50_ms"`
+	ParkedMaxMS  float64   `json:"parked_max_ms"`
+	RehomedP50MS float64   `json:"rehomed_p50_ms"`
+	RehomedP99MS float64   `json:"rehomed_p99_ms"`
+	RehomedMaxMS float64   `json:"rehomed_max_ms"`
+	Rehomed      []float64 `json:"rehomed_ms"`
+}
+
+func machine() machineView {
+	return machineView{Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(), NATSServer: server.VERSION}
+}
+
+// print writes the summary table.
+func (r *benchResult) print(out io.Writer) error {
+	c := r.Config
+	fmt.Fprintf(out, "natshard bench: %d regions, %d shards, %d %s entities, %d publishers, %d msgs x %d B, %d rounds; NATS %s\n",
+		c.Regions, c.Shards, c.Entities, c.Kind, c.Pubs, c.Msgs, c.Size, c.Rounds, c.Server)
+	fmt.Fprintf(out, "machine: %s, %d CPUs, %s, nats-server %s\n\n", r.Machine.OS, r.Machine.CPUs, r.Machine.Go, r.Machine.NATSServer)
+	t := r.Throughput
+	rows := [][]any{
+		{"msgs/s (median)", fmt.Sprintf("%.0f", t.Natshard.MsgsPerSec), fmt.Sprintf("%.0f", t.Raw.MsgsPerSec), fmt.Sprintf("x%.2f (median of rounds)", t.Ratio)},
+		{"msgs/s (rounds)", joinRates(t.Natshard.RoundsPerSec, "%.0f"), joinRates(t.Raw.RoundsPerSec, "%.0f"), joinRates(t.RoundsRatio, "%.2f")},
+		{"CPU us/msg (median)", fmt.Sprintf("%.2f", t.Natshard.CPUPerMsgUS), fmt.Sprintf("%.2f", t.Raw.CPUPerMsgUS), fmt.Sprintf("x%.2f (raw/natshard)", t.CPURatio)},
+		{"received/sent", fmt.Sprintf("%d/%d", t.Natshard.Received, t.Natshard.Sent), fmt.Sprintf("%d/%d", t.Raw.Received, t.Raw.Sent), ""},
+	}
+	if l := r.Latency; l != nil {
+		rows = append(rows,
+			[]any{"request p50", us(l.Natshard.P50US), us(l.Raw.P50US), fmt.Sprintf("%+.0f us", l.P50DiffUS)},
+			[]any{"request p99", us(l.Natshard.P99US), us(l.Raw.P99US), fmt.Sprintf("%+.0f us", l.Natshard.P99US-l.Raw.P99US)},
+			[]any{"request p99.9", us(l.Natshard.P999US), us(l.Raw.P999US), fmt.Sprintf("%+.0f us", l.Natshard.P999US-l.Raw.P999US)},
+			[]any{"requests (errors)", fmt.Sprintf("%d (%d)", l.Natshard.Count, l.Natshard.Errors), fmt.Sprintf("%d (%d)", l.Raw.Count, l.Raw.Errors), ""},
+		)
+	}
+	if err := table(out, []string{"", "NATSHARD", "RAW NATS", "RATIO/DIFF"}, rows); err != nil {
+		return err
+	}
+	if h := r.Handoff; h != nil {
+		fmt.Fprintf(out, "\nhandoff of a shard with %d active entities under %.0f msg/s, %d moves: decision to the new owner's first message p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			h.Entities, h.Rate, h.Moves, h.P50MS, h.P99MS, h.MaxMS)
+	}
+	if f := r.Failover; f != nil {
+		fmt.Fprintf(out, "\nregion crash under %.0f msg/s, %d kills: its shards parked p50 %.0f ms (max %.0f), re-homed p50 %.0f ms, p99 %.0f ms, max %.0f ms\n",
+			f.Rate, f.Kills, f.ParkedP50MS, f.ParkedMaxMS, f.RehomedP50MS, f.RehomedP99MS, f.RehomedMaxMS)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(out, "note: %s\n", n)
+	}
+	fmt.Fprintf(out, "\n%.1f s in all\n", r.Seconds)
+	return nil
+}
+
+func us(v float64) string { return fmt.Sprintf("%.0f us", v) }
+
+func joinRates(rs []float64, format string) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf(format, r)
+	}
+	return strings.Join(parts, " ")
+}
+
+// progress draws a bar on stderr when it is a terminal (or --progress).
+type progress struct {
+	out     io.Writer
+	enabled bool
+	stop    chan struct{}
+	done    chan struct{}
+	shown   bool
+}
+
+func newProgress(stderr io.Writer, force bool) *progress {
+	enabled := force
+	if f, ok := stderr.(*os.File); ok && !enabled {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			enabled = true
+		}
+	}
+	return &progress{out: stderr, enabled: enabled}
+}
+
+// note shows a line of text until the next note, phase or clear.
+func (p *progress) note(format string, args ...any) {
+	if !p.enabled {
+		return
+	}
+	p.clear()
+	fmt.Fprintf(p.out, "\r\033[K%s", fmt.Sprintf(format, args...))
+	p.shown = true
+}
+
+// phase draws label and a bar of done()/total every 200 ms until the next
+// phase, note or clear.
+func (p *progress) phase(label string, total int64, done func() int64) {
+	if !p.enabled {
+		return
+	}
+	p.clear()
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	stop, finished := p.stop, p.done
+	draw := func() {
+		n := min(max(done(), 0), total)
+		const width = 30
+		fill := int(int64(width) * n / max(total, 1))
+		fmt.Fprintf(p.out, "\r\033[K%-34s [%s%s] %3d%%", label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), 100*n/max(total, 1))
+	}
+	p.shown = true
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			draw()
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// clear ends the current phase and erases its line.
+func (p *progress) clear() {
+	if p.stop != nil {
+		close(p.stop)
+		<-p.done
+		p.stop = nil
+	}
+	if p.shown {
+		fmt.Fprint(p.out, "\r\033[K")
+		p.shown = false
+	}
+}
+
+var errNoProgress = errors.New("no message received for 10 s")

@@ -1,0 +1,436 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+)
+
+// benchSystem is what shardctl bench measures: a NATS server (embedded,
+// or the one given with --nats), regions hosting echo or kv entities and
+// one coordinator, all in this process, each on a connection of its own,
+// as separate shardd processes would be.
+type benchSystem struct {
+	cfg      benchConfig
+	url      string
+	srv      *server.Server // nil with --nats
+	dir      string         // the embedded server's store
+	subjects protocol.Subjects
+	log      *slog.Logger
+	admin    *nats.Conn
+	js       jetstream.JetStream
+	store    *kvstate.Store
+	grace    time.Duration
+
+	// handled counts every message handled by an entity of any region.
+	handled recvCounter
+	failed  atomic.Int64   // of those, the ones Handle returned an error for
+	crashed sync.WaitGroup // Close of crashed regions' agents
+
+	mu      sync.Mutex
+	regions map[string]*benchRegion
+	order   []string // region ids, in start order
+	nextID  int
+
+	stopCoord func()
+	conns     []*nats.Conn // every connection opened, closed by close
+	created   bool         // the type was created: close deletes it from a --nats server
+}
+
+// benchRegion is one region of the system.
+type benchRegion struct {
+	id    string
+	nc    *nats.Conn
+	agent *region.Agent
+	probe *benchProbe
+}
+
+// clock0 is the origin of the probes' timestamps.
+var clock0 = time.Now()
+
+func since0() int64 { return int64(time.Since(clock0)) }
+
+// benchProbe notes the first message of one shard that a region handles
+// once armed: the new owner's first message in a handoff.
+type benchProbe struct {
+	armed atomic.Bool
+	shard atomic.Int64
+	first atomic.Int64 // since0() of that message
+	ch    atomic.Pointer[chan struct{}]
+}
+
+func (p *benchProbe) arm(shard int) <-chan struct{} {
+	ch := make(chan struct{})
+	p.shard.Store(int64(shard))
+	p.ch.Store(&ch)
+	p.armed.Store(true)
+	return ch
+}
+
+// probed wraps an entity: it counts what it handles and feeds the probe.
+type probed struct {
+	inner region.Entity
+	sys   *benchSystem
+	probe *benchProbe
+}
+
+func (e *probed) Handle(ctx context.Context, m *region.Message) ([]byte, error) {
+	data, err := e.inner.Handle(ctx, m)
+	if err != nil {
+		e.sys.failed.Add(1)
+	}
+	e.sys.handled.add()
+	if p := e.probe; p.armed.Load() && int64(m.Shard) == p.shard.Load() && p.armed.CompareAndSwap(true, false) {
+		p.first.Store(since0())
+		close(*p.ch.Load())
+	}
+	return data, err
+}
+
+func (e *probed) Stop(ctx context.Context) error { return e.inner.Stop(ctx) }
+
+// startBenchSystem starts the server (unless cfg.NATS is set), the type,
+// cfg.Regions regions and a coordinator, and waits until every shard is
+// active and served live.
+func startBenchSystem(ctx context.Context, cfg benchConfig) (s *benchSystem, err error) {
+	s = &benchSystem{cfg: cfg, regions: map[string]*benchRegion{}, log: slog.New(slog.DiscardHandler)}
+	defer func() {
+		if err != nil {
+			s.close()
+			s = nil
+		}
+	}()
+	s.url = cfg.NATS
+	if s.url == "" {
+		if s.srv, s.dir, err = startBenchServer(); err != nil {
+			return s, err
+		}
+		s.url = s.srv.ClientURL()
+	}
+	if s.subjects, err = protocol.NewSubjects(cfg.DataPrefix, cfg.ControlPrefix, cfg.Type); err != nil {
+		return s, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if s.admin, err = s.connect("admin"); err != nil {
+		return s, err
+	}
+	if s.js, err = jetstream.New(s.admin); err != nil {
+		return s, err
+	}
+	if cfg.NATS != "" {
+		// Never touch a type that exists: the bench deletes what it made.
+		if _, err := s.js.KeyValue(ctx, kvstate.BucketName(cfg.Type)); err == nil {
+			return s, fmt.Errorf("%w: type %q exists on %s already; pass another --type", errUsage, cfg.Type, s.url)
+		}
+	}
+	if s.store, err = kvstate.Open(ctx, s.js, cfg.Type, kvstate.Options{}); err != nil {
+		return s, fmt.Errorf("open the bench type %q: %w", cfg.Type, err)
+	}
+	s.created = true
+	if _, err := s.store.EnsureConfig(ctx, protocol.TypeConfig{Shards: cfg.Shards}); err != nil {
+		return s, fmt.Errorf("store the bench type's configuration: %w", err)
+	}
+	// As shardd's --release-grace auto: none on a standalone server.
+	s.grace = -1
+	if s.admin.ConnectedClusterName() != "" {
+		s.grace = region.DefaultReleaseGrace
+	}
+	for range cfg.Regions {
+		if _, err := s.startRegion(ctx); err != nil {
+			return s, err
+		}
+	}
+	if err := s.startCoordinator(); err != nil {
+		return s, err
+	}
+	if _, err := s.waitBalanced(ctx, 60*time.Second); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// startBenchServer starts an embedded NATS server with JetStream in a
+// temporary directory, on a random port of 127.0.0.1.
+func startBenchServer() (*server.Server, string, error) {
+	dir, err := os.MkdirTemp("", "shardctl-bench-")
+	if err != nil {
+		return nil, "", err
+	}
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "shardctl-bench", Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
+		PingInterval: 2 * time.Second, MaxPingsOut: 3,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", fmt.Errorf("embedded NATS server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		os.RemoveAll(dir)
+		return nil, "", errors.New("embedded NATS server did not start")
+	}
+	return srv, dir, nil
+}
+
+// connect opens a connection with shardd's options.
+func (s *benchSystem) connect(name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(s.url, nats.Name("shardctl-bench-"+name), nats.PingInterval(2*time.Second),
+		nats.MaxPingsOutstanding(2), nats.MaxReconnects(0), nats.Timeout(s.cfg.Timeout))
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to NATS at %s: %w", s.url, err)
+	}
+	s.mu.Lock()
+	s.conns = append(s.conns, nc)
+	s.mu.Unlock()
+	return nc, nil
+}
+
+// open returns a store and buffer of the bench type on nc.
+func (s *benchSystem) open(ctx context.Context, nc *nats.Conn) (*kvstate.Store, *kvstate.Buffer, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := kvstate.Open(ctx, js, s.cfg.Type, kvstate.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	buffer, err := kvstate.OpenBuffer(ctx, js, s.subjects, kvstate.BufferOptions{})
+	return store, buffer, err
+}
+
+// startRegion starts a new region (r1, r2, ...) as shardd wires one.
+func (s *benchSystem) startRegion(ctx context.Context) (*benchRegion, error) {
+	s.mu.Lock()
+	s.nextID++
+	id := "r" + strconv.Itoa(s.nextID)
+	s.mu.Unlock()
+	nc, err := s.connect("region-" + id)
+	if err != nil {
+		return nil, err
+	}
+	store, buffer, err := s.open(ctx, nc)
+	if err != nil {
+		return nil, fmt.Errorf("region %s: %w", id, err)
+	}
+	inner := entities.Echo()
+	if s.cfg.Kind == "kv" {
+		inner = entities.KV(store)
+	}
+	r := &benchRegion{id: id, nc: nc, probe: &benchProbe{}}
+	factory := func(ctx context.Context, eid string) (region.Entity, error) {
+		e, err := inner(ctx, eid)
+		if err != nil {
+			return nil, err
+		}
+		return &probed{inner: e, sys: s, probe: r.probe}, nil
+	}
+	r.agent, err = region.Open(ctx, region.Config{
+		Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: s.cfg.Shards, ID: id,
+		Factory: factory, Logger: s.log, ReleaseGrace: s.grace,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.regions[id] = r
+	s.order = append(s.order, id)
+	s.mu.Unlock()
+	return r, nil
+}
+
+// crash kills region id as kill -9 would: its connection closes at once
+// (the server drops its subscriptions), nothing is handed off.
+func (s *benchSystem) crash(id string) {
+	s.mu.Lock()
+	r := s.regions[id]
+	delete(s.regions, id)
+	s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == id })
+	s.mu.Unlock()
+	r.nc.Close()
+	s.crashed.Go(func() {
+		// Its goroutines and stop hooks; the deregistration fails, as
+		// after a crash.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = r.agent.Close(cctx)
+	})
+}
+
+func (s *benchSystem) regionIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.order)
+}
+
+func (s *benchSystem) region(id string) *benchRegion {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.regions[id]
+}
+
+// startCoordinator runs the one coordinator, on a connection of its own;
+// it rebalances only when asked.
+func (s *benchSystem) startCoordinator() error {
+	nc, err := s.connect("coordinator")
+	if err != nil {
+		return err
+	}
+	store, buffer, err := s.open(context.Background(), nc)
+	if err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = coordinator.New(coordinator.Config{
+			Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: s.cfg.Shards,
+			Region: "bench-coordinator", MinRegions: s.cfg.Regions, RebalanceInterval: -1,
+			Logger: s.log, ReleaseGrace: s.grace,
+		}).Run(ctx)
+	}()
+	s.stopCoord = func() { cancel(); <-done }
+	return nil
+}
+
+// close stops everything and, on a server given with --nats, deletes the
+// type's bucket and buffer stream.
+func (s *benchSystem) close() {
+	for _, id := range s.regionIDs() {
+		r := s.region(id)
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = r.agent.Close(cctx)
+		cancel()
+	}
+	s.crashed.Wait()
+	if s.stopCoord != nil {
+		s.stopCoord()
+	}
+	if s.cfg.NATS != "" && s.created {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		_ = s.js.DeleteKeyValue(ctx, kvstate.BucketName(s.cfg.Type))
+		_ = s.js.DeleteStream(ctx, kvstate.BufferStream(s.cfg.Type))
+		cancel()
+	}
+	s.mu.Lock()
+	conns := s.conns
+	s.conns = nil
+	s.mu.Unlock()
+	for _, nc := range conns {
+		nc.Close()
+	}
+	if s.srv != nil {
+		s.srv.Shutdown()
+		s.srv.WaitForShutdown()
+		os.RemoveAll(s.dir)
+	}
+}
+
+// status asks the coordinator for its status.
+func (s *benchSystem) status() (protocol.Status, error) {
+	var st protocol.Status
+	m, err := s.admin.Request(s.subjects.Admin(protocol.AdminStatus), nil, s.cfg.Timeout)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(m.Data, &st)
+}
+
+// admin sends an admin request and returns the coordinator's error, if any.
+func (s *benchSystem) adminRequest(verb string, body any) error {
+	data, _ := json.Marshal(body)
+	m, err := s.admin.Request(s.subjects.Admin(verb), data, s.cfg.Timeout)
+	if err != nil {
+		return fmt.Errorf("admin %s: %w", verb, err)
+	}
+	var ae protocol.AdminError
+	if json.Unmarshal(m.Data, &ae) == nil && ae.Error != "" {
+		return fmt.Errorf("admin %s: %s", verb, ae.Error)
+	}
+	return nil
+}
+
+// owners maps each region to the shards it has active, from a status.
+func owners(st protocol.Status) map[string][]int {
+	out := map[string][]int{}
+	for _, r := range st.Table {
+		if r.State == string(protocol.StateActive) {
+			out[r.Region] = append(out[r.Region], r.Shard)
+		}
+	}
+	return out
+}
+
+// waitBalanced waits until every shard is active, the running regions
+// hold them within one shard of each other (asking for rebalance rounds
+// while they do not) and every region serves its shards live.
+func (s *benchSystem) waitBalanced(ctx context.Context, timeout time.Duration) (protocol.Status, error) {
+	deadline := time.Now().Add(timeout)
+	var lastRound time.Time
+	for {
+		st, err := s.status()
+		ids := s.regionIDs()
+		if err == nil && len(st.Table) == s.cfg.Shards && len(st.Regions) == len(ids) {
+			own := owners(st)
+			n := 0
+			lo, hi := s.cfg.Shards, 0
+			for _, id := range ids {
+				n += len(own[id])
+				lo, hi = min(lo, len(own[id])), max(hi, len(own[id]))
+			}
+			if n == s.cfg.Shards && hi-lo <= 1 && s.allLive(ids) {
+				return st, nil
+			}
+			if n == s.cfg.Shards && hi-lo > 1 && time.Since(lastRound) > 200*time.Millisecond {
+				_ = s.adminRequest(protocol.AdminRebalance, protocol.RebalanceRequest{})
+				lastRound = time.Now()
+			}
+		}
+		if time.Now().After(deadline) {
+			return st, fmt.Errorf("the bench system did not settle in %v (last status error: %v)", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// allLive reports whether each region serves every shard it holds live
+// (the table says active once the end marker is written; the region goes
+// live when its replay reaches it).
+func (s *benchSystem) allLive(ids []string) bool {
+	for _, id := range ids {
+		var ans protocol.QueryAnswer
+		m, err := s.admin.Request(s.subjects.Query(id), nil, s.cfg.Timeout)
+		if err != nil || json.Unmarshal(m.Data, &ans) != nil {
+			return false
+		}
+		for _, r := range ans.Shards {
+			if r.Mode != "live" {
+				return false
+			}
+		}
+	}
+	return true
+}

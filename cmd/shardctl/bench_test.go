@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+)
+
+// bench runs shardctl with args and decodes its JSON output.
+func benchJSON(t *testing.T, args ...string) benchResult {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("shardctl %v: %v\n%s", args, err, stderr.String())
+	}
+	var res benchResult
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("shardctl %v printed no JSON: %v\n%s", args, err, stdout.String())
+	}
+	return res
+}
+
+// checkCounts checks what must hold whatever the machine's speed: every
+// message sent was received on each side, rates and the ratio are
+// positive, every request was answered.
+func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
+	t.Helper()
+	for name, side := range map[string]throughputSide{"natshard": res.Throughput.Natshard, "raw": res.Throughput.Raw} {
+		if want := int64(msgs * rounds); side.Sent != want || side.Received != want {
+			t.Errorf("%s: sent %d, received %d, want %d each", name, side.Sent, side.Received, want)
+		}
+		if len(side.RoundsPerSec) != rounds || side.MsgsPerSec <= 0 {
+			t.Errorf("%s: rates %v, median %v", name, side.RoundsPerSec, side.MsgsPerSec)
+		}
+	}
+	if res.Ratio <= 0 || res.Ratio != res.Throughput.Ratio || len(res.Throughput.RoundsRatio) != rounds {
+		t.Errorf("ratio %v, throughput ratio %v", res.Ratio, res.Throughput.Ratio)
+	}
+	l := res.Latency
+	if l == nil {
+		t.Fatal("no latency run")
+	}
+	for name, side := range map[string]latencySide{"natshard": l.Natshard, "raw": l.Raw} {
+		if side.Count != requests || side.Errors != 0 || side.P50US <= 0 || side.P50US > side.P99US || side.P99US > side.P999US || side.P999US > side.MaxUS {
+			t.Errorf("%s latency: %+v, want %d requests answered and ordered percentiles", name, side, requests)
+		}
+	}
+}
+
+// TestBench runs shardctl bench with tiny sizes against a NATS server of
+// the test, then on an embedded server with handoff and failover runs, and
+// checks the counts, never a time.
+func TestBench(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	res := benchJSON(t, "--nats", url, "bench", "--json", "--shards", "16", "--entities", "40",
+		"--msgs", "3000", "--pubs", "3", "--rounds", "2", "--requests", "120", "--window", "100")
+	checkCounts(t, res, 3000, 2, 120)
+	if res.Config.Server != url || !strings.HasPrefix(res.Config.Type, "bench-") {
+		t.Errorf("config %+v", res.Config)
+	}
+	// The bench type is gone from the server it was given.
+	nc := natstest.Connect(t, url)
+	js := natstest.JetStream(t, nc)
+	if _, err := js.KeyValue(context.Background(), kvstate.BucketName(res.Config.Type)); err == nil {
+		t.Errorf("bucket of type %s left on the server", res.Config.Type)
+	}
+	if _, err := js.Stream(context.Background(), kvstate.BufferStream(res.Config.Type)); err == nil {
+		t.Errorf("buffer stream of type %s left on the server", res.Config.Type)
+	}
+
+	res = benchJSON(t, "bench", "--json", "--regions", "3", "--shards", "8", "--entities", "10", "--msgs", "500",
+		"--rounds", "1", "--requests", "50", "--handoff", "--handoff-entities", "20", "--moves", "2",
+		"--failover", "--kills", "1", "--rate", "500", "--progress")
+	checkCounts(t, res, 500, 1, 50)
+	if res.Config.Server != "embedded" || res.Config.Type != "bench" {
+		t.Errorf("config %+v", res.Config)
+	}
+	if h := res.Handoff; h == nil || len(h.Samples) != 2 || h.P50MS <= 0 || h.MaxMS < h.P50MS {
+		t.Errorf("handoff %+v", res.Handoff)
+	}
+	if f := res.Failover; f == nil || len(f.Rehomed) != 1 || f.RehomedP50MS <= 0 || f.ParkedP50MS <= 0 || f.ParkedP50MS > f.RehomedP50MS {
+		t.Errorf("failover %+v", res.Failover)
+	}
+}
+
+// TestBenchKV: kv entities persist each message; the counts hold too.
+func TestBenchKV(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	res := benchJSON(t, "--nats", url, "bench", "--json", "--kind", "kv", "--shards", "8", "--entities", "20",
+		"--msgs", "400", "--rounds", "1", "--requests", "40")
+	checkCounts(t, res, 400, 1, 40)
+	if res.Throughput.Natshard.Errors != 0 {
+		t.Errorf("%d kv sets failed", res.Throughput.Natshard.Errors)
+	}
+}
+
+func TestBenchTable(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--shards", "4", "--entities", "4", "--msgs", "100", "--rounds", "1", "--requests", "10", "--progress"},
+		func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"NATSHARD", "RAW NATS", "msgs/s (median)", "CPU us/msg", "100/100   100/100", "request p99.9"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if !strings.Contains(stderr.String(), "throughput natshard 1/1") || !strings.Contains(stderr.String(), "\r\033[K") {
+		t.Errorf("--progress drew no bar on stderr: %q", stderr.String())
+	}
+}
+
+func TestBenchFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "now"}, "bench takes no arguments"},
+		{[]string{"--creds", "x.creds", "bench"}, "bench does not take --creds"},
+		{[]string{"bench", "--regions", "0"}, "--regions must be 1..64"},
+		{[]string{"bench", "--shards", "0"}, "--shards must be 1.."},
+		{[]string{"bench", "--kind", "lua"}, "--kind must be echo or kv"},
+		{[]string{"bench", "--entities", "0"}, "--entities must be at least 1"},
+		{[]string{"bench", "--pubs", "4", "--msgs", "3"}, "--msgs (3) must be at least --pubs (4)"},
+		{[]string{"bench", "--size", "0"}, "--size must be 1.."},
+		{[]string{"bench", "--kind", "kv", "--size", "10"}, "at least 34 with --kind kv"},
+		{[]string{"bench", "--rounds", "0"}, "--rounds must be at least 1"},
+		{[]string{"bench", "--requests", "-1"}, "--requests must be 0 or more"},
+		{[]string{"bench", "--handoff", "--regions", "1"}, "need --regions 2 or more"},
+		{[]string{"bench", "--failover", "--kills", "0"}, "--kills must be at least 1"},
+		{[]string{"bench", "--rate", "0"}, "--rate must be positive"},
+		{[]string{"--timeout", "0s", "bench"}, "--timeout must be positive"},
+		{[]string{"bench", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"bench", "--type", "a b"}, "invalid name"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), tc.args, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || exitCode(err) != 2 {
+			t.Errorf("%v: err %v (exit %d), want %q and exit 2", tc.args, err, exitCode(err), tc.want)
+		}
+	}
+	// A type that exists on the server is never touched.
+	url := natstest.URL(natstest.RunServer(t))
+	nc := natstest.Connect(t, url)
+	if _, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "mine", kvstate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	err := run(context.Background(), []string{"bench", "--nats", url, "--type", "mine"}, func(string) string { return "" }, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), `type "mine" exists`) || exitCode(err) != 2 {
+		t.Errorf("bench on an existing type: %v", err)
+	}
+	if _, err := natstest.JetStream(t, nc).KeyValue(context.Background(), kvstate.BucketName("mine")); err != nil {
+		t.Errorf("the existing type's bucket is gone: %v", err)
+	}
+}

@@ -1,0 +1,164 @@
+package region
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
+)
+
+// Benchmarks of the region's hot path, without NATS: dispatch of a
+// message to its entity (host.deliver: the cell, its mailbox, the
+// goroutine that runs it), the whole subscription callback
+// (Agent.onMessage: subject parsing, the shard's mode, deliver), and
+// what an idle entity costs in memory and to passivate. Run with
+//
+//	go test -run '^$' -bench . -benchmem ./region/
+//	go test -run '^$' -bench BenchmarkIdleEntities -benchtime 1x ./region/ -region.idle-entities=1000000
+
+var flagIdleEntities = flag.Int("region.idle-entities", 100_000, "entities BenchmarkIdleEntities activates")
+
+// benchHandled counts the messages benchEntity handled.
+var benchHandled atomic.Int64
+
+// benchEntity is as cheap as the echo entity: zero-size, no state.
+type benchEntity struct{}
+
+func (benchEntity) Handle(_ context.Context, m *Message) ([]byte, error) {
+	benchHandled.Add(1)
+	return m.Data, nil
+}
+
+func (benchEntity) Stop(context.Context) error { return nil }
+
+func benchFactory(context.Context, string) (Entity, error) { return benchEntity{}, nil }
+
+// waitHandled waits until benchHandled reaches n.
+func waitHandled(b *testing.B, n int64) {
+	deadline := time.Now().Add(time.Minute)
+	for benchHandled.Load() < n {
+		if time.Now().After(deadline) {
+			b.Fatalf("handled %d of %d messages", benchHandled.Load(), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// benchIDs returns n entity ids and their shards among DefaultShards.
+func benchIDs(n int) ([]string, []int) {
+	ids, shards := make([]string, n), make([]int, n)
+	for i := range ids {
+		ids[i] = "entity-" + strconv.Itoa(i)
+		shards[i] = protocol.ShardOf(ids[i], protocol.DefaultShards)
+	}
+	return ids, shards
+}
+
+// BenchmarkDeliver: messages delivered round-robin to entities, handled
+// (one op is one message, until it is handled). With 1 entity the
+// mailbox batches messages behind one goroutine; with 1000 nearly every
+// message finds its entity idle and starts a goroutine.
+func BenchmarkDeliver(b *testing.B) {
+	for _, n := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("entities=%d", n), func(b *testing.B) {
+			h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+			ids, shards := benchIDs(n)
+			m := &nats.Msg{Subject: "x", Data: []byte("payload")}
+			benchHandled.Store(0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				h.deliver(shards[i%n], ids[i%n], m)
+			}
+			waitHandled(b, int64(b.N))
+		})
+	}
+}
+
+// BenchmarkOnMessage: the subscription callback of a live shard, from the
+// NATS message to the entity's Handle (one op is one message, until it is
+// handled), 1000 entities round-robin.
+func BenchmarkOnMessage(b *testing.B) {
+	subjects := protocol.MustSubjects("", "", "bench")
+	a := &Agent{cfg: Config{Subjects: subjects, Shards: protocol.DefaultShards, MaxHeld: 1}, log: discardLogger()}
+	a.host = newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+	states := make([]*shardState, protocol.DefaultShards)
+	for i := range states {
+		states[i] = &shardState{n: i, mode: modeLive}
+	}
+	ids, shards := benchIDs(1000)
+	msgs := make([]*nats.Msg, len(ids))
+	for i, id := range ids {
+		msgs[i] = &nats.Msg{Subject: subjects.Entity(shards[i], id), Data: []byte("payload")}
+	}
+	benchHandled.Store(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		j := i % len(msgs)
+		a.onMessage(states[shards[j]], msgs[j])
+	}
+	waitHandled(b, int64(b.N))
+	if a.stats.Malformed.Load() != 0 {
+		b.Fatal("malformed subjects")
+	}
+}
+
+// BenchmarkIdleEntities activates -region.idle-entities entities (one
+// message each) in one host, and reports what each costs once idle
+// (B/entity: live heap after a GC, the cell, its map entry and its id,
+// divided by the count; goroutines/entity, which must be 0), then the
+// time to passivate them all (passivate-ms, passivate-ns/entity: from
+// the sweep that finds them idle until the last is removed).
+func BenchmarkIdleEntities(b *testing.B) {
+	n := *flagIdleEntities
+	ids, shards := benchIDs(n)
+	m := &nats.Msg{Subject: "x", Data: []byte("payload")}
+	for range b.N {
+		clock := newFakeClock()
+		h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger(), IdleTimeout: time.Minute, Now: clock.Now})
+		before, goroutines := heapAfterGC(), runtime.NumGoroutine()
+		benchHandled.Store(0)
+		for i := range n {
+			h.deliver(shards[i], ids[i], m)
+		}
+		waitHandled(b, int64(n))
+		for !quiet(h) {
+			time.Sleep(time.Millisecond)
+		}
+		after := heapAfterGC()
+		b.ReportMetric(float64(after-before)/float64(n), "B/entity")
+		b.ReportMetric(float64(runtime.NumGoroutine()-goroutines)/float64(n), "goroutines/entity")
+		if got := h.active(); got != n {
+			b.Fatalf("%d entities active, want %d", got, n)
+		}
+
+		clock.Advance(2 * time.Minute)
+		t0 := time.Now()
+		if got := h.passivateIdle(); got != n {
+			b.Fatalf("passivation started for %d entities, want %d", got, n)
+		}
+		for h.active() > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		d := time.Since(t0)
+		b.ReportMetric(float64(d)/1e6, "passivate-ms")
+		b.ReportMetric(float64(d)/float64(n), "passivate-ns/entity")
+	}
+}
+
+// heapAfterGC returns the live heap after a full collection.
+func heapAfterGC() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
