@@ -45,6 +45,7 @@ func (p *parker) park(shard int, handoff uint64) error {
 		return nil
 	}
 	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
+		p.log.Debug("parked a message", "shard", shard, "msg_id", m.Header.Get(protocol.HeaderMsgID))
 		p.buffer.Append(shard, m, p.failed)
 	})
 	if err != nil {

@@ -592,8 +592,9 @@ func lastLine(s string) string {
 // outcome is kept with the phase it was sent in.
 
 type chaosReq struct {
-	phase   int
-	outcome string // "acked", or why not: "timeout", "no responders", "refused: ...", "error: ..."
+	phase    int
+	outcome  string // "acked", or why not: "timeout", "no responders", "refused: ...", "error: ..."
+	sent, at time.Time
 }
 
 type chaosEntity struct {
@@ -673,13 +674,14 @@ func (l *chaosLoad) write(e *chaosEntity, nc *nats.Conn) {
 			return
 		case <-time.After(chaosPause):
 		}
-		req := chaosReq{phase: int(l.phaseIdx.Load())}
+		req := chaosReq{phase: int(l.phaseIdx.Load()), sent: time.Now()}
 		m := nats.NewMsg(subject)
 		m.Data = fmt.Appendf(nil, `{"op":"append","key":"seq","value":%d}`, n)
 		m.Header.Set(protocol.HeaderMsgID, e.id+"-"+strconv.Itoa(n))
 		ctx, cancel := context.WithTimeout(context.Background(), chaosReqTimeout)
 		reply, err := nc.RequestMsgWithContext(ctx, m)
 		cancel()
+		req.at = time.Now()
 		var ans kvAnswer
 		switch {
 		case errors.Is(err, nats.ErrNoResponders):
@@ -698,12 +700,23 @@ func (l *chaosLoad) write(e *chaosEntity, nc *nats.Conn) {
 			// The answer is the whole array: it must hold every write
 			// acknowledged before, in order, and end with this one.
 			if err := checkSeq(ans.Value, e.acked, n, true); err != nil {
-				l.violation("%s: the answer to write %d: %v", e.id, n, err)
+				l.violation("%s: the answer to write %d: %v; the writes before:\n%s", e.id, n, err, e.recent(10))
 			}
 			e.acked = append(e.acked, n)
 		}
 		e.reqs = append(e.reqs, req)
 	}
+}
+
+// recent describes the last n requests of e: when each was sent and
+// answered (UTC, as the containers log), and how.
+func (e *chaosEntity) recent(n int) string {
+	var b strings.Builder
+	for i := max(0, len(e.reqs)-n); i < len(e.reqs); i++ {
+		r := e.reqs[i]
+		fmt.Fprintf(&b, "\t\twrite %d: sent %s, %s after %s\n", i+1, r.sent.UTC().Format("15:04:05.000"), r.outcome, r.at.Sub(r.sent).Round(time.Millisecond))
+	}
+	return b.String()
 }
 
 // checkSeq checks that got is strictly increasing, holds every value of
@@ -773,7 +786,7 @@ func (l *chaosLoad) finish() {
 		}
 		// The last writes may be unacknowledged: last is the last sent.
 		if err := checkSeq(state, e.acked, len(e.reqs), false); err != nil {
-			t.Errorf("%s: state of %d values: %v", e.id, len(state), err)
+			t.Errorf("%s: state of %d values: %v; it ends %v", e.id, len(state), err, state[max(0, len(state)-12):])
 		}
 		in := map[int]bool{}
 		for _, v := range state {

@@ -97,9 +97,11 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		st.mu.Unlock()
 		return // dropped: the replay is being cancelled
 	}
-	if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
+	mid := m.Header.Get(protocol.HeaderMsgID)
+	if mid != "" {
 		st.seen[mid] = struct{}{}
 	}
+	a.log.Debug("replayed", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
 	a.host.deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
@@ -118,12 +120,14 @@ func (a *Agent) goLive(st *shardState, replayed int) bool {
 	}
 	held, skipped := len(st.held), 0
 	for _, h := range st.held {
-		if mid := h.m.Header.Get(protocol.HeaderMsgID); mid != "" {
+		mid := h.m.Header.Get(protocol.HeaderMsgID)
+		if mid != "" {
 			if _, dup := st.seen[mid]; dup {
 				skipped++
 				continue
 			}
 		}
+		a.log.Debug("held message delivered", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
 		a.host.deliver(st.n, h.id, h.m)
 	}
 	// A copy of a replayed message may still come: the subscription may
