@@ -43,6 +43,7 @@ const (
 	chaosEntities   = 60                     // kv entities, each with its own sequential writer
 	chaosPause      = 200 * time.Millisecond // between one entity's requests
 	chaosReqTimeout = 15 * time.Second       // a request unanswered by then counts as lost
+	chaosReadWait   = 90 * time.Second       // how long the final reads of the states may fail
 	chaosDeadline   = 2 * time.Minute        // a fault's effect and the settling must come by then (a failure bound, not a measurement)
 )
 
@@ -764,10 +765,21 @@ func (l *chaosLoad) finish() {
 	for i := range per {
 		per[i].lost = map[string]int{}
 	}
+	// The cluster may still be electing leaders after the last fault
+	// (a healed server can depose them), and regions fence meanwhile: the
+	// reads wait for the entities to answer again, and say how long.
+	readFrom := time.Now()
+	readUntil := readFrom.Add(chaosReadWait)
 	for _, e := range l.entities {
 		var state []int
 		var err error
-		for range 5 {
+		for try := 0; ; try++ {
+			if try > 0 {
+				if time.Now().After(readUntil) {
+					break
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
 			var m *nats.Msg
 			if m, err = l.c.admin.Request(l.c.subjects.EntityOf(e.id, l.c.shards), []byte(`{"op":"get","key":"seq"}`), 10*time.Second); err == nil {
 				var ans kvAnswer
@@ -781,7 +793,7 @@ func (l *chaosLoad) finish() {
 			}
 		}
 		if err != nil {
-			t.Errorf("%s: read the state: %v", e.id, err)
+			t.Errorf("%s: read the state: %v (for %s)", e.id, err, chaosReadWait)
 			continue
 		}
 		// The last writes may be unacknowledged: last is the last sent.
@@ -814,6 +826,9 @@ func (l *chaosLoad) finish() {
 			break
 		}
 		t.Error(v)
+	}
+	if d := time.Since(readFrom); d > 5*time.Second {
+		t.Logf("the entities' states were readable again after %.2f s", d.Seconds())
 	}
 	var total counts
 	t.Logf("requests per phase (sent, acknowledged, not acknowledged and why, of those applied anyway):")
