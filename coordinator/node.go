@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/natshard/natshard/internal/renewal"
 	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
 	"maps"
@@ -162,14 +163,14 @@ func (l *leader) run(parent context.Context) {
 	defer cancel()
 	err := l.lead(ctx)
 	if parent.Err() == nil {
-		l.log.Warn("lost or gave up the coordinator lease", "epoch", l.lease.Revision, "err", err)
+		l.log.Warn("lost or gave up the coordinator lease", "epoch", l.info.Epoch, "err", err)
 	}
 	// Release the lease if it is still ours, so that another candidate
 	// takes over at once instead of after the TTL.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Second)
 	defer rcancel()
 	if err := l.cfg.Store.Release(rctx, l.lease); err == nil {
-		l.log.Info("released the coordinator lease", "epoch", l.core.Epoch())
+		l.log.Info("released the coordinator lease", "epoch", l.info.Epoch)
 	}
 }
 
@@ -226,7 +227,7 @@ func (l *leader) lead(ctx context.Context) error {
 	watch := l.watchRegions(ctx)
 	tick := time.NewTicker(l.cfg.Tick)
 	defer tick.Stop()
-	renew := time.NewTicker(l.cfg.LeaseTTL / 4)
+	renew := time.NewTimer(renewal.Every(l.cfg.LeaseTTL, false))
 	defer renew.Stop()
 	for {
 		var acts []Action
@@ -234,9 +235,11 @@ func (l *leader) lead(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-renew.C:
-			if err := l.renew(ctx); err != nil {
+			renewed, err := l.renew(ctx)
+			if err != nil {
 				return err
 			}
+			renew.Reset(renewal.Every(l.cfg.LeaseTTL, !renewed))
 		case ev, ok := <-watch:
 			if !ok {
 				watch = l.watchRegions(ctx)
@@ -259,29 +262,27 @@ func (l *leader) lead(ctx context.Context) error {
 	}
 }
 
-// renew extends the lease. A lost lease ends the term at once; an
-// unreachable server ends it when the lease may have expired.
-func (l *leader) renew(ctx context.Context) error {
+// renew extends the lease and reports whether it did. A lost lease ends
+// the term at once (the error); an unreachable server ends it when the
+// lease may have expired (package renewal).
+func (l *leader) renew(ctx context.Context) (bool, error) {
 	sent := time.Now()
-	// The renewal may not outlast the moment the term must end: into a cut
-	// network the request would wait the store's whole timeout, past the
-	// lease's expiry on the server.
-	stepDownAt := l.renewedAt.Add(l.cfg.LeaseTTL * 3 / 4)
+	stepDownAt := renewal.Deadline(l.renewedAt, l.cfg.LeaseTTL)
 	rctx, cancel := context.WithDeadline(ctx, stepDownAt)
 	lease, err := l.cfg.Store.Renew(rctx, l.lease, l.info)
 	cancel()
 	if err == nil {
 		l.lease, l.renewedAt = lease, sent
-		return nil
+		return true, nil
 	}
 	if errors.Is(err, kvstate.ErrConflict) {
-		return fmt.Errorf("%w: lease lost: %w", errStepDown, err)
+		return false, fmt.Errorf("%w: lease lost: %w", errStepDown, err)
 	}
 	if !time.Now().Before(stepDownAt) {
-		return fmt.Errorf("%w: cannot renew the lease in time: %w", errStepDown, err)
+		return false, fmt.Errorf("%w: cannot renew the lease in time: %w", errStepDown, err)
 	}
 	l.log.Warn("lease renewal failed; will retry", "err", err)
-	return nil
+	return false, nil
 }
 
 // execute carries out actions in order. Table writes are synchronous and

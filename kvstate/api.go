@@ -45,6 +45,8 @@ type Lease struct {
 	Key      string
 	Revision uint64
 	TTL      time.Duration
+
+	value []byte // what the holder wrote at Revision (see Store.ownLater)
 }
 
 // Keys of the bucket.

@@ -78,6 +78,7 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 		{"CoordinatorAcquire", testCoordinatorAcquire},
 		{"CoordinatorRenewAndExpiry", testCoordinatorRenewAndExpiry},
 		{"CoordinatorRelease", testCoordinatorRelease},
+		{"LostRenewal", testLostRenewal},
 		{"CoordinatorDepose", testCoordinatorDepose},
 		{"PutShardFenced", testPutShardFenced},
 		{"PutShardConcurrent", testPutShardConcurrent},
@@ -283,6 +284,59 @@ func testCoordinatorRelease(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if err := a.Release(ctx, Lease{}); !errors.Is(err, ErrConflict) {
 		t.Fatalf("Release of the zero lease: %v, want ErrConflict", err)
+	}
+}
+
+// testLostRenewal: a renewal stored after its caller stopped waiting for
+// the acknowledgement (here: the answer is dropped, the caller keeps the
+// old lease) does not cost the holder its lease; another holder's write
+// still does.
+func testLostRenewal(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	ctx := t.Context()
+	info := coordInfo("a")
+	l, err := a.AcquireCoordinator(ctx, info, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Epoch = l.Revision
+	l2, err := a.Renew(ctx, l, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Renew(ctx, l2, info); err != nil {
+		t.Fatal(err)
+	}
+	// The holder did not learn of the last renewal: it renews from l2.
+	l4, err := a.Renew(ctx, l2, info)
+	if err != nil {
+		t.Fatalf("Renew after a renewal whose acknowledgement was lost: %v", err)
+	}
+	if _, err := a.PutShard(ctx, l4, shardRec(0, "a", l.Revision)); err != nil {
+		t.Fatalf("PutShard with the recovered lease: %v", err)
+	}
+	// Not the holder's value: the same key, another epoch.
+	other := info
+	other.Epoch++
+	if _, err := a.Renew(ctx, l2, other); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew of another value over a later revision: %v, want ErrConflict", err)
+	}
+	// Release from the lease before the last renewal it made.
+	l5, err := a.Renew(ctx, l4, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Renew(ctx, l5, info); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx, l5); err != nil {
+		t.Fatalf("Release after a renewal whose acknowledgement was lost: %v", err)
+	}
+	if _, _, err := a.Coordinator(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Coordinator after release: %v, want ErrNotFound", err)
+	}
+	if _, err := a.Renew(ctx, l5, info); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Renew after release: %v, want ErrConflict", err)
 	}
 }
 

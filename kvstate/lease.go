@@ -1,6 +1,7 @@
 package kvstate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sort"
@@ -32,7 +33,7 @@ func (s *Store) AcquireCoordinator(ctx context.Context, info protocol.Coordinato
 	if err != nil {
 		return Lease{}, translate(fmt.Errorf("acquire coordinator lease: %w", err), ErrConflict)
 	}
-	return Lease{Key: KeyCoordinator, Revision: rev, TTL: time.Duration(secs) * time.Second}, nil
+	return Lease{Key: KeyCoordinator, Revision: rev, TTL: time.Duration(secs) * time.Second, value: data}, nil
 }
 
 // Coordinator reads the coordinator lease from the stream leader (never a
@@ -96,10 +97,34 @@ func (s *Store) Renew(ctx context.Context, l Lease, value any) (Lease, error) {
 	hdr := nats.Header{}
 	hdr.Set(jetstream.MsgTTLHeader, ttlHeader(secs))
 	rev, err := s.cas(ctx, l.Key, data, hdr, l.Key, l.Revision)
+	if isWrongLastSeq(err) {
+		if later, ok := s.ownLater(ctx, l.Key, l.Revision, data); ok {
+			rev, err = s.cas(ctx, l.Key, data, hdr, l.Key, later)
+		}
+	}
 	if err != nil {
 		return Lease{}, translate(fmt.Errorf("renew lease %s at revision %d: %w", l.Key, l.Revision, err), ErrConflict)
 	}
-	return Lease{Key: l.Key, Revision: rev, TTL: time.Duration(secs) * time.Second}, nil
+	return Lease{Key: l.Key, Revision: rev, TTL: time.Duration(secs) * time.Second, value: data}, nil
+}
+
+// ownLater looks, after a compare-and-set at revision after was refused,
+// for a write of the holder's own that it did not learn of: a renewal the
+// server stored after the holder stopped waiting for its acknowledgement
+// (a timeout during a leader election, a lost connection). Then the key's
+// last message, at a later revision, is exactly data. Nobody else writes
+// that value: the coordinator's carries its epoch, a region's its
+// incarnation. ownLater returns that revision; false for anything else
+// (expired, deleted, taken, or unreadable).
+func (s *Store) ownLater(ctx context.Context, key string, after uint64, data []byte) (uint64, bool) {
+	if len(data) == 0 {
+		return 0, false
+	}
+	r, err := s.last(ctx, key)
+	if err != nil || r.deleted || r.rev <= after || !bytes.Equal(r.value, data) {
+		return 0, false
+	}
+	return r.rev, true
 }
 
 // Release deletes a held lease if its revision is still l.Revision;
@@ -114,7 +139,13 @@ func (s *Store) Release(ctx context.Context, l Lease) error {
 		s.fenceMu.Lock()
 		defer s.fenceMu.Unlock()
 	}
-	if err := s.tombstone(ctx, l.Key, l.Revision, false, l.Key); err != nil {
+	err := s.tombstone(ctx, l.Key, l.Revision, false, l.Key)
+	if isWrongLastSeq(err) {
+		if later, ok := s.ownLater(ctx, l.Key, l.Revision, l.value); ok {
+			err = s.tombstone(ctx, l.Key, later, false, l.Key)
+		}
+	}
+	if err != nil {
 		return translate(fmt.Errorf("release lease %s at revision %d: %w", l.Key, l.Revision, err), ErrConflict)
 	}
 	return nil
@@ -148,7 +179,7 @@ func (s *Store) RegisterRegion(ctx context.Context, info protocol.RegionInfo, tt
 	if err != nil {
 		return Lease{}, translate(fmt.Errorf("register region %s: %w", info.ID, err), ErrConflict)
 	}
-	return Lease{Key: key, Revision: rev, TTL: time.Duration(secs) * time.Second}, nil
+	return Lease{Key: key, Revision: rev, TTL: time.Duration(secs) * time.Second, value: data}, nil
 }
 
 // RemoveRegion deletes a registration if its revision is still rev

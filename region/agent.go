@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/internal/renewal"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -40,8 +41,9 @@ type Config struct {
 	// IdleTimeout passivates entities idle this long (default 120s;
 	// negative: never).
 	IdleTimeout time.Duration
-	// LeaseTTL of the registration; renewed every LeaseTTL/4. The region
-	// stops serving when it could not renew for 3/4 of it (self-fencing).
+	// LeaseTTL of the registration; renewed every LeaseTTL/4, and soon
+	// again after a failure (package renewal). The region stops serving
+	// when it could not renew for 3/4 of it (self-fencing).
 	LeaseTTL time.Duration
 	// ReleaseGrace: how long the source of a handoff keeps diverting after
 	// Release, so that the interest of the new owner's subscription reaches
@@ -243,10 +245,8 @@ func (a *Agent) renew(ctx context.Context) error {
 		return errNotRegistered
 	}
 	sent := time.Now()
-	// The renewal may not outlast the moment the region must have fenced:
-	// into a cut network the request would wait the store's whole timeout,
-	// past the registration's expiry on the server.
-	rctx, cancel := context.WithDeadline(ctx, renewedAt.Add(a.fenceAfter()))
+	fenceAt := renewal.Deadline(renewedAt, a.cfg.LeaseTTL)
+	rctx, cancel := context.WithDeadline(ctx, fenceAt)
 	next, err := a.cfg.Store.Renew(rctx, lease, info)
 	cancel()
 	switch {
@@ -260,7 +260,7 @@ func (a *Agent) renew(ctx context.Context) error {
 		// Our own caller gave up (Close): no verdict on the registration.
 	case errors.Is(err, kvstate.ErrConflict):
 		a.Fence("registration lost (removed by the coordinator, or taken over)")
-	case time.Since(renewedAt) >= a.fenceAfter():
+	case !time.Now().Before(fenceAt):
 		a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
 	default:
 		a.log.Warn("registration renewal failed; will retry", "err", err)
@@ -268,16 +268,11 @@ func (a *Agent) renew(ctx context.Context) error {
 	return err
 }
 
-// fenceAfter is how long after the last successful renewal was sent the
-// region fences itself when it cannot renew: 3/4 of the TTL, which the
-// server counts from when it stored that renewal, later still.
-func (a *Agent) fenceAfter() time.Duration { return a.cfg.LeaseTTL * 3 / 4 }
-
 // leaseLoop renews the registration, fences the region when it cannot, and
 // registers a new incarnation after a fence.
 func (a *Agent) leaseLoop(ctx context.Context) {
 	defer a.wg.Done()
-	t := time.NewTicker(a.cfg.LeaseTTL / 4)
+	t := time.NewTimer(renewal.Every(a.cfg.LeaseTTL, false))
 	defer t.Stop()
 	for {
 		select {
@@ -287,12 +282,15 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 		}
 		err := a.renew(ctx)
 		if !errors.Is(err, errNotRegistered) {
+			t.Reset(renewal.Every(a.cfg.LeaseTTL, err != nil))
 			continue
 		}
 		if err := a.register(ctx); err != nil {
 			a.log.Warn("cannot register; retrying", "err", err)
+			t.Reset(renewal.Every(a.cfg.LeaseTTL, true))
 			continue
 		}
+		t.Reset(renewal.Every(a.cfg.LeaseTTL, false))
 		a.mu.Lock()
 		inc := a.incarnation
 		a.mu.Unlock()
