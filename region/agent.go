@@ -105,7 +105,8 @@ type Stats struct {
 	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
 	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
-	DuplicatesSkipped atomic.Uint64 // held messages skipped: their Nats-Msg-Id was replayed
+	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed
+	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their Nats-Msg-Id was delivered since the bind
 	HeldOverflow      atomic.Uint64 // arrivals refused while replaying: MaxHeld reached
 }
 

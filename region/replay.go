@@ -81,8 +81,16 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	a.goLive(st, done)
 }
 
-// deliverReplayed hands a replayed message to its entity and remembers its
-// Nats-Msg-Id, so that the held copy of it is skipped.
+// deliverReplayed hands a replayed message to its entity, unless one with
+// its Nats-Msg-Id was delivered already (the buffer may hold a message
+// twice: a publisher's retry, or a copy diverted by two holders).
+//
+// Held arrivals come first when this message arrived here too: those that
+// arrived before its copy were, for each publisher, published before it.
+// Most were buffered as well, earlier, and are skipped; one that was not
+// arrived while nobody diverted the shard (the parking coordinator lost
+// its connection, or stepped down before the next one parked the shard
+// again) and must keep its place before the later buffered messages.
 func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 	shard, id, err := a.cfg.Subjects.ParseEntity(m.Subject, a.cfg.Shards)
 	if err == nil && shard != st.n {
@@ -99,7 +107,17 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 	}
 	mid := m.Header.Get(protocol.HeaderMsgID)
 	if mid != "" {
+		if _, dup := st.seen[mid]; dup {
+			st.mu.Unlock()
+			a.stats.DuplicatesSkipped.Add(1)
+			a.log.Debug("replayed copy skipped", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+			return
+		}
 		st.seen[mid] = struct{}{}
+		if i, ok := st.heldAt[mid]; ok && i >= st.heldNext {
+			a.deliverHeldLocked(st, i)
+			st.heldNext, st.heldDups = i+1, st.heldDups+1 // held[i] is this message's copy
+		}
 	}
 	a.log.Debug("replayed", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
 	a.host.deliver(st.n, id, m)
@@ -108,28 +126,38 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 	a.stats.Delivered.Add(1)
 }
 
+// deliverHeldLocked delivers the held arrivals from st.heldNext up to
+// (not including) upTo, in arrival order, skipping those whose Nats-Msg-Id
+// was delivered already, and moves st.heldNext to upTo; st.mu is held.
+func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
+	for _, h := range st.held[st.heldNext:upTo] {
+		mid := h.m.Header.Get(protocol.HeaderMsgID)
+		if mid != "" {
+			if _, dup := st.seen[mid]; dup {
+				st.heldDups++
+				continue
+			}
+			st.seen[mid] = struct{}{}
+		}
+		a.log.Debug("held message delivered", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+		a.host.deliver(st.n, h.id, h.m)
+		a.stats.Delivered.Add(1)
+	}
+	st.heldNext = upTo
+}
+
 // goLive ends the replay of st: under the shard's lock it delivers the
-// held messages in arrival order, skipping those whose Nats-Msg-Id was
-// replayed, and switches the shard to live. It reports false when the
-// shard was dropped meanwhile.
+// held messages not delivered yet, in arrival order, skipping those whose
+// Nats-Msg-Id was delivered, and switches the shard to live. It reports
+// false when the shard was dropped meanwhile.
 func (a *Agent) goLive(st *shardState, replayed int) bool {
 	st.mu.Lock()
 	if st.mode != modeHold {
 		st.mu.Unlock()
 		return false
 	}
-	held, skipped := len(st.held), 0
-	for _, h := range st.held {
-		mid := h.m.Header.Get(protocol.HeaderMsgID)
-		if mid != "" {
-			if _, dup := st.seen[mid]; dup {
-				skipped++
-				continue
-			}
-		}
-		a.log.Debug("held message delivered", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
-		a.host.deliver(st.n, h.id, h.m)
-	}
+	a.deliverHeldLocked(st, len(st.held))
+	held, skipped := len(st.held), st.heldDups
 	// A copy of a replayed message may still come: the subscription may
 	// not have delivered everything it received before this point (its
 	// callback is busy), or a copy may be on its way. Such copies were
@@ -143,12 +171,11 @@ func (a *Agent) goLive(st *shardState, replayed int) bool {
 	if len(st.seen) == 0 {
 		st.seen = nil
 	}
-	st.held = nil
+	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
 	st.mode = modeLive
 	handoff := st.handoff
 	st.mu.Unlock()
 	a.stats.DuplicatesSkipped.Add(uint64(skipped))
-	a.stats.Delivered.Add(uint64(held - skipped))
 	a.log.Info("shard live", "shard", st.n, "handoff", handoff, "replayed", replayed, "held", held, "duplicates_skipped", skipped)
 	return true
 }

@@ -71,9 +71,12 @@ type shardState struct {
 	arrivals uint64 // messages the subscription delivered to onMessage
 
 	// hold
-	held   []heldMsg           // arrivals, in order
-	seen   map[string]struct{} // Nats-Msg-Id of the replayed messages
-	cancel context.CancelFunc  // ends the replay (and the purge after it)
+	held     []heldMsg           // arrivals, in order
+	heldAt   map[string]int      // index in held of the arrival with this Nats-Msg-Id
+	heldNext int                 // held[:heldNext] were delivered or skipped (see deliverHeldLocked)
+	heldDups int                 // of those, skipped as copies of delivered messages
+	seen     map[string]struct{} // Nats-Msg-Id of the messages delivered since the bind
+	cancel   context.CancelFunc  // ends the replay (and the purge after it)
 
 	// live, just after hold: seen is kept to skip late copies of replayed
 	// messages until the subscription has delivered dedupUntil arrivals
@@ -147,8 +150,15 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 			a.reply(m, nil, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld))
 			return
 		}
+		if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
+			if st.heldAt == nil {
+				st.heldAt = make(map[string]int)
+			}
+			st.heldAt[mid] = len(st.held)
+		}
 		st.held = append(st.held, heldMsg{id: id, m: m})
 		st.mu.Unlock()
+		a.stats.Held.Add(1)
 	case modeDivert:
 		// Append keeps the order of its calls; they all come from this
 		// goroutine, under the lock.
@@ -252,8 +262,13 @@ func (a *Agent) unbindLocked(shards []int, why string) []int {
 		delete(a.shards, n)
 		st.mu.Lock()
 		st.mode = modeGone
-		held := st.held
-		st.held, st.seen = nil, nil
+		var held []heldMsg // undelivered: refused below
+		for _, h := range st.held[st.heldNext:] {
+			if _, done := st.seen[h.m.Header.Get(protocol.HeaderMsgID)]; !done {
+				held = append(held, h)
+			}
+		}
+		st.held, st.heldAt, st.seen = nil, nil, nil
 		st.mu.Unlock()
 		st.cancel()
 		_ = st.sub.Unsubscribe()
