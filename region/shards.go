@@ -72,7 +72,7 @@ type shardState struct {
 
 	// hold
 	held     []heldMsg           // arrivals, in order
-	heldAt   map[string]int      // index in held of the arrival with this Nats-Msg-Id
+	heldAt   map[string]int      // index in held of the first arrival with this Nats-Msg-Id
 	heldNext int                 // held[:heldNext] were delivered or skipped (see deliverHeldLocked)
 	heldDups int                 // of those, skipped as copies of delivered messages
 	seen     map[string]struct{} // Nats-Msg-Id of the messages delivered since the bind
@@ -154,7 +154,9 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 			if st.heldAt == nil {
 				st.heldAt = make(map[string]int)
 			}
-			st.heldAt[mid] = len(st.held)
+			if _, again := st.heldAt[mid]; !again { // the first arrival is its place
+				st.heldAt[mid] = len(st.held)
+			}
 		}
 		st.held = append(st.held, heldMsg{id: id, m: m})
 		st.mu.Unlock()
