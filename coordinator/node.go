@@ -227,7 +227,7 @@ func (l *leader) lead(ctx context.Context) error {
 	watch := l.watchRegions(ctx)
 	tick := time.NewTicker(l.cfg.Tick)
 	defer tick.Stop()
-	renew := time.NewTimer(renewal.Every(l.cfg.LeaseTTL, false))
+	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
 	defer renew.Stop()
 	for {
 		var acts []Action
@@ -239,7 +239,7 @@ func (l *leader) lead(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			renew.Reset(renewal.Every(l.cfg.LeaseTTL, !renewed))
+			renew.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
 		case ev, ok := <-watch:
 			if !ok {
 				watch = l.watchRegions(ctx)

@@ -73,7 +73,9 @@ type Agent struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	renewMu sync.Mutex // serializes the writes of the registration
+	renewMu        sync.Mutex // serializes the writes of the registration, and guards:
+	pendingInc     string     // the incarnation being registered (see register)
+	pendingStarted int64
 
 	mu          sync.Mutex // guards what follows
 	shards      map[int]*shardState
@@ -207,7 +209,13 @@ func (a *Agent) Active() int { return a.host.active() }
 func (a *Agent) register(ctx context.Context) error {
 	a.renewMu.Lock()
 	defer a.renewMu.Unlock()
-	inc, started := nuid.Next(), time.Now().UnixMilli()
+	// A registration whose answer did not come (a timeout, a cut network)
+	// may be stored later still: retries reuse its incarnation, so that
+	// such a late write does not announce yet another one.
+	if a.pendingInc == "" {
+		a.pendingInc, a.pendingStarted = nuid.Next(), time.Now().UnixMilli()
+	}
+	inc, started := a.pendingInc, a.pendingStarted
 	a.mu.Lock()
 	leaving := a.leaving
 	a.mu.Unlock()
@@ -217,6 +225,7 @@ func (a *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("region: register %s: %w", a.cfg.ID, err)
 	}
+	a.pendingInc = ""
 	a.mu.Lock()
 	a.incarnation, a.started, a.lease, a.renewedAt, a.registered = inc, started, lease, sent, true
 	a.mu.Unlock()
@@ -269,11 +278,20 @@ func (a *Agent) renew(ctx context.Context) error {
 	return err
 }
 
+// nextRenewal is how long the lease loop waits before it renews (or
+// registers) again.
+func (a *Agent) nextRenewal(failed bool) time.Duration {
+	a.mu.Lock()
+	renewed := a.renewedAt
+	a.mu.Unlock()
+	return renewal.Wait(renewed, a.cfg.LeaseTTL, failed, time.Now())
+}
+
 // leaseLoop renews the registration, fences the region when it cannot, and
 // registers a new incarnation after a fence.
 func (a *Agent) leaseLoop(ctx context.Context) {
 	defer a.wg.Done()
-	t := time.NewTimer(renewal.Every(a.cfg.LeaseTTL, false))
+	t := time.NewTimer(a.nextRenewal(false))
 	defer t.Stop()
 	for {
 		select {
@@ -283,15 +301,15 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 		}
 		err := a.renew(ctx)
 		if !errors.Is(err, errNotRegistered) {
-			t.Reset(renewal.Every(a.cfg.LeaseTTL, err != nil))
+			t.Reset(a.nextRenewal(err != nil))
 			continue
 		}
 		if err := a.register(ctx); err != nil {
 			a.log.Warn("cannot register; retrying", "err", err)
-			t.Reset(renewal.Every(a.cfg.LeaseTTL, true))
+			t.Reset(a.nextRenewal(true))
 			continue
 		}
-		t.Reset(renewal.Every(a.cfg.LeaseTTL, false))
+		t.Reset(a.nextRenewal(false))
 		a.mu.Lock()
 		inc := a.incarnation
 		a.mu.Unlock()

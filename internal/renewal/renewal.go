@@ -12,13 +12,15 @@ import "time"
 // the holder must give up.
 const Retry = 250 * time.Millisecond
 
-// Every is how long after a renewal the next one is due: a quarter of ttl
-// after a success, Retry (at most that quarter) after a failure.
-func Every(ttl time.Duration, failed bool) time.Duration {
+// Wait is how long from now the next renewal is due: Retry (at most a
+// quarter of ttl) after a failure; otherwise a quarter of ttl after the
+// last successful renewal was sent (renewed), which may be at once when
+// that renewal took long to be acknowledged.
+func Wait(renewed time.Time, ttl time.Duration, failed bool, now time.Time) time.Duration {
 	if failed {
 		return min(Retry, ttl/4)
 	}
-	return ttl / 4
+	return max(0, renewed.Add(ttl/4).Sub(now))
 }
 
 // Deadline is when a holder whose last successful renewal was sent at
