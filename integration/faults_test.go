@@ -238,10 +238,10 @@ func TestRegionPartition(t *testing.T) {
 	}
 	assertSingleOwner(t, d.nc, d.subjects, st.Shards)
 
-	// An operator's rebalance gives it shards. c may still be changing
-	// incarnation (a registration it sent into the cut network can land
-	// late, and it then registers again), which makes a round's moves to
-	// it end elsewhere: ask again until it owns shards.
+	// An operator's rebalance gives it shards. A round may find it
+	// between registrations (a registration sent into the cut network is
+	// written again after the heal), and its moves end elsewhere: ask
+	// again until it owns shards.
 	eventually(t, 60*time.Second, "c given shards by a rebalance", func() error {
 		st, err := status(d.nc, d.subjects)
 		if err != nil {

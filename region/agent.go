@@ -225,6 +225,11 @@ func (a *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("region: register %s: %w", a.cfg.ID, err)
 	}
+	if !time.Now().Before(renewal.Deadline(sent, a.cfg.LeaseTTL)) {
+		// Acknowledged so late that the rule counts it expired already:
+		// write it again, as the same incarnation.
+		return fmt.Errorf("region: register %s: acknowledged %s after it was sent", a.cfg.ID, time.Since(sent).Round(time.Millisecond))
+	}
 	a.pendingInc = ""
 	a.mu.Lock()
 	a.incarnation, a.started, a.lease, a.renewedAt, a.registered = inc, started, lease, sent, true
