@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -39,8 +40,9 @@ type natsCluster struct {
 func startNATS(t *testing.T, listen string) *natsCluster {
 	t.Helper()
 	c := &natsCluster{t: t, listen: listen}
+	ports := natstest.FreePorts(t, 9)
 	for i := range 3 {
-		c.client[i], c.route[i], c.http[i] = freePort(t), freePort(t), freePort(t)
+		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
 		c.dirs[i] = t.TempDir()
 	}
 	for i := range 3 {

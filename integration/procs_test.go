@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/natshard/natshard/internal/natstest"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,12 +164,7 @@ func (p *proc) stop(timeout time.Duration) error {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return natstest.FreePorts(t, 1)[0]
 }
 
 // eventually polls f until it returns nil or the deadline passes.

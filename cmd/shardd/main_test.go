@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"net"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -96,12 +96,7 @@ func TestRunRefusesMismatchedShardCount(t *testing.T) {
 // TestRunEmbedded starts shardd with its embedded server, waits until every
 // shard is served, asks an entity, and stops it gracefully.
 func TestRunEmbedded(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0") // borrow a free port
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePorts(t, 1)[0])
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	logs := &natstest.Buffer{}

@@ -2,6 +2,7 @@ package natstest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -92,7 +93,7 @@ func RunCluster(t testing.TB, n int) []*server.Server {
 	if n < 1 {
 		t.Fatalf("natstest: cluster of %d servers", n)
 	}
-	ports := freePorts(t, n)
+	ports := FreePorts(t, n)
 	routes := make([]*url.URL, n)
 	for i, p := range ports {
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)}
@@ -167,27 +168,39 @@ func JetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 	return js
 }
 
-// freePorts returns n distinct ports of 127.0.0.1 that were free a moment
-// ago. The listeners are all held until every port is picked, so the ports
-// are distinct; another process may still grab one before the server binds
-// it, which makes the server fail to start.
-func freePorts(t testing.TB, n int) []int {
+// FreePorts returns n distinct ports of 127.0.0.1 that were free a moment
+// ago, picked at random below Linux's ephemeral range (32768 and up).
+// Outgoing connections take their local ports from that range, and a busy
+// test machine makes many: a port the kernel hands out as free there may
+// be taken by one before the server binds it (CI saw a nats-server of a
+// cluster fail so: "address already in use"). Another test may still bind
+// a port first, which is far less likely.
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	ls := make([]net.Listener, n)
-	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("natstest: pick a free port: %v", err)
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
 		}
-		ls[i] = l
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	for _, l := range ls {
-		l.Close()
+	}()
+	for try := 0; len(ports) < n; try++ {
+		if try == 10_000 {
+			t.Fatalf("natstest: no free port found between %d and %d", portsFrom, portsTo)
+		}
+		p := portsFrom + rand.IntN(portsTo-portsFrom)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue // taken
+		}
+		ls = append(ls, l) // held until all are picked: distinct
+		ports = append(ports, p)
 	}
 	return ports
 }
+
+// The range FreePorts picks from.
+const portsFrom, portsTo = 20_000, 32_000
 
 func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
