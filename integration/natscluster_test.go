@@ -54,6 +54,13 @@ func startNATS(t *testing.T, listen string) *natsCluster {
 		t.Fatal(err)
 	}
 	eventually(t, 60*time.Second, "JetStream on the NATS cluster", func() error {
+		for i := range 3 {
+			select {
+			case <-c.procs[i].done:
+				t.Fatalf("nats-server %s exited while the cluster started (its log is above)", c.name(i))
+			default:
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := js.AccountInfo(ctx)
