@@ -113,6 +113,15 @@ func (n *Node) Run(ctx context.Context) error {
 		case err == nil:
 			n.log.Info("took the coordinator lease", "epoch", lease.Revision)
 			info.Epoch = lease.Revision
+			if !time.Now().Before(renewal.Deadline(sent, n.cfg.LeaseTTL)) {
+				// Acknowledged so late that the rule counts the lease
+				// expired already: renew it before leading.
+				sent = time.Now()
+				if lease, err = n.cfg.Store.Renew(ctx, lease, info); err != nil {
+					n.log.Warn("took the coordinator lease too late to lead, and cannot renew it", "err", err)
+					continue
+				}
+			}
 			l := &leader{Node: n, info: info, lease: lease, renewedAt: sent}
 			l.run(ctx)
 		case errors.Is(err, kvstate.ErrConflict):
