@@ -404,10 +404,14 @@ func startLoad(c *cluster, in []int, msgIDs bool) *load {
 	return l
 }
 
-func (l *load) message(id string, seq int) *nats.Msg {
-	m := nats.NewMsg(l.c.subjects.EntityOf(id, shards))
+func (l *load) message(id string, seq int) *nats.Msg { return l.c.message(id, seq, l.msgIDs) }
+
+// message is message seq to entity id: its payload is seq, and with msgID
+// its Nats-Msg-Id is id/seq.
+func (c *cluster) message(id string, seq int, msgID bool) *nats.Msg {
+	m := nats.NewMsg(c.subjects.EntityOf(id, shards))
 	m.Data = []byte(strconv.Itoa(seq))
-	if l.msgIDs {
+	if msgID {
 		m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("%s/%d", id, seq))
 	}
 	return m
@@ -916,12 +920,7 @@ func TestLateCopyOfReplayedMessageSkipped(t *testing.T) {
 	a := c.addAgent("a", func(cfg *region.Config) { cfg.ReleaseGrace = grace })
 	id := "late"
 	s := protocol.ShardOf(id, shards)
-	msg := func(seq int) *nats.Msg {
-		m := nats.NewMsg(c.subjects.EntityOf(id, shards))
-		m.Data = []byte(strconv.Itoa(seq))
-		m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("%s/%d", id, seq))
-		return m
-	}
+	msg := func(seq int) *nats.Msg { return c.message(id, seq, true) }
 	// The buffer holds 1..3, as a released source left it.
 	for seq := 1; seq <= 3; seq++ {
 		c.buffer.Append(s, msg(seq), func(m *nats.Msg, err error) { t.Errorf("append: %v", err) })
@@ -973,12 +972,7 @@ func TestHeldDuringDivertingGap(t *testing.T) {
 	a := c.addAgent("a", nil)
 	id := "gap"
 	s := protocol.ShardOf(id, shards)
-	msg := func(seq int) *nats.Msg {
-		m := nats.NewMsg(c.subjects.EntityOf(id, shards))
-		m.Data = []byte(strconv.Itoa(seq))
-		m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("%s/%d", id, seq))
-		return m
-	}
+	msg := func(seq int) *nats.Msg { return c.message(id, seq, true) }
 	appendFailed := func(m *nats.Msg, err error) { t.Errorf("append %s: %v", m.Data, err) }
 	// 1 was parked before the bind.
 	c.buffer.Append(s, msg(1), appendFailed)
