@@ -186,6 +186,17 @@ func TestAuthRoles(t *testing.T) {
 	if err := protocol.Decode(m.Data, &reply); err != nil || !strings.Contains(reply.Error, "stale epoch") {
 		t.Fatalf("forged command with epoch %d: reply %+v %v, want a stale epoch refusal", st.Coordinator.Epoch-1, reply, err)
 	}
+	// Nor does a newer epoch pass: it is not the coordinator lease's. (Had
+	// it passed, the region would refuse the real coordinator's commands
+	// as stale, and the coordinator would step down.)
+	forged, _ = protocol.Encode(protocol.Command{Kind: protocol.CmdDrop, Epoch: st.Coordinator.Epoch + 1_000_000, Coordinator: "b", Incarnation: inc, Shards: held})
+	if m, err = region.nc.Request(kv.Region("a"), forged, 5*time.Second); err != nil {
+		t.Fatalf("forged command: %v", err)
+	}
+	reply = protocol.Reply{}
+	if err := protocol.Decode(m.Data, &reply); err != nil || !strings.Contains(reply.Error, "not the coordinator lease's") || reply.Epoch >= st.Coordinator.Epoch+1_000_000 {
+		t.Fatalf("forged command with a newer epoch: reply %+v %v, want a refusal", reply, err)
+	}
 	if out, err := kvRequest(ctx, pub.nc, kv.EntityOf("order-42", st.Shards), `{"op":"get","key":"n"}`); err != nil || fmt.Sprint(out["value"]) != "1" {
 		t.Fatalf("entity after the refusals: %v %v", out, err)
 	}

@@ -26,6 +26,26 @@ type fixture struct {
 	agent    *region.Agent
 	inc      string
 	handoff  uint64 // last handoff id used
+	lease    kvstate.Lease
+	epoch    uint64 // the test plays the coordinator of this epoch
+}
+
+// newEpoch makes the test the coordinator of a new epoch: it deposes the
+// lease it holds, if any, and takes the lease again (regions check a new
+// epoch against it). It returns the new lease.
+func newEpoch(t *testing.T, store *kvstate.Store, held kvstate.Lease) kvstate.Lease {
+	t.Helper()
+	ctx := context.Background()
+	if held.Revision != 0 {
+		if err := store.DeposeCoordinator(ctx, held.Revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := store.AcquireCoordinator(ctx, protocol.CoordinatorInfo{Region: "test", Incarnation: fmt.Sprint(held.Revision)}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -54,6 +74,8 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatalf("registration: %v %v", regions, err)
 	}
 	f.inc = regions[0].Info.Incarnation
+	f.lease = newEpoch(t, store, kvstate.Lease{})
+	f.epoch = f.lease.Revision
 	return f
 }
 
@@ -101,28 +123,37 @@ func (f *fixture) bind(t *testing.T, epoch uint64, shards ...int) protocol.Reply
 
 func TestCommandsAndEpochs(t *testing.T) {
 	f := newFixture(t)
-	r := f.bind(t, 5, 1, 3)
+	e1 := f.epoch
+	r := f.bind(t, e1, 1, 3)
 	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) {
 		t.Fatalf("bind: %+v", r)
 	}
 	// A stale epoch is refused and changes nothing.
-	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 4, Incarnation: f.inc, Shards: []int{1}})
-	if !strings.Contains(r.Error, "stale epoch 4") || r.Epoch != 5 {
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: e1 - 1, Incarnation: f.inc, Shards: []int{1}})
+	if !strings.Contains(r.Error, fmt.Sprintf("stale epoch %d", e1-1)) || r.Epoch != e1 {
 		t.Fatalf("stale drop: %+v", r)
 	}
+	// A newer epoch that is not the coordinator lease's (forged by a
+	// holder of region credentials) is refused, and does not make the
+	// real coordinator's commands stale.
+	e2 := newEpoch(t, f.store, f.lease).Revision
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: e2 + 1000, Incarnation: f.inc, Shards: []int{1}})
+	if !strings.Contains(r.Error, "not the coordinator lease's") || r.Epoch != e1 {
+		t.Fatalf("forged newer epoch: %+v", r)
+	}
 	// A command for another incarnation is refused.
-	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 6, Incarnation: "someone-else", Shards: []int{1}})
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: e2, Incarnation: "someone-else", Shards: []int{1}})
 	if !strings.Contains(r.Error, "incarnation") || r.Incarnation != f.inc {
 		t.Fatalf("wrong incarnation: %+v", r)
 	}
 	if got := f.agent.Held(); !slices.Equal(got, []int{1, 3}) {
 		t.Fatalf("held %v after refused commands", got)
 	}
-	r = f.send(t, protocol.Command{Kind: protocol.CmdProbe, Epoch: 6, Incarnation: f.inc})
-	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) {
+	r = f.send(t, protocol.Command{Kind: protocol.CmdProbe, Epoch: e2, Incarnation: f.inc})
+	if r.Error != "" || !slices.Equal(r.Held, []int{1, 3}) || r.Epoch != e2 {
 		t.Fatalf("probe: %+v", r)
 	}
-	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: 6, Incarnation: f.inc, Shards: []int{1}})
+	r = f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: e2, Incarnation: f.inc, Shards: []int{1}})
 	if r.Error != "" || !slices.Equal(r.Held, []int{3}) {
 		t.Fatalf("drop: %+v", r)
 	}
@@ -161,7 +192,7 @@ func TestGarbageCommandsAreRefused(t *testing.T) {
 
 func TestMalformedDataMessages(t *testing.T) {
 	f := newFixture(t)
-	f.bind(t, 1, 0, 1, 2, 3, 4, 5, 6, 7)
+	f.bind(t, f.epoch, 0, 1, 2, 3, 4, 5, 6, 7)
 	id := idIn(2)
 	wrong := (protocol.ShardOf(id, shards) + 1) % shards
 	for _, subject := range []string{
@@ -198,7 +229,7 @@ func TestMalformedDataMessages(t *testing.T) {
 // serving everything and registers again as a new incarnation.
 func TestRemovedRegistrationFences(t *testing.T) {
 	f := newFixture(t)
-	f.bind(t, 1, 0, 1)
+	f.bind(t, f.epoch, 0, 1)
 	regions, err := f.store.Regions(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -1,13 +1,14 @@
 package region
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"github.com/natshard/natshard/internal/wait"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/drain"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -36,9 +37,12 @@ func (a *Agent) onCommand(m *nats.Msg) {
 		a.answer(m, protocol.Reply{Error: err.Error()})
 		return
 	}
+	epochErr := a.checkEpoch(cmd.Epoch)
 	a.mu.Lock()
 	reply := protocol.Reply{Incarnation: a.incarnation}
 	switch {
+	case epochErr != nil:
+		reply.Error = epochErr.Error()
 	case a.closed:
 		reply.Error = "region is closing"
 	case !a.registered:
@@ -96,6 +100,39 @@ func (a *Agent) onCommand(m *nats.Msg) {
 		reply.Held = a.Held()
 		a.answer(m, reply)
 	}()
+}
+
+// epochCheckTimeout bounds the read of the coordinator lease that checks a
+// new epoch.
+const epochCheckTimeout = 5 * time.Second
+
+// checkEpoch accepts an epoch newer than any the region has seen only if
+// it is the coordinator lease's, read from the stream leader: a holder of
+// region credentials (who may publish on the control subjects) could
+// otherwise forge a command with a high epoch, which the region would obey
+// and then refuse every command of the real coordinator as stale, and
+// the coordinator would step down. The lease is read once per new epoch.
+func (a *Agent) checkEpoch(epoch uint64) error {
+	a.mu.Lock()
+	seen := a.maxEpoch
+	a.mu.Unlock()
+	if epoch <= seen {
+		return nil // seen already, or stale (refused below)
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, epochCheckTimeout)
+	defer cancel()
+	info, rev, err := a.cfg.Store.Coordinator(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot check epoch %d against the coordinator lease: %w", epoch, err)
+	}
+	current := info.Epoch
+	if current == 0 { // before the lease's first renewal its revision is the epoch
+		current = rev
+	}
+	if epoch != current {
+		return fmt.Errorf("epoch %d is not the coordinator lease's (%d)", epoch, current)
+	}
+	return nil
 }
 
 func (a *Agent) answer(m *nats.Msg, r protocol.Reply) {

@@ -36,6 +36,7 @@ type cluster struct {
 	buffer   *kvstate.Buffer // the test's own, to write end markers as a parker would
 	subjects protocol.Subjects
 	rec      *recorder
+	lease    kvstate.Lease // the test plays the coordinator of lease.Revision
 	epoch    uint64
 	handoff  uint64 // last handoff id used
 
@@ -48,7 +49,7 @@ func newCluster(t *testing.T, bufOpts kvstate.BufferOptions) *cluster {
 	srv := natstest.RunServer(t)
 	c := &cluster{
 		t: t, url: natstest.URL(srv), subjects: protocol.MustSubjects("", "", "kv"),
-		rec: newRecorder(), epoch: 1, agents: map[string]*region.Agent{}, incs: map[string]string{},
+		rec: newRecorder(), agents: map[string]*region.Agent{}, incs: map[string]string{},
 	}
 	c.nc = natstest.Connect(t, c.url)
 	js := natstest.JetStream(t, c.nc)
@@ -60,6 +61,8 @@ func newCluster(t *testing.T, bufOpts kvstate.BufferOptions) *cluster {
 	if c.buffer, err = kvstate.OpenBuffer(context.Background(), js, c.subjects, bufOpts); err != nil {
 		t.Fatal(err)
 	}
+	c.lease = newEpoch(t, c.store, kvstate.Lease{})
+	c.epoch = c.lease.Revision
 	return c
 }
 
@@ -675,15 +678,17 @@ func TestHandoffCommandsIdempotentAndRefused(t *testing.T) {
 		t.Fatalf("release of a live shard: %+v", r)
 	}
 	// Stale epochs are refused.
-	c.epoch = 7
+	old := c.epoch
+	c.lease = newEpoch(t, c.store, c.lease)
+	c.epoch = c.lease.Revision
 	c.must("a", protocol.Command{Kind: protocol.CmdProbe})
 	for _, kind := range []protocol.CommandKind{protocol.CmdHandOff, protocol.CmdRelease, protocol.CmdBind} {
-		r := c.command("a", protocol.Command{Kind: kind, Epoch: 6, Shards: []int{s}, Handoffs: c.newHandoffs(1)})
-		if !strings.Contains(r.Error, "stale epoch 6") || r.Epoch != 7 {
+		r := c.command("a", protocol.Command{Kind: kind, Epoch: old, Shards: []int{s}, Handoffs: c.newHandoffs(1)})
+		if !strings.Contains(r.Error, fmt.Sprintf("stale epoch %d", old)) || r.Epoch != c.epoch {
 			t.Fatalf("stale %s: %+v", kind, r)
 		}
 	}
-	if r := c.command("a", protocol.Command{Kind: protocol.CmdLeave, Epoch: 6}); !strings.Contains(r.Error, "stale epoch") {
+	if r := c.command("a", protocol.Command{Kind: protocol.CmdLeave, Epoch: old}); !strings.Contains(r.Error, "stale epoch") {
 		t.Fatalf("stale leave: %+v", r)
 	}
 

@@ -49,7 +49,11 @@ func TestAnswerTooLarge(t *testing.T) {
 		t.Fatalf("registration: %v %v", regions, err)
 	}
 	f.inc = regions[0].Info.Incarnation
-	f.bind(t, 1, 0, 1, 2, 3, 4, 5, 6, 7)
+	f.lease = newEpoch(t, store, kvstate.Lease{})
+	f.epoch = f.lease.Revision
+	if r := f.bind(t, f.epoch, 0, 1, 2, 3, 4, 5, 6, 7); r.Error != "" {
+		t.Fatalf("bind: %s", r.Error)
+	}
 
 	subject := subjects.EntityOf("big", shards)
 	big := make([]byte, nc.MaxPayload()/2+1)

@@ -26,7 +26,7 @@ func idsOf(shard, n int) []string {
 // shard whose rate has been measured, its message rate and live entities.
 func TestProbeReportsLoad(t *testing.T) {
 	f := newFixture(t)
-	f.bind(t, 1, 1, 3)
+	f.bind(t, f.epoch, 1, 3)
 	ids := idsOf(1, 3)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -35,7 +35,7 @@ func TestProbeReportsLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		r := f.send(t, protocol.Command{Kind: protocol.CmdProbe, Epoch: 1, Incarnation: f.inc})
+		r := f.send(t, protocol.Command{Kind: protocol.CmdProbe, Epoch: f.epoch, Incarnation: f.inc})
 		var one, three *protocol.ShardLoad
 		for i := range r.Load {
 			switch r.Load[i].Shard {
@@ -64,7 +64,7 @@ func TestProbeReportsLoad(t *testing.T) {
 // its query subject, in JSON; bad queries get an error answer.
 func TestQuery(t *testing.T) {
 	f := newFixture(t)
-	f.bind(t, 1, 1, 3, 6)
+	f.bind(t, f.epoch, 1, 3, 6)
 	ids := idsOf(3, 4)
 	for _, id := range ids {
 		if _, err := f.nc.Request(f.subjects.Entity(3, id), []byte("x"), 2*time.Second); err != nil {

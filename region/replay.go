@@ -3,10 +3,10 @@ package region
 import (
 	"context"
 	"fmt"
-	"github.com/natshard/natshard/internal/wait"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
