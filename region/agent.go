@@ -150,7 +150,11 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		idle = 0
 	}
 	a.host = newHost(hostConfig{Factory: cfg.Factory, IdleTimeout: idle, Logger: a.log, Reply: a.reply})
-	if err := a.register(ctx); err != nil {
+	err := a.register(ctx)
+	for try := 1; errors.Is(err, errLateAck) && try < 3; try++ {
+		err = a.register(ctx)
+	}
+	if err != nil {
 		return nil, err
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
@@ -228,7 +232,7 @@ func (a *Agent) register(ctx context.Context) error {
 	if !time.Now().Before(renewal.Deadline(sent, a.cfg.LeaseTTL)) {
 		// Acknowledged so late that the rule counts it expired already:
 		// write it again, as the same incarnation.
-		return fmt.Errorf("region: register %s: acknowledged %s after it was sent", a.cfg.ID, time.Since(sent).Round(time.Millisecond))
+		return fmt.Errorf("region: register %s: %w (%s after it was sent)", a.cfg.ID, errLateAck, time.Since(sent).Round(time.Millisecond))
 	}
 	a.pendingInc = ""
 	a.mu.Lock()
@@ -241,6 +245,10 @@ func (a *Agent) register(ctx context.Context) error {
 func (a *Agent) infoLocked() protocol.RegionInfo {
 	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Leaving: a.leaving, Started: a.started}
 }
+
+// errLateAck: a registration was acknowledged after the renewal deadline;
+// it is written again.
+var errLateAck = errors.New("registration acknowledged too late")
 
 // errNotRegistered: the region has no registration to renew (fenced; the
 // lease loop registers a new incarnation).
