@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/natshard/natshard/internal/renewal"
-	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
 	"maps"
 	"slices"
@@ -14,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/internal/renewal"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/strategies"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/natshard/natshard/internal/wait"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
