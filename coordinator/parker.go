@@ -44,8 +44,11 @@ func (p *parker) park(shard int, handoff uint64) error {
 		pk.handoff = handoff
 		return nil
 	}
+	trace := p.log.Enabled(context.Background(), slog.LevelDebug)
 	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
-		p.log.Debug("parked a message", "shard", shard, "msg_id", m.Header.Get(protocol.HeaderMsgID))
+		if trace {
+			p.log.Debug("parked a message", "shard", shard, "msg_id", m.Header.Get(protocol.HeaderMsgID))
+		}
 		p.buffer.Append(shard, m, p.failed)
 	})
 	if err != nil {

@@ -64,9 +64,12 @@ type Config struct {
 // coordinator and dispatches messages to entities. Create it with Open and
 // end it with Leave (optional: hands the shards off) and Close.
 type Agent struct {
-	cfg  Config
-	log  *slog.Logger
-	host *host
+	cfg Config
+	log *slog.Logger
+	// traceMsgs: the logger takes debug lines, so the replay logs each
+	// message it delivers or skips (checked once: they are many).
+	traceMsgs bool
+	host      *host
 
 	// ctx lives until Close; the background work (replays, releases,
 	// answers that wait) ends with it.
@@ -145,6 +148,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		shards:   make(map[int]*shardState),
 		stopping: make(map[int]chan struct{}),
 	}
+	a.traceMsgs = a.log.Enabled(context.Background(), slog.LevelDebug)
 	idle := cfg.IdleTimeout
 	if idle < 0 {
 		idle = 0

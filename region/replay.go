@@ -110,7 +110,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		if _, dup := st.seen[mid]; dup {
 			st.mu.Unlock()
 			a.stats.DuplicatesSkipped.Add(1)
-			a.log.Debug("replayed copy skipped", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+			a.trace(st, "replayed copy skipped", mid)
 			return
 		}
 		st.seen[mid] = struct{}{}
@@ -119,11 +119,19 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 			st.heldNext, st.heldDups = i+1, st.heldDups+1 // held[i] is this message's copy
 		}
 	}
-	a.log.Debug("replayed", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+	a.trace(st, "replayed", mid)
 	a.host.deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 	a.stats.Delivered.Add(1)
+}
+
+// trace logs, at debug level, what the replay of st did with the message
+// with Nats-Msg-Id mid.
+func (a *Agent) trace(st *shardState, what, mid string) {
+	if a.traceMsgs {
+		a.log.Debug(what, "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+	}
 }
 
 // deliverHeldLocked delivers the held arrivals from st.heldNext up to
@@ -139,7 +147,7 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 			}
 			st.seen[mid] = struct{}{}
 		}
-		a.log.Debug("held message delivered", "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+		a.trace(st, "held message delivered", mid)
 		a.host.deliver(st.n, h.id, h.m)
 		a.stats.Delivered.Add(1)
 	}
