@@ -48,7 +48,10 @@ func newEpoch(t *testing.T, store *kvstate.Store, held kvstate.Lease) kvstate.Le
 	return l
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, entities.Echo()) }
+
+// newFixtureWith is newFixture with the agent's entities made by factory.
+func newFixtureWith(t *testing.T, factory region.Factory) *fixture {
 	t.Helper()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, natstest.URL(srv))
@@ -63,7 +66,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f.agent, err = region.Open(context.Background(), region.Config{
-		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: factory,
 	})
 	if err != nil {
 		t.Fatal(err)

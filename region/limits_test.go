@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/natshard/natshard/internal/natstest"
-	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
 )
@@ -25,37 +23,13 @@ func (doubler) Stop(context.Context) error { return nil }
 // max_payload cannot be sent; the requester gets an error saying so
 // instead of a timeout, and the region keeps serving.
 func TestAnswerTooLarge(t *testing.T) {
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	js := natstest.JetStream(t, nc)
-	ctx := context.Background()
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1",
-		Factory: func(context.Context, string) (region.Entity, error) { return doubler{}, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close(ctx)
-	f := &fixture{nc: nc, store: store, buffer: buffer, subjects: subjects, agent: agent}
-	regions, err := store.Regions(ctx)
-	if err != nil || len(regions) != 1 {
-		t.Fatalf("registration: %v %v", regions, err)
-	}
-	f.inc = regions[0].Info.Incarnation
-	f.lease = newEpoch(t, store, kvstate.Lease{})
-	f.epoch = f.lease.Revision
+	f := newFixtureWith(t, func(context.Context, string) (region.Entity, error) { return doubler{}, nil })
+	nc := f.nc
 	if r := f.bind(t, f.epoch, 0, 1, 2, 3, 4, 5, 6, 7); r.Error != "" {
 		t.Fatalf("bind: %s", r.Error)
 	}
 
-	subject := subjects.EntityOf("big", shards)
+	subject := f.subjects.EntityOf("big", shards)
 	big := make([]byte, nc.MaxPayload()/2+1)
 	var reply []byte
 	var hdr string
