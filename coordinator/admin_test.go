@@ -14,7 +14,6 @@ import (
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/protocol"
-	"github.com/natshard/natshard/region"
 	"github.com/natshard/natshard/strategies"
 )
 
@@ -25,11 +24,7 @@ import (
 func TestPinsThroughTheAdminAPI(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close(ctx)
+	openRegion(t, nc, store, buffer, subjects, "r1", entities.Echo())
 	start := func(name string) (stop func()) {
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -139,11 +134,7 @@ func TestLoadAwareWithRealLoadReports(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
 	for _, id := range []string{"r1", "r2"} {
-		agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: entities.Echo()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer agent.Close(ctx)
+		openRegion(t, nc, store, buffer, subjects, id, entities.Echo())
 	}
 	strategy, _, err := strategies.Parse("load-aware")
 	if err != nil {

@@ -38,6 +38,18 @@ func openType(t *testing.T) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protoc
 	return nc, store, buffer, subjects
 }
 
+// openRegion opens region id on the type opened by openType, its entities
+// made by factory; it closes when the test ends.
+func openRegion(t *testing.T, nc *nats.Conn, store *kvstate.Store, buffer *kvstate.Buffer, subjects protocol.Subjects, id string, factory region.Factory) *region.Agent {
+	t.Helper()
+	agent, err := region.Open(context.Background(), region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: factory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agent.Close(context.Background()) })
+	return agent
+}
+
 func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
 	var st protocol.Status
 	m, err := nc.Request(s.Admin(protocol.AdminStatus), nil, time.Second)
@@ -68,11 +80,7 @@ func waitFor(t *testing.T, what string, f func() error) {
 func TestGracefulHandover(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: entities.Echo()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close(ctx)
+	openRegion(t, nc, store, buffer, subjects, "r1", entities.Echo())
 
 	// A long TTL: a takeover within the test's deadline proves a release.
 	const ttl = 30 * time.Second
@@ -246,11 +254,7 @@ func TestParkedUntilFirstRegion(t *testing.T) {
 	}
 
 	rec := &recorder{got: map[string][]string{}}
-	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "first", Factory: rec.factory})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close(ctx)
+	openRegion(t, nc, store, buffer, subjects, "first", rec.factory)
 	m, err := answers.NextMsg(20 * time.Second)
 	if err != nil || string(m.Data) != "waiting" {
 		t.Fatalf("the request sent with no region: %v", err)
