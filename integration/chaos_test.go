@@ -115,6 +115,13 @@ func TestChaos(t *testing.T) {
 	ms := func(what string, d time.Duration) string {
 		return fmt.Sprintf("%s %.2f s", what, d.Seconds())
 	}
+	// restart starts a stopped shardd again: a planned phase.
+	restart := func(victim string) {
+		load.phase("restart shardd-"+victim, true)
+		t0 := time.Now()
+		c.docker("start", c.ids["shardd-"+victim])
+		report(load.current(), ms("registered", c.until(t0, victim+" registered", c.registered(victim, ""))), ms("settled", c.waitSettled(t0, chaosRegions...)))
+	}
 	time.Sleep(5 * time.Second)
 
 	// 1. A region crashes (not the coordinator's).
@@ -145,10 +152,7 @@ func TestChaos(t *testing.T) {
 	})
 	report(load.current(), ms("parked", parked), ms("re-homed", rehomed), ms("settled", c.waitSettled(t0, live...)))
 
-	load.phase("restart shardd-"+victim, true)
-	t0 = time.Now()
-	c.docker("start", c.ids["shardd-"+victim])
-	report(load.current(), ms("registered", c.until(t0, victim+" registered", c.registered(victim, ""))), ms("settled", c.waitSettled(t0, chaosRegions...)))
+	restart(victim)
 
 	// 2. The coordinator's process stops gracefully.
 	st = c.status()
@@ -160,10 +164,7 @@ func TestChaos(t *testing.T) {
 	exited := time.Since(t0)
 	report(load.current(), ms("exited", exited), ms("new coordinator", c.until(t0, "a new coordinator", c.coordinatorNot(victim))), ms("settled", c.waitSettled(t0, live...)))
 
-	load.phase("restart shardd-"+victim, true)
-	t0 = time.Now()
-	c.docker("start", c.ids["shardd-"+victim])
-	report(load.current(), ms("registered", c.until(t0, victim+" registered", c.registered(victim, ""))), ms("settled", c.waitSettled(t0, chaosRegions...)))
+	restart(victim)
 
 	// 3. The coordinator's process is cut off from the network.
 	st = c.status()
