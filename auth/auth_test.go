@@ -83,12 +83,13 @@ func TestPermissionsFollowSubjects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{s.Region("*"), s.BufferAll(), s.Events(), "$KV.natshard_a.>", "$JS.API.STREAM.CREATE.KV_natshard_a", "$JS.API.CONSUMER.MSG.NEXT.natshard_buf_a.*"} {
+	for _, want := range []string{s.Region("*"), s.BufferAll(), s.Events(), "$KV.natshard_a.>", "$JS.API.STREAM.CREATE.KV_natshard_a", "$JS.API.CONSUMER.MSG.NEXT.natshard_buf_a.*",
+		s.Admin(protocol.AdminStatus), s.Query("*")} { // the last two for shardd's web UI
 		if !slices.Contains(p.Pub.Allow, want) {
 			t.Errorf("region may not publish %s: %v", want, p.Pub.Allow)
 		}
 	}
-	for _, want := range []string{s.AllData(), s.AdminAll(), s.Query("*"), "_INBOX_r1.>"} {
+	for _, want := range []string{s.AllData(), s.AdminAll(), s.Query("*"), "_INBOX_natshard.r1.>", s.Events()} {
 		if !slices.Contains(p.Sub.Allow, want) {
 			t.Errorf("region may not subscribe %s: %v", want, p.Sub.Allow)
 		}
@@ -143,7 +144,7 @@ func TestServerInOperatorMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := natstest.Connect(t, url, copts...)
-	if in := nc.NewInbox(); !strings.HasPrefix(in, "_INBOX_admin.") {
+	if in := nc.NewInbox(); !strings.HasPrefix(in, "_INBOX_natshard.admin.") {
 		t.Errorf("admin inbox %s", in)
 	}
 	// The admin's requests get their answers in its private inbox (here:
@@ -225,4 +226,33 @@ func userClaims(t *testing.T, path string) *jwt.UserClaims {
 		t.Fatal(err)
 	}
 	return uc
+}
+
+// TestUser: the name and role of a credentials file's user, as AddUser
+// made it; a file that is not credentials is an error naming it.
+func TestUser(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a")
+	if _, err := auth.Init(dir, auth.Scope{Types: []string{"kv"}}); err != nil {
+		t.Fatal(err)
+	}
+	path, err := auth.AddUser(dir, auth.Publisher, "web", auth.Scope{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		name string
+		role auth.Role
+	}{
+		{filepath.Join(dir, "admin.creds"), "admin", auth.Admin},
+		{filepath.Join(dir, "region.creds"), "region", auth.Region},
+		{path, "web", auth.Publisher},
+	} {
+		if name, role, err := auth.User(tc.path); err != nil || name != tc.name || role != tc.role {
+			t.Errorf("User(%s) = %q %q %v, want %q %q", tc.path, name, role, err, tc.name, tc.role)
+		}
+	}
+	if _, _, err := auth.User(filepath.Join(dir, "scope.json")); err == nil || !strings.Contains(err.Error(), "scope.json") {
+		t.Errorf("User of a file that is not credentials: %v", err)
+	}
 }

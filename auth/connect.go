@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
@@ -46,20 +47,9 @@ func (c Client) Options() ([]nats.Option, error) {
 	}
 	var opts []nats.Option
 	if c.Creds != "" {
-		data, err := os.ReadFile(c.Creds)
+		uc, err := readUser(c.Creds)
 		if err != nil {
-			return nil, fmt.Errorf("--creds: %w", err)
-		}
-		token, err := jwt.ParseDecoratedJWT(data)
-		if err != nil {
-			return nil, fmt.Errorf("--creds: %s is not a credentials file: %w", c.Creds, err)
-		}
-		uc, err := jwt.DecodeUserClaims(token)
-		if err != nil {
-			return nil, fmt.Errorf("--creds: %s holds no user JWT: %w", c.Creds, err)
-		}
-		if _, err := jwt.ParseDecoratedUserNKey(data); err != nil {
-			return nil, fmt.Errorf("--creds: %s holds no user seed: %w", c.Creds, err)
+			return nil, err
 		}
 		opts = append(opts, nats.UserCredentials(c.Creds))
 		if p := inboxOf(uc.Permissions); p != "" {
@@ -73,4 +63,43 @@ func (c Client) Options() ([]nats.Option, error) {
 		opts = append(opts, nats.RootCAs(c.TLSCA))
 	}
 	return opts, nil
+}
+
+// roleTag is the JWT tag that names a user's role: natshard-role:<role>.
+const roleTag = "natshard-role:"
+
+// User reads the user of a credentials file: its name, and its role when
+// AddUser made it (its JWT carries the role as a tag); "" for a user made
+// otherwise. Tools use it to say which role a refused operation needs.
+func User(creds string) (name string, role Role, err error) {
+	uc, err := readUser(creds)
+	if err != nil {
+		return "", "", err
+	}
+	for _, t := range uc.Tags {
+		if r, ok := strings.CutPrefix(t, roleTag); ok {
+			role = Role(r)
+		}
+	}
+	return uc.Name, role, nil
+}
+
+// readUser reads and checks a credentials file: a user JWT and its seed.
+func readUser(creds string) (*jwt.UserClaims, error) {
+	data, err := os.ReadFile(creds)
+	if err != nil {
+		return nil, fmt.Errorf("--creds: %w", err)
+	}
+	token, err := jwt.ParseDecoratedJWT(data)
+	if err != nil {
+		return nil, fmt.Errorf("--creds: %s is not a credentials file: %w", creds, err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return nil, fmt.Errorf("--creds: %s holds no user JWT: %w", creds, err)
+	}
+	if _, err := jwt.ParseDecoratedUserNKey(data); err != nil {
+		return nil, fmt.Errorf("--creds: %s holds no user seed: %w", creds, err)
+	}
+	return uc, nil
 }

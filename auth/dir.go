@@ -226,7 +226,7 @@ func AddUser(dir string, role Role, name string, scope Scope) (string, error) {
 	uc := jwt.NewUserClaims(userPub)
 	uc.Name = name
 	uc.Permissions = perms
-	uc.Tags.Add("natshard-role:" + string(role))
+	uc.Tags.Add(roleTag + string(role))
 	token, err := uc.Encode(acc)
 	if err != nil {
 		return "", fmt.Errorf("auth: user JWT: %w", err)

@@ -27,34 +27,53 @@ func ExamplePermissions() {
 	//   answer requests it receives: false
 	// region
 	//   publish:
+	//     $JS.ACK.natshard_msgs_orders.>
 	//     $JS.API.CONSUMER.CREATE.KV_natshard_orders
 	//     $JS.API.CONSUMER.CREATE.KV_natshard_orders.>
 	//     $JS.API.CONSUMER.CREATE.natshard_buf_orders
 	//     $JS.API.CONSUMER.CREATE.natshard_buf_orders.>
+	//     $JS.API.CONSUMER.CREATE.natshard_msgs_orders.>
 	//     $JS.API.CONSUMER.DELETE.KV_natshard_orders.*
 	//     $JS.API.CONSUMER.DELETE.natshard_buf_orders.*
+	//     $JS.API.CONSUMER.DELETE.natshard_msgs_orders.*
 	//     $JS.API.CONSUMER.INFO.natshard_buf_orders.*
+	//     $JS.API.CONSUMER.INFO.natshard_msgs_orders.*
 	//     $JS.API.CONSUMER.MSG.NEXT.natshard_buf_orders.*
+	//     $JS.API.CONSUMER.MSG.NEXT.natshard_msgs_orders.*
 	//     $JS.API.INFO
 	//     $JS.API.STREAM.CREATE.KV_natshard_orders
 	//     $JS.API.STREAM.CREATE.natshard_buf_orders
+	//     $JS.API.STREAM.CREATE.natshard_msgs_orders
+	//     $JS.API.STREAM.CREATE.natshard_remind_orders
 	//     $JS.API.STREAM.INFO.KV_natshard_orders
 	//     $JS.API.STREAM.INFO.natshard_buf_orders
+	//     $JS.API.STREAM.INFO.natshard_msgs_orders
+	//     $JS.API.STREAM.INFO.natshard_remind_orders
 	//     $JS.API.STREAM.MSG.GET.KV_natshard_orders
 	//     $JS.API.STREAM.MSG.GET.natshard_buf_orders
+	//     $JS.API.STREAM.MSG.GET.natshard_msgs_orders
 	//     $JS.API.STREAM.PURGE.natshard_buf_orders
+	//     $JS.API.STREAM.PURGE.natshard_remind_orders
 	//     $JS.FC.*.*.KV_natshard_orders.>
 	//     $JS.FC.KV_natshard_orders.>
 	//     $KV.natshard_orders.>
+	//     $SHARD.orders.admin.status
 	//     $SHARD.orders.buf.*.*
+	//     $SHARD.orders.coordinator.*
 	//     $SHARD.orders.events
-	//     $SHARD.orders.region.*
-	//     _INBOX.>
-	//   subscribe:
-	//     $SHARD.orders.admin.>
 	//     $SHARD.orders.query.*
 	//     $SHARD.orders.region.*
-	//     _INBOX_u.>
+	//     $SHARD.orders.remind.>
+	//     _INBOX.>
+	//     _INBOX_natshard.>
+	//     shard.orders.>
+	//   subscribe:
+	//     $SHARD.orders.admin.>
+	//     $SHARD.orders.coordinator.*
+	//     $SHARD.orders.events
+	//     $SHARD.orders.query.*
+	//     $SHARD.orders.region.*
+	//     _INBOX_natshard.u.>
 	//     shard.orders.>
 	//   answer requests it receives: true
 	// admin
@@ -64,6 +83,7 @@ func ExamplePermissions() {
 	//     $JS.API.CONSUMER.DELETE.KV_natshard_orders.*
 	//     $JS.API.STREAM.INFO.KV_natshard_orders
 	//     $JS.API.STREAM.INFO.natshard_buf_orders
+	//     $JS.API.STREAM.INFO.natshard_msgs_orders
 	//     $JS.API.STREAM.MSG.GET.KV_natshard_orders
 	//     $JS.FC.*.*.KV_natshard_orders.>
 	//     $JS.FC.KV_natshard_orders.>
@@ -72,6 +92,6 @@ func ExamplePermissions() {
 	//     shard.orders.>
 	//   subscribe:
 	//     $SHARD.orders.events
-	//     _INBOX_u.>
+	//     _INBOX_natshard.u.>
 	//   answer requests it receives: false
 }

@@ -69,7 +69,16 @@ func (s Scope) subjects() ([]protocol.Subjects, error) {
 // role: such users may subscribe to their own inboxes only
 // (<prefix>.>), so that they read no one else's replies. ConnectOptions
 // sets it on the connection.
-func InboxPrefix(name string) string { return "_INBOX_" + name }
+//
+// The prefixes share their first token, privilegedInboxes, so that a
+// region may answer any of them (the answer to a durable request goes to
+// the reply subject in its header, which the response permission does not
+// cover), while publishers, who subscribe to _INBOX.>, read none.
+func InboxPrefix(name string) string { return privilegedInboxes + "." + name }
+
+// privilegedInboxes is the first token of the region and admin users'
+// inboxes.
+const privilegedInboxes = "_INBOX_natshard"
 
 // publisherInbox is what publishers subscribe to for their answers: the
 // default inbox prefix of every NATS client.
@@ -94,15 +103,18 @@ func Permissions(role Role, name string, scope Scope) (jwt.Permissions, error) {
 	for _, s := range types {
 		kv := "KV_" + kvstate.BucketName(s.Type())
 		buf := kvstate.BufferStream(s.Type())
+		msgs := kvstate.MessageStream(s.Type())
+		remind := kvstate.ReminderStream(s.Type())
 		switch role {
 		case Publisher:
 			p.Pub.Allow.Add(s.AllData())
 			p.Sub.Allow.Add(publisherInbox)
 		case Region:
 			p.Pub.Allow.Add(
-				s.Region("*"), // coordinator -> region commands
-				s.Events(),    // coordinator events
-				s.BufferAll(), // handoff buffer appends and end markers
+				s.Region("*"),      // coordinator -> region commands
+				s.Coordinator("*"), // a candidate probes the coordinator lease holder
+				s.Events(),         // coordinator events
+				s.BufferAll(),      // handoff buffer appends and end markers
 				"$KV."+kvstate.BucketName(s.Type())+".>", // KV writes
 				jsAPI+"INFO", // account info: creating a KV bucket asks for it
 				jsAPI+"STREAM.CREATE."+kv,
@@ -117,18 +129,44 @@ func Permissions(role Role, name string, scope Scope) (jwt.Permissions, error) {
 				jsAPI+"CONSUMER.MSG.NEXT."+buf+".*",
 				jsAPI+"CONSUMER.INFO."+buf+".*",
 				jsAPI+"CONSUMER.DELETE."+buf+".*",
-				// Answers to requests replayed from the buffer: their reply
-				// subject comes from a header, so the response permission
-				// below does not cover them.
+				// Answers to requests replayed from the buffer, and to
+				// requests of durable delivery: their reply subject comes
+				// from a header, so the response permission below does not
+				// cover them: a publisher's inbox, or a region's or an
+				// admin's (InboxPrefix).
 				publisherInbox,
+				privilegedInboxes+".>",
+				// Entities send to entities (Env.Client).
+				s.AllData(),
+				// Durable delivery: the message stream (created, read by
+				// each shard's owner through a pull
+				// consumer it replaces, acknowledged), and the reminders
+				// (stored, cancelled by a purge of their subject).
+				jsAPI+"STREAM.CREATE."+msgs,
+				jsAPI+"STREAM.INFO."+msgs,
+				jsAPI+"STREAM.MSG.GET."+msgs, // a handed-off shard's last message removed
+				jsAPI+"STREAM.CREATE."+remind,
+				jsAPI+"STREAM.INFO."+remind,
+				jsAPI+"STREAM.PURGE."+remind,
+				jsAPI+"CONSUMER.CREATE."+msgs+".>",
+				jsAPI+"CONSUMER.DELETE."+msgs+".*",
+				jsAPI+"CONSUMER.INFO."+msgs+".*",
+				jsAPI+"CONSUMER.MSG.NEXT."+msgs+".*",
+				"$JS.ACK."+msgs+".>",
+				s.AllReminders(),
 			)
 			p.Pub.Allow.Add(kvRead(kv)...)
-			p.Sub.Allow.Add(s.AllData(), s.Region("*"), s.Query("*"), s.AdminAll(), inbox)
+			// What shardd's web UI shows (package web): the coordinator's
+			// status, the regions' queries, the events. Nothing the role
+			// could not read from KV or publish itself already.
+			p.Pub.Allow.Add(s.Admin(protocol.AdminStatus), s.Query("*"))
+			p.Sub.Allow.Add(s.Events())
+			p.Sub.Allow.Add(s.AllData(), s.Region("*"), s.Coordinator("*"), s.Query("*"), s.AdminAll(), inbox)
 			// Answers to every request delivered to the region: entity
 			// answers, command replies, queries, admin API answers.
 			p.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
 		case Admin:
-			p.Pub.Allow.Add(s.AdminAll(), s.Query("*"), s.AllData(), jsAPI+"STREAM.INFO."+buf)
+			p.Pub.Allow.Add(s.AdminAll(), s.Query("*"), s.AllData(), jsAPI+"STREAM.INFO."+buf, jsAPI+"STREAM.INFO."+msgs)
 			p.Pub.Allow.Add(kvRead(kv)...)
 			p.Sub.Allow.Add(s.Events(), inbox)
 		default:
@@ -162,7 +200,9 @@ func kvRead(kv string) []string {
 // to (InboxPrefix), or "" when p allows the default inboxes.
 func inboxOf(p jwt.Permissions) string {
 	for _, s := range p.Sub.Allow {
-		if pre, ok := strings.CutSuffix(s, ".>"); ok && strings.HasPrefix(pre, "_INBOX_") && !strings.Contains(pre, ".") {
+		// "_INBOX_<name>.>" before the prefixes shared a token, then
+		// "_INBOX_natshard.<name>.>".
+		if pre, ok := strings.CutSuffix(s, ".>"); ok && strings.HasPrefix(pre, "_INBOX_") && pre != privilegedInboxes {
 			return pre
 		}
 	}

@@ -141,11 +141,11 @@ func (r *handoffRun) prepare() {
 	if err := r.sys.touch(r.client, r.ids); err != nil {
 		tb.Fatal(err)
 	}
-	agent := r.sys.region(owner).agent
+	region := r.sys.region(owner)
 	deadline := time.Now().Add(10 * time.Second)
-	for agent.Active() < r.cfg.entities {
+	for region.stats().Entities < r.cfg.entities {
 		if time.Now().After(deadline) {
-			tb.Fatalf("region %s holds %d entities, want %d", owner, agent.Active(), r.cfg.entities)
+			tb.Fatalf("region %s holds %d entities, want %d", owner, region.stats().Entities, r.cfg.entities)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -162,7 +162,7 @@ func (r *handoffRun) moveOnce() handoffSample {
 	src, dst := r.sys.region(from), r.sys.region(to)
 	first := dst.probe.arm(sh)
 	src.probe.arm(-1) // never fires: resets the Stop counters
-	buffered0, replayed0 := src.agent.Stats().Buffered.Load(), dst.agent.Stats().Replayed.Load()
+	buffered0, replayed0 := src.stats().Buffered, dst.stats().Replayed
 
 	t0 := now()
 	if err := r.sys.move(sh, to); err != nil {
@@ -205,8 +205,8 @@ func (r *handoffRun) moveOnce() handoffSample {
 	} else {
 		s.stopped = unknown
 	}
-	s.buffered = src.agent.Stats().Buffered.Load() - buffered0
-	s.replayed = dst.agent.Stats().Replayed.Load() - replayed0
+	s.buffered = src.stats().Buffered - buffered0
+	s.replayed = dst.stats().Replayed - replayed0
 
 	t := r.sys.tracer
 	at := func(match func(e *event) bool) time.Duration {

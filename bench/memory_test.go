@@ -57,12 +57,12 @@ func BenchmarkIdleEntities(b *testing.B) {
 
 func runIdle(tb testing.TB, n int) idleReport {
 	s := startSystem(tb, sysConfig{regions: []string{"a"}, minRegions: 1, rebalance: -1, plain: true})
-	agent := s.region("a").agent
+	region := s.region("a")
 	pub := s.connect("publisher")
 	payload := []byte("idle")
 	const window = 50_000
 	heapBefore, goroutines := heapAfterGC(), runtime.NumGoroutine()
-	delivered := func() int64 { return int64(agent.Stats().Delivered.Load()) }
+	delivered := func() int64 { return int64(region.stats().Delivered) }
 	t0 := time.Now()
 	for i := range n {
 		if err := pub.Publish(s.subjects.EntityOf("idle-"+strconv.Itoa(i), shardCount), payload); err != nil {
@@ -72,20 +72,20 @@ func runIdle(tb testing.TB, n int) idleReport {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	waitUntil(tb, 5*time.Minute, func() bool { return agent.Active() == n })
+	waitUntil(tb, 5*time.Minute, func() bool { return region.stats().Entities == n })
 	activate := time.Since(t0)
 	// Every message handled: the goroutines that ran the entities are gone.
 	waitUntil(tb, time.Minute, func() bool { return runtime.NumGoroutine() <= goroutines })
 	heap := heapAfterGC()
 	r := idleReport{entities: n, activate: activate, heapBefore: heapBefore, heapWithAll: heap,
 		perEntity: float64(heap-heapBefore) / float64(n), goroutines: runtime.NumGoroutine() - goroutines}
-	if got := agent.Stats().Malformed.Load() + agent.Stats().NotOwned.Load(); got != 0 {
-		tb.Fatalf("%d messages dropped", got)
+	if st := region.stats(); st.Malformed+st.NotOwned != 0 {
+		tb.Fatalf("%d messages dropped", st.Malformed+st.NotOwned)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t1 := time.Now()
-	if err := agent.Close(ctx); err != nil {
+	if err := region.node.Close(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	r.stop = time.Since(t1)

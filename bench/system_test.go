@@ -20,12 +20,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
-	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
-	"github.com/natshard/natshard/region"
 )
 
 var (
@@ -96,12 +95,18 @@ type system struct {
 	closers []func() // run in reverse by close
 }
 
-// node is one region.
+// node is one region: a natshard node on a connection of its own.
 type node struct {
 	id    string
 	nc    *nats.Conn
-	agent *region.Agent
+	node  *natshard.Node
 	probe *probe
+}
+
+// stats are the region's counters.
+func (n *node) stats() natshard.Stats {
+	st, _ := n.node.Stats(entityType)
+	return st
 }
 
 // startSystem starts a system and waits until every shard is active.
@@ -123,15 +128,7 @@ func startSystem(tb testing.TB, cfg sysConfig) *system {
 	s.onClose(func() { natstest.Shutdown(srv) })
 	s.url = natstest.URL(srv)
 
-	ctx := context.Background()
 	s.admin = s.connect("admin")
-	store, err := kvstate.Open(ctx, natstest.JetStream(tb, s.admin), entityType, kvstate.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: shardCount}); err != nil {
-		tb.Fatal(err)
-	}
 	s.tracer = startTracer(tb, s.admin, s.subjects)
 	s.onClose(s.tracer.stop)
 
@@ -168,39 +165,44 @@ func (s *system) connect(name string, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-// startRegion opens region id on a connection, store and buffer of its
-// own, hosting echo entities behind a probe.
-func (s *system) startRegion(id string) *node {
+// benchType is the system's entity type, its entities made by entity.
+func (s *system) benchType(entity natshard.Factory) natshard.Type {
+	return natshard.Type{
+		Name: entityType, Kind: "echo", Entity: entity, Shards: shardCount,
+		MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance,
+	}
+}
+
+// startNode starts a natshard node of the system's type on nc.
+func (s *system) startNode(nc *nats.Conn, opts natshard.Options, entity natshard.Factory) *natshard.Node {
 	s.tb.Helper()
-	ctx := context.Background()
-	nc := s.connect("region-" + id)
-	js := natstest.JetStream(s.tb, nc)
-	store, err := kvstate.Open(ctx, js, entityType, kvstate.Options{})
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, s.subjects, kvstate.BufferOptions{})
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	p := &probe{}
-	factory := p.factory(entities.Echo())
-	if s.cfg.plain {
-		factory = entities.Echo()
-	}
-	agent, err := region.Open(ctx, region.Config{
-		Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: shardCount,
-		ID: id, Factory: factory, Logger: s.log, ReleaseGrace: *flagGrace,
-	})
+	opts.Conn, opts.Logger = nc, s.log
+	opts.ReleaseGrace = *flagGrace
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := natshard.Start(ctx, opts, s.benchType(entity))
 	if err != nil {
 		s.tb.Fatal(err)
 	}
 	s.onClose(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = agent.Close(cctx)
+		_ = n.Close(cctx)
 	})
-	n := &node{id: id, nc: nc, agent: agent, probe: p}
+	return n
+}
+
+// startRegion starts region id, a node on a connection of its own,
+// hosting echo entities behind a probe.
+func (s *system) startRegion(id string) *node {
+	s.tb.Helper()
+	nc := s.connect("region-" + id)
+	p := &probe{}
+	factory := p.factory(entities.Echo())
+	if s.cfg.plain {
+		factory = entities.Echo()
+	}
+	n := &node{id: id, nc: nc, node: s.startNode(nc, natshard.Options{Region: id, NoCoordinator: true}, factory), probe: p}
 	s.mu.Lock()
 	s.regions[id] = n
 	s.mu.Unlock()
@@ -220,31 +222,11 @@ func (s *system) region(id string) *node {
 	return s.regions[id]
 }
 
-// startCoordinator runs the one coordinator candidate, on a connection
-// whose inbox prefix the tracer watches.
+// startCoordinator runs the one coordinator candidate, a node that hosts
+// no region, on a connection whose inbox prefix the tracer watches.
 func (s *system) startCoordinator() {
-	ctx := context.Background()
 	nc := s.connect("coordinator", nats.CustomInboxPrefix(coordInbox))
-	js := natstest.JetStream(s.tb, nc)
-	store, err := kvstate.Open(ctx, js, entityType, kvstate.Options{})
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, s.subjects, kvstate.BufferOptions{})
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = coordinator.New(coordinator.Config{
-			Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: shardCount,
-			Region: "bench", MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance, Logger: s.log,
-			ReleaseGrace: *flagGrace,
-		}).Run(cctx)
-	}()
-	s.onClose(func() { cancel(); <-done })
+	s.startNode(nc, natshard.Options{Region: "bench", NoRegion: true}, nil)
 }
 
 // handled is the number of publisher messages handled by every region
@@ -465,8 +447,8 @@ func (p *probe) arm(shard int) <-chan struct{} {
 
 func (p *probe) disarm() { p.armed.Store(false) }
 
-func (p *probe) factory(inner region.Factory) region.Factory {
-	return func(ctx context.Context, id string) (region.Entity, error) {
+func (p *probe) factory(inner natshard.Factory) natshard.Factory {
+	return func(ctx context.Context, id string) (natshard.Entity, error) {
 		e, err := inner(ctx, id)
 		if err != nil {
 			return nil, err
@@ -476,11 +458,11 @@ func (p *probe) factory(inner region.Factory) region.Factory {
 }
 
 type probed struct {
-	inner region.Entity
+	inner natshard.Entity
 	p     *probe
 }
 
-func (e *probed) Handle(ctx context.Context, m *region.Message) ([]byte, error) {
+func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
 	p := e.p
 	if p.armed.Load() && int64(m.Shard) == p.shard.Load() && p.armed.CompareAndSwap(true, false) {
 		p.first.Store(int64(now()))

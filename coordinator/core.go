@@ -26,15 +26,25 @@ type CoreConfig struct {
 	// HandOffTimeout: ticks a source may take to pause a shard before the
 	// coordinator takes the shard over and drops it there (default 100).
 	HandOffTimeout int
-	// RebalanceEvery: ticks between strategy rounds (default 20); negative
-	// disables rebalancing.
+	// RebalanceEvery: ticks between the starts of strategy rounds (default
+	// 20); negative disables rebalancing. A round's plan runs to its end
+	// whatever this is: its moves start as earlier ones end.
 	RebalanceEvery int
-	// MaxMoves bounds the moves of live shards in flight (default 16).
+	// Settle: ticks during which membership must not have changed (no
+	// region joined, left, died or started leaving) before a round runs
+	// (default 10; negative: none). A change also drops what a round's plan
+	// has not started yet.
+	Settle int
+	// MaxMoves bounds the moves of live shards in flight (default
+	// DefaultMaxMoves): rounds and leaving regions start moves within it.
 	MaxMoves int
 	// Pins are the operators' pins read at takeover: shard -> region.
 	// Pinned shards go to their region whenever it is registered and not
 	// leaving (strategies.NewExternal in front of Strategy).
 	Pins map[int]string
+	// Stats, when set, counts the moves and rounds the core decides
+	// (stats.go); it changes no decision.
+	Stats *Stats
 }
 
 func (c *CoreConfig) setDefaults() {
@@ -47,7 +57,8 @@ func (c *CoreConfig) setDefaults() {
 	def(&c.Retry, 10)
 	def(&c.HandOffTimeout, 100)
 	def(&c.RebalanceEvery, 20)
-	def(&c.MaxMoves, 16)
+	def(&c.Settle, 10)
+	def(&c.MaxMoves, DefaultMaxMoves)
 }
 
 // Core is the coordinator's decision logic for one epoch: it owns the
@@ -74,10 +85,13 @@ type Core struct {
 	table     []protocol.ShardRecord // index is the shard number
 	steps     []step                 // index is the shard number
 	order     uint64                 // largest allocation order or handoff id used
+	moving    int                    // moves of live shards in flight (rows in handoff, or binding from a region)
 	started   bool                   // MinRegions was reached once (or the table had owners)
 	lastFlux  int                    // tick of the last membership change
 	lastRound int                    // tick of the last rebalance round
+	rounds    roundState             // the current rebalance round and its plan (rebalance.go)
 	out       []Action
+	stats     *Stats // CoreConfig.Stats, or a discarded one
 }
 
 // step is the coordinator's memory of a shard's current step; it is not
@@ -95,9 +109,10 @@ type regionState struct {
 	probedAt int
 }
 
-// Errors of Core.Move, Core.Drain and Core.Pin.
+// Errors of Core.Move, Core.Drain, Core.Undrain and Core.Pin.
 var (
 	ErrUnknownRegion = errors.New("coordinator: no such live region")
+	ErrRegionBusy    = errors.New("coordinator: region holds shards")
 	ErrShardBusy     = errors.New("coordinator: shard is not active")
 	ErrPinned        = errors.New("coordinator: shard is pinned")
 	ErrBadRequest    = errors.New("coordinator: bad request")
@@ -119,6 +134,10 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 		steps:   make([]step, cfg.Shards),
 		pins:    make(map[int]string),
 		load:    make(map[int]strategies.ShardLoad),
+		stats:   cfg.Stats,
+	}
+	if c.stats == nil {
+		c.stats = &Stats{}
 	}
 	for sh, id := range cfg.Pins {
 		if sh >= 0 && sh < cfg.Shards && protocol.ValidateName("region id", id) == nil {
@@ -131,7 +150,7 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 	}
 	for _, r := range table {
 		if r.Shard >= 0 && r.Shard < cfg.Shards {
-			c.table[r.Shard] = r
+			c.setRow(r)
 			c.order = max(c.order, r.Order, r.Handoff)
 			c.started = c.started || r.Region != ""
 		}
@@ -213,6 +232,8 @@ func (c *Core) Step(ev Event) []Action {
 				c.regionGone(id)
 			}
 		}
+	case ConnClosed:
+		c.connClosed(ev.Conn)
 	case CommandDone:
 		c.commandDone(ev)
 	case Unparked:
@@ -224,6 +245,9 @@ func (c *Core) Step(ev Event) []Action {
 			c.activate(ev.Shard)
 		}
 	}
+	// Moves that ended make room for the next ones at once.
+	c.moveOffLeaving()
+	c.continuePlan()
 	return c.flush()
 }
 
@@ -258,6 +282,7 @@ func (c *Core) Tick() []Action {
 	}
 	c.allocate()
 	c.moveOffLeaving()
+	c.continuePlan()
 	c.rebalance()
 	return c.flush()
 }
@@ -302,7 +327,7 @@ func (c *Core) regionUp(seen RegionSeen) {
 	if old, ok := c.regions[id]; ok {
 		if old.Info.Incarnation == seen.Info.Incarnation {
 			if old.Info.Leaving != seen.Info.Leaving {
-				c.lastFlux = c.tick
+				c.flux()
 			}
 			old.RegionSeen = seen
 			c.moveOffLeaving()
@@ -312,7 +337,7 @@ func (c *Core) regionUp(seen RegionSeen) {
 		c.regionGone(id)
 	}
 	c.regions[id] = &regionState{RegionSeen: seen, probedAt: c.tick}
-	c.lastFlux = c.tick
+	c.flux()
 	c.allocate()
 }
 
@@ -324,7 +349,7 @@ func (c *Core) regionGone(id string) {
 		return
 	}
 	delete(c.regions, id)
-	c.lastFlux = c.tick
+	c.flux()
 	inc := r.Info.Incarnation
 	for sh, rec := range c.table {
 		isOwner := rec.Region == id && rec.Incarnation == inc
@@ -334,6 +359,7 @@ func (c *Core) regionGone(id string) {
 			c.park(sh)
 		case rec.State == protocol.StateHandoff && isSource:
 			// It died pausing: its appends are in the buffer, no marker.
+			c.stats.HandOffsForced.Add(1)
 			c.park(sh)
 		case rec.State == protocol.StateBinding && isSource:
 			c.sourceGone(sh)
@@ -344,10 +370,27 @@ func (c *Core) regionGone(id string) {
 	c.allocate()
 }
 
+// connClosed probes the regions whose registration names the closed
+// connection, now and at the next tick (in a cluster the report may reach
+// the coordinator before the end of the region's interest reaches every
+// server: a probe then times out rather than find no responders).
+func (c *Core) connClosed(conn protocol.ConnID) {
+	if conn.IsZero() {
+		return
+	}
+	for _, id := range c.sortedRegionIDs() {
+		if r := c.regions[id]; r.Info.Conn == conn {
+			c.probe(r)
+			r.probedAt = c.tick - c.cfg.ProbeEvery + 1
+		}
+	}
+}
+
 // sourceGone: the source of a binding shard died before it wrote its end
 // marker. The target is subscribed and holds what arrives since, so the
 // coordinator writes the marker for the source.
 func (c *Core) sourceGone(sh int) {
+	c.stats.HandOffsForced.Add(1)
 	rec := c.table[sh]
 	if !c.live(rec.Region, rec.Incarnation) {
 		c.park(sh)
@@ -415,6 +458,7 @@ func (c *Core) commandDone(ev CommandDone) {
 			}
 		case protocol.CmdRelease:
 			if rec.State == protocol.StateBinding && rec.Handoff == h && rec.Source == s.Region {
+				c.stats.HandOffsCompleted.Add(1)
 				c.activate(sh)
 			}
 		}
@@ -517,6 +561,7 @@ func (c *Core) startMove(sh int) {
 	rec.Epoch = c.epoch
 	c.write(rec)
 	c.steps[sh] = step{at: c.tick}
+	c.stats.HandOffsStarted.Add(1)
 	c.sendHandOff(sh)
 }
 
@@ -588,13 +633,14 @@ func (c *Core) activate(sh int) {
 func (c *Core) handOffTimedOut(sh int) {
 	rec := c.table[sh]
 	source := rec.Source
+	c.stats.HandOffsTimedOut.Add(1)
 	c.out = append(c.out, Warn{Msg: fmt.Sprintf("handoff of shard %d from region %s timed out; dropping it there and reallocating", sh, source)})
 	c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
 	if src, ok := c.regions[source]; ok {
 		c.send(src, protocol.CmdDrop, []int{sh}, nil)
 	}
 	rec.Source, rec.SourceIncarnation = "", ""
-	c.table[sh] = rec
+	c.setRow(rec)
 	c.chooseTarget(sh, source)
 }
 
@@ -615,87 +661,6 @@ func (c *Core) pickTarget(sh int, exclude string) (string, bool) {
 		return "", false
 	}
 	return id, true
-}
-
-// moveOffLeaving starts moves of the shards of leaving regions, within the
-// bound on moves in flight.
-func (c *Core) moveOffLeaving() {
-	budget := c.cfg.MaxMoves - c.movesInFlight()
-	for _, id := range c.sortedRegionIDs() {
-		r := c.regions[id]
-		if !r.Info.Leaving {
-			continue
-		}
-		for sh, rec := range c.table {
-			if budget <= 0 {
-				return
-			}
-			if rec.State == protocol.StateActive && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
-				c.startMove(sh)
-				budget--
-			}
-		}
-	}
-}
-
-// rebalance runs a strategy round when it is due and Akka's gates allow:
-// one round at a time (nothing in flight, nothing parked), membership
-// settled for a round's length, no region leaving.
-func (c *Core) rebalance() {
-	if c.cfg.RebalanceEvery < 0 || c.tick-c.lastRound < c.cfg.RebalanceEvery || c.tick-c.lastFlux < c.cfg.RebalanceEvery {
-		return
-	}
-	c.lastRound = c.tick
-	moves, _ := c.round()
-	for _, sh := range moves {
-		c.startMove(sh)
-	}
-}
-
-// round asks the strategy which shards to move now, and returns those that
-// are active, within the bound on moves in flight, and how many shards are
-// in progress (not active, or on a leaving region), which the strategy
-// was told.
-func (c *Core) round() (moves []int, inProgress int) {
-	var busy []int
-	for sh, rec := range c.table {
-		if rec.State != protocol.StateActive {
-			busy = append(busy, sh)
-		} else if r := c.regions[rec.Region]; r != nil && r.Info.Leaving {
-			busy = append(busy, sh)
-		}
-	}
-	if len(c.regions) < 2 {
-		return nil, len(busy)
-	}
-	planned, err := c.strategy.Rebalance(c.strategyView(""), busy)
-	if err != nil {
-		return nil, len(busy)
-	}
-	budget := c.cfg.MaxMoves - c.movesInFlight()
-	seen := map[int]bool{}
-	for _, sh := range planned {
-		if len(moves) >= budget {
-			break
-		}
-		if sh >= 0 && sh < c.cfg.Shards && c.table[sh].State == protocol.StateActive && !seen[sh] {
-			seen[sh] = true
-			moves = append(moves, sh)
-		}
-	}
-	return moves, len(busy)
-}
-
-// movesInFlight counts moves of live shards: handoffs, and binds whose
-// source is a region.
-func (c *Core) movesInFlight() int {
-	n := 0
-	for _, rec := range c.table {
-		if rec.State == protocol.StateHandoff || rec.State == protocol.StateBinding && rec.Source != "" {
-			n++
-		}
-	}
-	return n
 }
 
 func (c *Core) sendHandOff(sh int) {
@@ -748,8 +713,25 @@ func (c *Core) send(r *regionState, kind protocol.CommandKind, shards []int, han
 }
 
 func (c *Core) write(rec protocol.ShardRecord) {
-	c.table[rec.Shard] = rec
+	c.setRow(rec)
 	c.out = append(c.out, WriteShard{Record: rec})
+}
+
+// setRow changes a row of the table, keeping count of the moves in flight.
+func (c *Core) setRow(rec protocol.ShardRecord) {
+	if isMove(c.table[rec.Shard]) {
+		c.moving--
+	}
+	if isMove(rec) {
+		c.moving++
+	}
+	c.table[rec.Shard] = rec
+}
+
+// isMove says whether a row is a move of a live shard: a handoff, or a
+// bind whose source is a region.
+func isMove(rec protocol.ShardRecord) bool {
+	return rec.State == protocol.StateHandoff || rec.State == protocol.StateBinding && rec.Source != ""
 }
 
 // live reports whether region id with incarnation inc is registered.
@@ -759,7 +741,10 @@ func (c *Core) live(id, inc string) bool {
 }
 
 // strategyView is the regions as the strategy sees them, except exclude:
-// each with its active and binding shards, oldest allocation first.
+// each with the shards it holds (active, binding to it, or pausing on it
+// for a handoff), oldest allocation first. A pausing shard counts where
+// it is until it binds elsewhere, so that placing one move's shard does
+// not see its source emptier than it is because of the others in flight.
 func (c *Core) strategyView(exclude string) []strategies.Region {
 	view := make([]strategies.Region, 0, len(c.regions))
 	for _, id := range c.sortedRegionIDs() {
@@ -769,7 +754,7 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 		r := c.regions[id]
 		var held []protocol.ShardRecord
 		for _, rec := range c.table {
-			if (rec.State == protocol.StateActive || rec.State == protocol.StateBinding) && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
+			if (rec.State == protocol.StateActive || rec.State == protocol.StateBinding || rec.State == protocol.StateHandoff) && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
 				held = append(held, rec)
 			}
 		}

@@ -17,7 +17,7 @@ import (
 // owner invariant after every action.
 
 func testConfig(shards int) CoreConfig {
-	return CoreConfig{Shards: shards, Strategy: strategies.NewLeastShard(1<<20, 1.0), ProbeEvery: 5, Retry: 10, HandOffTimeout: 100, RebalanceEvery: 20, MaxMoves: 16}
+	return CoreConfig{Shards: shards, Strategy: strategies.NewLeastShard(1<<20, 1.0), ProbeEvery: 5, Retry: 10, HandOffTimeout: 100, RebalanceEvery: 20, Settle: 10, MaxMoves: 16}
 }
 
 // moveScenario starts the sim with rebalancing off and regions all joined
@@ -86,6 +86,31 @@ func TestCrashParksAndRehomes(t *testing.T) {
 		if rec.Region == "a" && s.owner(rec.Shard) != "a" {
 			t.Fatalf("shard %d of the live region moved", rec.Shard)
 		}
+	}
+}
+
+// TestConnClosedProbesAtOnce: the server reports a region's connection
+// closed; the coordinator probes it at once (no tick passes), finds no
+// responders, and re-homes its shards. A report about a connection no
+// region has, or about a live region, moves nothing.
+func TestConnClosedProbesAtOnce(t *testing.T) {
+	cfg := testConfig(6)
+	cfg.MinRegions = 2
+	s := newSim(t, cfg)
+	s.join("a")
+	s.join("b")
+	before := s.c.Table()
+	s.run(s.c.Step(ConnClosed{Conn: protocol.ConnID{Server: "srv", Client: 99}}))
+	s.run(s.c.Step(ConnClosed{Conn: s.regions["a"].conn})) // a still answers
+	s.run(s.c.Step(ConnClosed{}))
+	if !slices.Equal(before, s.c.Table()) {
+		t.Fatal("reports of other or live connections changed the table")
+	}
+	s.crash("b")
+	s.run(s.c.Step(ConnClosed{Conn: s.regions["b"].conn}))
+	s.settled()
+	if c := s.counts(); c["a"] != 6 {
+		t.Fatalf("want every shard on a without a tick, got %v", c)
 	}
 }
 
@@ -282,18 +307,22 @@ func TestJoinRebalancesAfterFlux(t *testing.T) {
 	s.join("b")
 	s.join("c")
 	s.settled()
+	s.ticks(cfg.RebalanceEvery) // the first round is due: nothing to move
 	s.join("d")
 	if c := s.counts(); c["d"] != 0 {
 		t.Fatalf("d got shards before a round: %v", c)
 	}
-	s.ticks(cfg.RebalanceEvery - 1)
+	s.ticks(cfg.Settle - 1)
 	if c := s.counts(); c["d"] != 0 {
 		t.Fatalf("a round ran while membership was in flux: %v", c)
 	}
-	s.ticks(2 * cfg.RebalanceEvery)
+	s.ticks(1)
 	s.settled()
 	if c := s.counts(); spread(c) > 0 || c["d"] != 3 {
 		t.Fatalf("want 3 each, got %v", c)
+	}
+	if len(s.rounds) != 1 || len(s.rounds[0].Moves) != 3 {
+		t.Fatalf("rounds %+v, want one of 3 moves", s.rounds)
 	}
 }
 

@@ -9,6 +9,11 @@
 // lease in KV leads, with the lease's revision as its epoch. The leader's
 // goroutine owns the Core, renews the lease, watches the region registry,
 // probes regions over their command subjects and carries out the actions.
+// The other candidates probe the leader on its probe subject and depose it
+// (a compare-and-delete of its lease) when its connection is gone, rather
+// than wait for the lease to expire. With Config.Disconnects (the servers'
+// disconnect advisories, DisconnectAdvisories) both the leader and the
+// candidates probe at once the owner of a connection that closed.
 //
 // Safety rests on the server: every shard-table write is fenced on the
 // coordinator key's last revision, so a deposed coordinator's writes fail;

@@ -22,6 +22,11 @@ type RegionGone struct{ ID string }
 // regions; any other is gone.
 type RegionsSynced struct{ IDs []string }
 
+// ConnClosed: a NATS server reports that this client connection closed
+// (Config.Disconnects). The region it belonged to is probed at once, and
+// again at the next tick: the probe is the proof.
+type ConnClosed struct{ Conn protocol.ConnID }
+
 // Outcome classifies the answer to a command.
 type Outcome int
 
@@ -62,6 +67,7 @@ type Marked struct {
 func (RegionUp) isEvent()      {}
 func (RegionGone) isEvent()    {}
 func (RegionsSynced) isEvent() {}
+func (ConnClosed) isEvent()    {}
 func (CommandDone) isEvent()   {}
 func (Unparked) isEvent()      {}
 func (Marked) isEvent()        {}
@@ -123,7 +129,30 @@ type WritePin struct {
 	Region string
 }
 
+// RoundPlanned: a rebalance round planned Moves (in the order they start;
+// To is where the strategy places each now), with Regions holding these
+// many shards before it. For the operators' log.
+type RoundPlanned struct {
+	Round   int
+	Moves   []protocol.PlannedMove
+	Regions map[string]int
+}
+
+// RoundDone: every move of the round has ended. Moved moves were started;
+// Dropped planned moves were not, for Reason.
+type RoundDone struct {
+	Round, Moved, Dropped int
+	Reason                string
+}
+
+// NoRound: a rebalance round was due but runs no moves, for Reason
+// (reported when the reason changes).
+type NoRound struct{ Reason string }
+
 func (WriteShard) isAction()   {}
+func (RoundPlanned) isAction() {}
+func (RoundDone) isAction()    {}
+func (NoRound) isAction()      {}
 func (Send) isAction()         {}
 func (RemoveRegion) isAction() {}
 func (StepDown) isAction()     {}

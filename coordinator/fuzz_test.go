@@ -19,6 +19,7 @@ func FuzzAdminRequest(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"move", `{"shard":3,"region":"b"}`},
 		{"drain", `{"region":"a"}`},
+		{"undrain", `{"region":"a"}`},
 		{"pin", `{"shard":2,"region":"c"}`},
 		{"unpin", `{"shard":2}`},
 		{"rebalance", `{"dry_run":true}`},

@@ -21,25 +21,51 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseTTL          = 4 * time.Second
-	DefaultTick              = 100 * time.Millisecond
-	DefaultCommandTimeout    = 2 * time.Second
-	DefaultHandOffTimeout    = 10 * time.Second
+	DefaultLeaseTTL       = 4 * time.Second
+	DefaultTick           = 100 * time.Millisecond
+	DefaultCommandTimeout = 2 * time.Second
+	DefaultHandOffTimeout = 10 * time.Second
+	// DefaultProbeInterval: how often every region is probed.
+	DefaultProbeInterval = 500 * time.Millisecond
+	// DefaultRebalanceInterval: between the starts of two strategy
+	// rounds. A round's moves do not wait for it: they start as earlier
+	// ones end, within DefaultMaxMoves.
 	DefaultRebalanceInterval = 2 * time.Second
-	DefaultMaxMoves          = 16
-	DefaultReleaseGrace      = time.Second
+	// DefaultSettle: how long membership must be unchanged before a round
+	// (Akka: no rebalance while members join or leave). Short, because
+	// moves are cheap: regions started a second or two apart cost a round
+	// each, of a fraction of a second, rather than a wait.
+	DefaultSettle = time.Second
+	// DefaultMaxMoves: moves of live shards in flight at once. A handoff
+	// costs milliseconds (a second on a cluster, the release grace), so
+	// this bounds the burst on JetStream and how many shards pause at
+	// once, not the pace of a rebalance.
+	DefaultMaxMoves     = 64
+	DefaultReleaseGrace = time.Second
+	// DefaultHolderProbe: how often a candidate probes the lease holder
+	// (see Config.HolderProbe).
+	DefaultHolderProbe = 200 * time.Millisecond
+	// DefaultHolderSilence: how long the holder's probe subject must have
+	// had no responders, probe after probe, before a candidate deposes it
+	// (see Config.HolderSilence). Longer than a client's reconnect to
+	// another server of a cluster (milliseconds).
+	DefaultHolderSilence = 300 * time.Millisecond
 )
 
 // Config configures a Node.
 type Config struct {
-	Conn     *nats.Conn
-	Store    *kvstate.Store
-	Buffer   *kvstate.Buffer // where parked shards' messages wait
+	Conn   *nats.Conn
+	Store  *kvstate.Store
+	Buffer *kvstate.Buffer // where parked shards' messages wait
+	// Durable: the type's messages wait in its stream (durable delivery):
+	// parking a shard needs no subscription, and no move needs an end
+	// marker.
+	Durable  bool
 	Subjects protocol.Subjects
 	Shards   int
 	// Region is the id of the process this candidate runs in (for display).
 	Region     string
-	Strategy   strategies.Strategy // default least-shard with Akka's limits
+	Strategy   strategies.Strategy // default least-shard with the default limits
 	MinRegions int
 	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4.
 	LeaseTTL       time.Duration
@@ -47,11 +73,36 @@ type Config struct {
 	CommandTimeout time.Duration // bound on each command to a region
 	// HandOffTimeout: how long a source may take to pause a shard.
 	HandOffTimeout time.Duration
-	// RebalanceInterval between strategy rounds; negative disables them.
+	// ProbeInterval between probes of each region (DefaultProbeInterval).
+	ProbeInterval time.Duration
+	// RebalanceInterval between the starts of strategy rounds; negative
+	// disables them.
 	RebalanceInterval time.Duration
-	MaxMoves          int           // moves of live shards in flight
-	ReleaseGrace      time.Duration // unpark: keep diverting this long first; 0 means the default, negative none
-	Logger            *slog.Logger
+	// Settle: membership must be unchanged this long before a strategy
+	// round runs; 0 means DefaultSettle, negative none.
+	Settle       time.Duration
+	MaxMoves     int           // moves of live shards in flight
+	ReleaseGrace time.Duration // unpark: keep diverting this long first; 0 means the default, negative none
+	// HolderProbe: while another candidate holds the lease, probe it this
+	// often on its probe subject (CoordinatorInfo.Probe); 0 means
+	// DefaultHolderProbe, negative never (wait for the lease to expire).
+	HolderProbe time.Duration
+	// HolderSilence: depose the holder (compare-and-delete of its lease)
+	// once its probe subject has had no responders, probe after probe,
+	// for this long; 0 means DefaultHolderSilence.
+	HolderSilence time.Duration
+	// Disconnects, if set, reports the client connections the NATS
+	// servers close (DisconnectAdvisories): the leader then probes the
+	// region of a closed connection at once instead of at its next probe,
+	// and a candidate probes the lease holder at once. The probes stay the
+	// proof; without Disconnects they find the same, later.
+	Disconnects Disconnects
+	Logger      *slog.Logger
+	// Stats, when set, is kept up to date (stats.go); OnMove, when set,
+	// is told each shard move the leader saw end, on its goroutine: it
+	// must not block.
+	Stats  *Stats
+	OnMove func(Move)
 }
 
 func (c *Config) setDefaults() {
@@ -70,8 +121,14 @@ func (c *Config) setDefaults() {
 	if c.HandOffTimeout <= 0 {
 		c.HandOffTimeout = DefaultHandOffTimeout
 	}
+	if c.ProbeInterval <= 0 {
+		c.ProbeInterval = DefaultProbeInterval
+	}
 	if c.RebalanceInterval == 0 {
 		c.RebalanceInterval = DefaultRebalanceInterval
+	}
+	if c.Settle == 0 {
+		c.Settle = DefaultSettle
 	}
 	if c.MaxMoves <= 0 {
 		c.MaxMoves = DefaultMaxMoves
@@ -79,8 +136,17 @@ func (c *Config) setDefaults() {
 	if c.ReleaseGrace == 0 {
 		c.ReleaseGrace = DefaultReleaseGrace
 	}
+	if c.HolderProbe == 0 {
+		c.HolderProbe = DefaultHolderProbe
+	}
+	if c.HolderSilence <= 0 {
+		c.HolderSilence = DefaultHolderSilence
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Stats == nil {
+		c.Stats = &Stats{}
 	}
 }
 
@@ -90,12 +156,15 @@ func (c *Config) setDefaults() {
 type Node struct {
 	cfg Config
 	log *slog.Logger
+	// closed: connections the servers reported closed (Config.Disconnects),
+	// read by whichever of the leader or the candidate runs.
+	closed chan protocol.ConnID
 }
 
 // New returns a candidate; it does nothing until Run.
 func New(cfg Config) *Node {
 	cfg.setDefaults()
-	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator")}
+	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), closed: make(chan protocol.ConnID, 64)}
 }
 
 // Run campaigns and leads until ctx ends; then it releases the lease if it
@@ -105,8 +174,28 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.cfg.Conn == nil || n.cfg.Store == nil || n.cfg.Buffer == nil || n.cfg.Shards <= 0 {
 		return errors.New("coordinator: Conn, Store, Buffer and Shards are required")
 	}
+	probes, err := n.answerProbes()
+	if err != nil {
+		n.log.Warn("cannot answer probes on a coordinator subject: while this candidate leads, the others wait for its lease to expire if it dies", "err", err)
+	}
+	defer probes.stop()
+	if n.cfg.Disconnects != nil {
+		unsubscribe, err := n.cfg.Disconnects.Subscribe(func(c protocol.ConnID) {
+			select {
+			case n.closed <- c:
+			default: // full: the probes find it anyway
+			}
+		})
+		if err != nil {
+			n.log.Warn("cannot read the servers' disconnect advisories: dead regions are found by their probes only", "err", err)
+		} else {
+			defer unsubscribe()
+		}
+	}
+	holder := &silence{window: n.cfg.HolderSilence}
 	for ctx.Err() == nil {
-		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli()}
+		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli(),
+			Probe: probes.checked(ctx), Conn: protocol.ConnIDOf(n.cfg.Conn)}
 		sent := time.Now()
 		lease, err := n.cfg.Store.AcquireCoordinator(ctx, info, n.cfg.LeaseTTL)
 		switch {
@@ -123,32 +212,20 @@ func (n *Node) Run(ctx context.Context) error {
 				}
 			}
 			l := &leader{Node: n, info: info, lease: lease, renewedAt: sent}
+			n.cfg.Stats.Terms.Add(1)
+			n.cfg.Stats.Epoch.Store(info.Epoch)
+			n.cfg.Stats.Leading.Store(true)
 			l.run(ctx)
+			n.cfg.Stats.Leading.Store(false)
+			n.cfg.Stats.Epoch.Store(0)
 		case errors.Is(err, kvstate.ErrConflict):
-			n.waitForVacancy(ctx)
+			n.waitForVacancy(ctx, holder)
 		default:
 			n.log.Warn("cannot campaign for the coordinator lease", "err", err)
 			wait.Sleep(ctx, time.Second)
 		}
 	}
 	return nil
-}
-
-// waitForVacancy returns when the lease looks free (released or expired),
-// after LeaseTTL/2 at the latest, or when ctx ends.
-func (n *Node) waitForVacancy(ctx context.Context) {
-	wctx, cancel := context.WithTimeout(ctx, n.cfg.LeaseTTL/2)
-	defer cancel()
-	events, err := n.cfg.Store.WatchCoordinator(wctx)
-	if err != nil {
-		<-wctx.Done()
-		return
-	}
-	for ev := range events {
-		if !ev.Synced && ev.Info == nil {
-			return
-		}
-	}
 }
 
 // leader is one term of leadership: from taking the lease to losing or
@@ -163,6 +240,8 @@ type leader struct {
 	admin     chan *nats.Msg
 	parker    *parker
 	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
+	roundAt   time.Time                      // when the current rebalance round was planned
+	track     *moveTracker
 }
 
 var errStepDown = errors.New("coordinator: stepping down")
@@ -202,22 +281,32 @@ func (l *leader) lead(ctx context.Context) error {
 		return fmt.Errorf("read pins: %w", err)
 	}
 	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
-	rebalance := -1
+	rebalance, settle := -1, -1
 	if l.cfg.RebalanceInterval > 0 {
 		rebalance = ticks(l.cfg.RebalanceInterval)
 	}
+	if l.cfg.Settle > 0 {
+		settle = ticks(l.cfg.Settle)
+	}
 	core, acts := NewCore(CoreConfig{
 		Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
-		ProbeEvery: ticks(500 * time.Millisecond), Retry: ticks(time.Second),
-		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, MaxMoves: l.cfg.MaxMoves,
-		Pins: pins,
+		ProbeEvery: ticks(l.cfg.ProbeInterval), Retry: ticks(time.Second),
+		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, Settle: settle, MaxMoves: l.cfg.MaxMoves,
+		Pins: pins, Stats: l.cfg.Stats,
 	}, l.cfg.Region, epoch, table, regions)
 	l.core = core
+	l.track = newMoveTracker(l.cfg.Stats, l.cfg.OnMove, l.cfg.Shards, table)
+	defer l.track.stop()
 	l.events = make(chan Event, 1024)
 	l.admin = make(chan *nats.Msg, 16)
 	l.parker = newParker(l.cfg.Conn, l.cfg.Buffer, l.cfg.Subjects, l.log)
+	l.parker.stats = l.cfg.Stats
 	defer l.parker.stop()
-	l.log.Info("leading", "epoch", epoch, "regions", len(regions), "rows", len(table), "pins", len(pins))
+	ids := make([]string, len(regions))
+	for i, r := range regions {
+		ids[i] = r.Info.ID
+	}
+	l.log.Info("leading", "epoch", epoch, "regions", ids, "rows", len(table), "pins", len(pins))
 	l.seen = map[string]protocol.RegionInfo{}
 	for _, r := range core.Regions() {
 		l.seen[r.Info.ID] = r.Info
@@ -238,6 +327,7 @@ func (l *leader) lead(ctx context.Context) error {
 	defer tick.Stop()
 	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
 	defer renew.Stop()
+	reconnects := l.cfg.Conn.Stats().Reconnects
 	for {
 		var acts []Action
 		select {
@@ -258,13 +348,22 @@ func (l *leader) lead(ctx context.Context) error {
 		case ev := <-l.events:
 			acts = core.Step(ev)
 		case <-tick.C:
+			if r := l.cfg.Conn.Stats().Reconnects; r != reconnects {
+				// Back from a reconnect: if a candidate deposed this
+				// coordinator meanwhile (its probes found no responders),
+				// learn it now rather than at the next renewal.
+				reconnects = r
+				renew.Reset(0)
+			}
 			acts = core.Tick()
+		case c := <-l.closed:
+			acts = core.Step(ConnClosed{Conn: c})
 		case m := <-l.admin:
 			if err := l.answerAdmin(ctx, m); err != nil {
 				return err
 			}
 		}
-		l.announceRegions() // before the moves that a change of regions starts
+		l.announceRegions(acts) // before the moves that a change of regions starts
 		if err := l.execute(ctx, acts); err != nil {
 			return err
 		}
@@ -284,6 +383,7 @@ func (l *leader) renew(ctx context.Context) (bool, error) {
 		l.lease, l.renewedAt = lease, sent
 		return true, nil
 	}
+	l.cfg.Stats.RenewalsFailed.Add(1)
 	if errors.Is(err, kvstate.ErrConflict) {
 		return false, fmt.Errorf("%w: lease lost: %w", errStepDown, err)
 	}
@@ -305,6 +405,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			if _, err := l.cfg.Store.PutShard(ctx, l.lease, a.Record); err != nil {
 				return fmt.Errorf("%w: write shard %d: %w", errStepDown, a.Record.Shard, err)
 			}
+			l.track.written(a.Record, time.Now())
 			l.log.Debug("shard", "shard", a.Record.Shard, "region", a.Record.Region, "state", a.Record.State)
 			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &a.Record.Shard, State: string(a.Record.State), Region: a.Record.Region, Source: a.Record.Source})
 		case WritePin:
@@ -324,22 +425,44 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 		case Send:
 			go l.send(ctx, a)
 		case RemoveRegion:
-			l.log.Warn("region found dead: no responders on its command subject", "region", a.ID)
 			if err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); err != nil && !errors.Is(err, kvstate.ErrConflict) {
 				l.log.Warn("cannot remove dead region's registration", "region", a.ID, "err", err)
 			}
 		case StepDown:
 			return fmt.Errorf("%w: %s", errStepDown, a.Reason)
 		case Park:
+			if l.cfg.Durable {
+				continue // the stream keeps the shard's messages
+			}
 			if err := l.parker.park(a.Shard, a.Handoff); err != nil {
 				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
 			}
 		case Unpark:
+			if l.cfg.Durable {
+				go l.post(ctx, Unparked(a)) // no end marker: the new owner waits for none
+				continue
+			}
 			unparks = append(unparks, a)
 		case Mark:
+			if l.cfg.Durable {
+				go l.post(ctx, Marked(a))
+				continue
+			}
 			go l.mark(ctx, a)
 		case Warn:
 			l.log.Warn(a.Msg)
+		case RoundPlanned:
+			l.roundAt = time.Now()
+			l.log.Info("rebalance round", "round", a.Round, "moves", len(a.Moves), "from_to", movesSummary(a.Moves), "regions", countsSummary(a.Regions))
+			l.log.Debug("rebalance round's moves", "round", a.Round, "shards", shardsOf(a.Moves))
+		case RoundDone:
+			args := []any{"round", a.Round, "moved", a.Moved, "took", duration(time.Since(l.roundAt))}
+			if a.Dropped > 0 {
+				args = append(args, "dropped", a.Dropped, "why", a.Reason)
+			}
+			l.log.Info("rebalance round done", args...)
+		case NoRound:
+			l.log.Info("no rebalance round", "reason", a.Reason)
 		}
 	}
 	if len(unparks) > 0 {
@@ -431,6 +554,9 @@ func (l *leader) watchRegions(ctx context.Context) <-chan Event {
 			l.log.Warn("cannot watch regions; retrying", "err", err)
 			wait.Sleep(ctx, time.Second)
 		}
+		if events == nil {
+			return // ctx ended before a watch began (ranging over nil would block for ever)
+		}
 		var ids []string
 		synced := false
 		for ev := range events {
@@ -501,29 +627,44 @@ func (l *leader) publish(ev protocol.Event) {
 	}
 }
 
-// announceRegions publishes the regions that registered, started leaving
-// or are gone since the last call.
-func (l *leader) announceRegions() {
+// announceRegions logs and publishes the regions that registered, started
+// leaving or are gone since the last call; acts are the actions of the
+// step that changed them.
+func (l *leader) announceRegions(acts []Action) {
 	now := map[string]protocol.RegionInfo{}
 	for _, r := range l.core.Regions() {
 		now[r.Info.ID] = r.Info
 		old, ok := l.seen[r.Info.ID]
 		switch {
 		case ok && old.Incarnation != r.Info.Incarnation:
-			// The process behind the id restarted.
+			// The process behind the id restarted, or the region fenced
+			// itself and registered again, empty.
+			l.log.Info("region registered as a new incarnation: the old one's shards are re-homed", "region", r.Info.ID, "incarnation", r.Info.Incarnation, "was", old.Incarnation)
 			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: r.Info.ID})
-			fallthrough
+			l.publish(protocol.Event{Kind: protocol.EventRegionUp, Region: r.Info.ID})
+			if r.Info.Leaving {
+				l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+			}
 		case !ok:
+			l.log.Info("region joined", "region", r.Info.ID, "incarnation", r.Info.Incarnation, "version", r.Info.Version, "leaving", r.Info.Leaving)
 			l.publish(protocol.Event{Kind: protocol.EventRegionUp, Region: r.Info.ID})
 			if r.Info.Leaving {
 				l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
 			}
 		case r.Info.Leaving && !old.Leaving:
+			l.log.Info("region leaving: its shards are handed off", "region", r.Info.ID)
 			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+		case !r.Info.Leaving && old.Leaving:
+			l.publish(protocol.Event{Kind: protocol.EventUndrained, Region: r.Info.ID})
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(l.seen)) {
 		if _, ok := now[id]; !ok {
+			why := "its registration expired or was deleted"
+			if slices.ContainsFunc(acts, func(a Action) bool { r, ok := a.(RemoveRegion); return ok && r.ID == id }) {
+				why = "found dead: no responders on its command subject"
+			}
+			l.log.Info("region gone: its shards are re-homed", "region", id, "why", why)
 			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: id})
 		}
 	}

@@ -24,7 +24,13 @@ const shards = 16
 // kv on it.
 func openType(t *testing.T) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
 	t.Helper()
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	return openTypeOn(t, natstest.Connect(t, natstest.URL(natstest.RunServer(t))))
+}
+
+// openTypeOn opens (or binds) the KV bucket and the buffer of type kv on
+// connection nc.
+func openTypeOn(t *testing.T, nc *nats.Conn) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
+	t.Helper()
 	js := natstest.JetStream(t, nc)
 	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
 	if err != nil {

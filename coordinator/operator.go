@@ -4,16 +4,15 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
-	"slices"
 
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/strategies"
 )
 
 // This file holds the operators' requests that change what the strategy
-// decides: pins and rebalance rounds on demand (shardctl pin, unpin,
-// rebalance), and the admin API's decoding of every request but status.
-// Move and Drain are in core.go.
+// decides: pins, rebalance rounds on demand and undrain (shardctl pin,
+// unpin, rebalance, undrain), and the admin API's decoding of every
+// request but status. Move and Drain are in core.go.
 
 // AdminRequest decodes and applies an admin API request (JSON body data,
 // strictly decoded) for every verb but status, which the driver answers.
@@ -36,6 +35,11 @@ func (c *Core) AdminRequest(verb string, data []byte) (body any, acts []Action, 
 		if err = protocol.DecodeJSON(data, &req); err == nil {
 			acts, err = c.Drain(req.Region)
 		}
+	case protocol.AdminUndrain:
+		var req protocol.UndrainRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, note, err = c.Undrain(req.Region)
+		}
 	case protocol.AdminPin:
 		var req protocol.PinRequest
 		if err = protocol.DecodeJSON(data, &req); err == nil {
@@ -57,12 +61,51 @@ func (c *Core) AdminRequest(verb string, data []byte) (body any, acts []Action, 
 			return ans, acts, nil
 		}
 	default:
-		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, pin, unpin, rebalance)", verb)
+		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, undrain, pin, unpin, rebalance)", verb)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
 	return protocol.AdminOK{OK: true, Note: note}, acts, nil
+}
+
+// Undrain lets a drained region take shards again: the region clears its
+// leaving mark, and allocations and rebalance rounds count it again once
+// its registration says so. It is refused while the table gives the region
+// a shard (as owner or as the source of a move): a leaving region that
+// holds shards is being drained, or its process is stopping (SIGTERM marks
+// it leaving too), and the coordinator cannot tell which; a stopping
+// process exits as soon as it holds none. The region checks the same when
+// it obeys. Undraining a region that is not leaving does nothing.
+func (c *Core) Undrain(region string) (acts []Action, note string, err error) {
+	if err := protocol.ValidateName("region id", region); err != nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	r, ok := c.regions[region]
+	if !ok {
+		return nil, "", fmt.Errorf("%w: %q", ErrUnknownRegion, region)
+	}
+	if !r.Info.Leaving {
+		return nil, fmt.Sprintf("region %s is not leaving", region), nil
+	}
+	held := 0
+	for _, rec := range c.table {
+		owner := rec.Region == region && rec.Incarnation == r.Info.Incarnation
+		source := rec.Source == region && rec.SourceIncarnation == r.Info.Incarnation
+		if owner || source {
+			held++
+		}
+	}
+	if held > 0 {
+		shards := "shards"
+		if held == 1 {
+			shards = "shard"
+		}
+		return nil, "", fmt.Errorf("%w: region %s still holds %d %s: it is being drained, or its process is stopping; undrain it once it holds none (shardctl drain %s --wait)",
+			ErrRegionBusy, region, held, shards, region)
+	}
+	c.send(r, protocol.CmdUndrain, nil, nil)
+	return c.flush(), fmt.Sprintf("region %s takes shards again once its registration says so; rebalance rounds move shards to it", region), nil
 }
 
 // Pin pins shard to region: from now on the strategy allocates it there
@@ -95,6 +138,7 @@ func (c *Core) Pin(shard int, region string) (acts []Action, note string, err er
 	}
 	c.pins[shard] = region
 	c.strategy = strategies.NewExternal(c.pins, c.cfg.Strategy)
+	c.dropPlan("pins changed")
 	c.out = append(c.out, WritePin{Shard: shard, Region: region})
 	return c.flush(), note, nil
 }
@@ -110,6 +154,7 @@ func (c *Core) Unpin(shard int) (acts []Action, note string, err error) {
 	}
 	delete(c.pins, shard)
 	c.strategy = strategies.NewExternal(c.pins, c.cfg.Strategy)
+	c.dropPlan("pins changed")
 	c.out = append(c.out, WritePin{Shard: shard})
 	if r := c.table[shard].Region; r != "" {
 		note = fmt.Sprintf("shard %d stays on %s until a rebalance round moves it", shard, r)
@@ -122,66 +167,22 @@ func (c *Core) Pins() map[int]string { return maps.Clone(c.pins) }
 
 // Rebalance runs a strategy round now, whatever the rebalance interval
 // and recent membership changes (the strategy's own gates still hold:
-// most do nothing while shards are in progress). It returns the moves with
-// the region the strategy would place each shard on now, and, unless
-// dryRun, starts them (the target is chosen again when each shard has
-// paused). The periodic round counts from now.
+// most do nothing while shards are in progress, and no round starts while
+// another is open). It returns the moves with the region the strategy
+// would place each shard on now, and, unless dryRun, makes them the plan
+// of a new round, whose moves start as the bound on moves in flight
+// allows (each shard goes where the plan placed it, if that region can
+// still take it). The periodic round counts from now.
 func (c *Core) Rebalance(dryRun bool) (protocol.RebalanceAnswer, []Action) {
 	moves, busy := c.round()
-	ans := protocol.RebalanceAnswer{DryRun: dryRun, Moves: c.plan(moves), InProgress: busy}
+	planned := c.plan(moves)
+	ans := protocol.RebalanceAnswer{DryRun: dryRun, Moves: planned, InProgress: busy}
 	if dryRun {
 		return ans, nil
 	}
-	c.lastRound = c.tick
-	for _, sh := range moves {
-		c.startMove(sh)
-	}
+	c.lastRound, c.rounds.flux, c.rounds.follow = c.tick, false, false
+	c.startRound(planned, busy)
 	return ans, c.flush()
-}
-
-// plan predicts where moves go: all of them leave their regions first,
-// then each is placed through the strategy in order, as the coordinator
-// does when their handoffs complete (without offering a shard its own
-// source region).
-func (c *Core) plan(moves []int) []protocol.PlannedMove {
-	view := c.strategyView("")
-	moving := map[int]bool{}
-	for _, sh := range moves {
-		moving[sh] = true
-	}
-	for i := range view {
-		r := &view[i]
-		var shards []int
-		var load []strategies.ShardLoad
-		for j, sh := range r.Shards {
-			if moving[sh] {
-				continue
-			}
-			shards = append(shards, sh)
-			if j < len(r.Load) {
-				load = append(load, r.Load[j])
-			}
-		}
-		r.Shards, r.Load = shards, load
-	}
-	out := make([]protocol.PlannedMove, len(moves))
-	for k, sh := range moves {
-		from := c.table[sh].Region
-		offer := slices.DeleteFunc(slices.Clone(view), func(r strategies.Region) bool { return r.ID == from })
-		to, err := c.strategy.Allocate(sh, "", offer)
-		i := slices.IndexFunc(view, func(r strategies.Region) bool { return r.ID == to })
-		if err != nil || i < 0 || view[i].Leaving {
-			to = ""
-		} else {
-			r := &view[i]
-			if l, ok := c.load[sh]; ok && len(r.Load) == len(r.Shards) {
-				r.Load = append(slices.Clone(r.Load), l)
-			}
-			r.Shards = append(slices.Clone(r.Shards), sh)
-		}
-		out[k] = protocol.PlannedMove{Shard: sh, From: from, To: to}
-	}
-	return out
 }
 
 func (c *Core) checkShard(shard int) error {

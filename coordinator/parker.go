@@ -21,6 +21,7 @@ type parker struct {
 	buffer   *kvstate.Buffer
 	subjects protocol.Subjects
 	log      *slog.Logger
+	stats    *Stats // set by the leader; nil counts nothing
 
 	mu     sync.Mutex
 	parked map[int]*parked
@@ -49,6 +50,9 @@ func (p *parker) park(shard int, handoff uint64) error {
 		if trace {
 			p.log.Debug("parked a message", "shard", shard, "msg_id", m.Header.Get(protocol.HeaderMsgID))
 		}
+		if p.stats != nil {
+			p.stats.ParkedMessages.Add(1)
+		}
 		p.buffer.Append(shard, m, p.failed)
 	})
 	if err != nil {
@@ -62,9 +66,12 @@ func (p *parker) park(shard int, handoff uint64) error {
 // failed makes a refused append visible: an error reply to a request, and a
 // log line.
 func (p *parker) failed(m *nats.Msg, err error) {
+	if p.stats != nil {
+		p.stats.ParkRefused.Add(1)
+	}
 	p.log.Warn("a parked shard's message could not be buffered", "subject", m.Subject, "err", err)
 	if m.Reply != "" {
-		_ = p.nc.PublishMsg(protocol.ErrorReply(m.Reply, nil, fmt.Errorf("not buffered: %w", err)))
+		_ = p.nc.PublishMsg(protocol.RefusedReply(m.Reply, protocol.RefusedMoving, nil, fmt.Errorf("not buffered: %w", err)))
 	}
 }
 

@@ -25,10 +25,14 @@ type sim struct {
 	intercept func(s Send) (CommandDone, bool)
 	warnings  []string
 	stepDowns int
+	rounds    []RoundPlanned // rebalance rounds reported
+	done      []RoundDone
+	noRounds  []string // reasons reported for no round
 }
 
 type simRegion struct {
 	id, inc string
+	conn    protocol.ConnID // its NATS connection, as its registration names it
 	dead    bool
 	modes   map[int]string  // shard -> live, hold, divert
 	holdFor map[int]uint64  // shard in hold -> marker it waits for
@@ -44,14 +48,15 @@ func newSim(t *testing.T, cfg CoreConfig) *sim {
 }
 
 func (s *sim) join(id string) {
-	r := &simRegion{id: id, inc: id + "-1", modes: map[int]string{}, holdFor: map[int]uint64{}, rates: map[int]float64{}}
+	r := &simRegion{id: id, inc: id + "-1", conn: protocol.ConnID{Server: "srv", Client: uint64(len(s.regions) + 1)},
+		modes: map[int]string{}, holdFor: map[int]uint64{}, rates: map[int]float64{}}
 	s.regions[id] = r
-	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc}, Revision: 1}}))
+	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Conn: r.conn}, Revision: 1}}))
 }
 
 func (s *sim) leave(id string) {
 	r := s.regions[id]
-	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Leaving: true}, Revision: 2}}))
+	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Leaving: true, Conn: r.conn}, Revision: 2}}))
 }
 
 // crash kills a region; the core finds out through a probe.
@@ -70,30 +75,43 @@ func (s *sim) ticks(n int) {
 }
 
 // run carries out actions, and the actions that their outcomes cause,
-// until none is left.
+// until none is left. The invariants are checked after every action for
+// the shards it is about, and for all shards at the end.
 func (s *sim) run(acts []Action) {
 	for len(acts) > 0 {
 		a := acts[0]
 		acts = acts[1:]
 		var ev Event
+		var about []int
 		switch a := a.(type) {
 		case WriteShard:
 			s.table[a.Record.Shard] = a.Record
+			about = []int{a.Record.Shard}
 		case Send:
 			ev = s.answer(a)
+			about = a.Command.Shards
 		case Park:
 			s.parked[a.Shard] = a.Handoff
+			about = []int{a.Shard}
 		case Unpark:
 			delete(s.parked, a.Shard)
 			s.mark(a.Shard, a.Handoff)
 			ev = Unparked(a)
+			about = []int{a.Shard}
 		case Mark:
 			s.mark(a.Shard, a.Handoff)
 			ev = Marked(a)
+			about = []int{a.Shard}
 		case Warn:
 			s.warnings = append(s.warnings, a.Msg)
 		case StepDown:
 			s.stepDowns++
+		case RoundPlanned:
+			s.rounds = append(s.rounds, a)
+		case RoundDone:
+			s.done = append(s.done, a)
+		case NoRound:
+			s.noRounds = append(s.noRounds, a.Reason)
 		case WritePin:
 			if a.Region == "" {
 				delete(s.pins, a.Shard)
@@ -101,11 +119,14 @@ func (s *sim) run(acts []Action) {
 				s.pins[a.Shard] = a.Region
 			}
 		}
-		s.check()
+		for _, sh := range about {
+			s.checkShard(sh)
+		}
 		if ev != nil {
 			acts = append(acts, s.c.Step(ev)...)
 		}
 	}
+	s.check()
 }
 
 func (s *sim) mark(sh int, h uint64) {
@@ -179,32 +200,41 @@ func (s *sim) answer(send Send) Event {
 func (s *sim) check() {
 	s.t.Helper()
 	for sh := range s.c.cfg.Shards {
-		var live, divert []string
-		for _, id := range slices.Sorted(maps.Keys(s.regions)) {
-			r := s.regions[id]
-			if r.dead {
-				continue
-			}
-			switch r.modes[sh] {
-			case "live":
-				live = append(live, id)
-			case "divert":
-				divert = append(divert, id)
-			}
+		s.checkShard(sh)
+	}
+}
+
+// checkShard asserts the invariants for shard sh.
+func (s *sim) checkShard(sh int) {
+	s.t.Helper()
+	if sh < 0 || sh >= s.c.cfg.Shards {
+		return
+	}
+	var live, divert []string
+	for _, id := range slices.Sorted(maps.Keys(s.regions)) {
+		r := s.regions[id]
+		if r.dead {
+			continue
 		}
-		if _, ok := s.parked[sh]; ok {
-			divert = append(divert, "coordinator")
+		switch r.modes[sh] {
+		case "live":
+			live = append(live, id)
+		case "divert":
+			divert = append(divert, id)
 		}
-		if len(live) > 1 {
-			s.t.Fatalf("shard %d is live in %v", sh, live)
-		}
-		if len(live) == 1 && len(divert) > 0 {
-			s.t.Fatalf("shard %d is live in %s while %v divert it", sh, live[0], divert)
-		}
-		// A shard the table records as parked is caught by the coordinator.
-		if rec := s.table[sh]; rec.State == protocol.StateParked && s.parked[sh] == 0 {
-			s.t.Fatalf("shard %d is parked in the table but nobody diverts it", sh)
-		}
+	}
+	if _, ok := s.parked[sh]; ok {
+		divert = append(divert, "coordinator")
+	}
+	if len(live) > 1 {
+		s.t.Fatalf("shard %d is live in %v", sh, live)
+	}
+	if len(live) == 1 && len(divert) > 0 {
+		s.t.Fatalf("shard %d is live in %s while %v divert it", sh, live[0], divert)
+	}
+	// A shard the table records as parked is caught by the coordinator.
+	if rec := s.table[sh]; rec.State == protocol.StateParked && s.parked[sh] == 0 {
+		s.t.Fatalf("shard %d is parked in the table but nobody diverts it", sh)
 	}
 }
 

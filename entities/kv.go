@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math/big"
 
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/region"
 )
@@ -35,17 +36,24 @@ var (
 
 // KV returns the factory of kv entities: persistent JSON documents stored in
 // store under the entity id (see the package documentation). The factory
-// loads the document; a missing state is an empty document.
+// loads the document; a missing state is an empty document. With a nil
+// store, each entity's is its type's own (its natshard.Env's Store), as in
+// shardd.
 func KV(store StateStore) region.Factory {
-	if store == nil {
-		panic("entities: KV with a nil StateStore")
-	}
 	return func(ctx context.Context, id string) (region.Entity, error) {
-		doc, rev, err := loadDocument(ctx, store, id)
-		if err != nil {
+		store := store
+		if store == nil {
+			env := natshard.EnvFrom(ctx)
+			if env == nil {
+				return nil, errors.New("entities: a kv entity with no store outside a natshard node")
+			}
+			store = env.Store
+		}
+		e := &kvEntity{store: store, id: id}
+		if err := e.load(ctx); err != nil {
 			return nil, err
 		}
-		return &kvEntity{store: store, id: id, doc: doc, rev: rev}, nil
+		return e, nil
 	}
 }
 
@@ -56,25 +64,47 @@ type kvEntity struct {
 	id    string
 	doc   map[string]any // never nil; values as decoded with UseNumber
 	rev   uint64         // revision of doc in the store; 0: not stored yet
+	seq   uint64         // stream sequence of the message doc applied last (durable delivery)
 }
 
-// loadDocument reads the document of id.
-func loadDocument(ctx context.Context, store StateStore, id string) (map[string]any, uint64, error) {
-	data, rev, err := store.LoadEntity(ctx, id)
+// load reads the document, and in durable delivery (a store that keeps
+// it) the sequence of the message it applied last.
+func (e *kvEntity) load(ctx context.Context) error {
+	var (
+		data     []byte
+		rev, seq uint64
+		err      error
+	)
+	if ss, ok := e.store.(natshard.SeqStore); ok {
+		data, rev, seq, err = ss.LoadEntitySeq(ctx, e.id)
+	} else {
+		data, rev, err = e.store.LoadEntity(ctx, e.id)
+	}
 	if errors.Is(err, kvstate.ErrNotFound) {
-		return map[string]any{}, 0, nil
+		e.doc, e.rev, e.seq = map[string]any{}, 0, 0
+		return nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("load state of %q: %w", id, err)
+		return fmt.Errorf("load state of %q: %w", e.id, err)
 	}
 	var doc map[string]any
 	if err := decodeStrict(data, &doc); err != nil || doc == nil {
 		if err == nil {
 			err = errors.New("not a JSON object")
 		}
-		return nil, 0, fmt.Errorf("load state of %q: %w: %v", id, kvstate.ErrMalformed, err)
+		return fmt.Errorf("load state of %q: %w: %v", e.id, kvstate.ErrMalformed, err)
 	}
-	return doc, rev, nil
+	e.doc, e.rev, e.seq = doc, rev, seq
+	return nil
+}
+
+// save writes next at the revision held, with the applied sequence seq
+// when the store keeps it.
+func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64) (uint64, error) {
+	if ss, ok := e.store.(natshard.SeqStore); ok {
+		return ss.SaveEntitySeq(ctx, e.id, next, e.rev, max(seq, e.seq))
+	}
+	return e.store.SaveEntity(ctx, e.id, next, e.rev)
 }
 
 // decodeStrict decodes exactly one JSON value from data, keeping numbers as
@@ -264,7 +294,14 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 	if err != nil {
 		return failure(err)
 	}
+	seq := region.SeqFrom(ctx)
 	for attempt := 0; ; attempt++ {
+		if seq != 0 && seq <= e.seq && r.op != "get" {
+			// Given again after a crash: applied already. The answer
+			// is the value now (later messages may have changed it).
+			_, value, _ := apply(e.doc, kvRequest{op: "get", key: r.key, hasK: true})
+			return success(value)
+		}
 		next, value, err := apply(e.doc, r)
 		if err != nil {
 			return failure(err)
@@ -279,20 +316,22 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		if len(data) > MaxDocumentSize {
 			return failure(fmt.Errorf("%w: %d bytes after %s, at most %d", ErrDocumentTooLarge, len(data), r.op, MaxDocumentSize))
 		}
-		rev, err := e.store.SaveEntity(ctx, e.id, data, e.rev)
+		rev, err := e.save(ctx, data, seq)
 		if err == nil {
 			e.doc, e.rev = next, rev
+			if seq != 0 {
+				e.seq = seq
+			}
 			return success(value)
 		}
 		if !errors.Is(err, kvstate.ErrConflict) || attempt > 0 {
 			return failure(fmt.Errorf("save state: %w", err))
 		}
-		// Someone else wrote the state: take theirs and apply once more.
-		doc, rev, lerr := loadDocument(ctx, e.store, e.id)
-		if lerr != nil {
+		// Someone else wrote the state: take theirs and apply once more
+		// (unless theirs applied this message already).
+		if lerr := e.load(ctx); lerr != nil {
 			return failure(fmt.Errorf("save state: %w; reload: %w", err, lerr))
 		}
-		e.doc, e.rev = doc, rev
 	}
 }
 

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,8 +11,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +24,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/protocol"
 )
@@ -38,6 +43,7 @@ func TestAuthRoles(t *testing.T) {
 	ctlAuth(t, "auth", "init", "--dir", dir, "--types", "kv")
 	ctlAuth(t, "auth", "user", "region", "region-other", "--dir", dir, "--types", "other")
 	ctlAuth(t, "auth", "user", "admin", "admin-other", "--dir", dir, "--types", "other")
+	ctlAuth(t, "auth", "user", "publisher", "publisher-other", "--dir", dir, "--types", "other")
 	creds := func(name string) string { return filepath.Join(dir, name+".creds") }
 
 	port := freePort(t)
@@ -48,13 +54,17 @@ func TestAuthRoles(t *testing.T) {
 
 	admin := dialAs(t, url, creds("admin"))
 	common := []string{"--nats", url, "--rebalance-interval", "0", "--min-regions", "2"}
+	web := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // a's shard map, with region credentials
 	procs := []*proc{
-		startShardd(t, "a", append(common, "--creds", creds("region"), "--region", "a", "--type", "kv")...),
+		startShardd(t, "a", append(common, "--creds", creds("region"), "--region", "a", "--type", "kv", "--http", web)...),
 		startShardd(t, "b", append(common, "--creds", creds("region"), "--region", "b", "--type", "kv")...),
-		startShardd(t, "o", append(common, "--creds", creds("region-other"), "--region", "o", "--type", "other", "--min-regions", "1")...),
+		// Type other delivers durably and remembers its entities: the
+		// region role covers the message stream, the reminders and the
+		// remembered entities.
+		startShardd(t, "o", append(common, "--creds", creds("region-other"), "--region", "o", "--type", "other", "--min-regions", "1", "--delivery", "durable", "--remember")...),
 	}
 	st := waitSettled(t, admin.nc, kv, 60*time.Second, "a", "b")
-	waitSettled(t, dialAs(t, url, creds("admin-other")).nc, protocol.MustSubjects("", "", "other"), 60*time.Second, "o")
+	stOther := waitSettled(t, dialAs(t, url, creds("admin-other")).nc, protocol.MustSubjects("", "", "other"), 60*time.Second, "o")
 
 	// The publisher does its job: requests to kv entities, answered.
 	pub := dialAs(t, url, creds("publisher"))
@@ -67,6 +77,39 @@ func TestAuthRoles(t *testing.T) {
 		t.Fatalf("publisher request: %v %v", out, err)
 	}
 
+	// A durable request to type other, as a publisher in any language
+	// sends it (docs/PROTOCOL.md): a JetStream publish whose PubAck says
+	// it is stored, the answer on the inbox in Natshard-Reply. It is
+	// answered by o, and its entity remembered.
+	otherPub := dialAs(t, url, creds("publisher-other"))
+	inbox := nats.NewInbox()
+	answers, err := otherPub.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(otherPub.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm := nats.NewMsg(protocol.MustSubjects("", "", "other").EntityOf("order-7", stOther.Shards))
+	dm.Data = []byte(`{"op":"set","key":"n","value":1}`)
+	dm.Header.Set(protocol.HeaderReply, inbox)
+	if _, err := js.PublishMsg(rctx, dm); err != nil {
+		t.Fatalf("durable request to type other: the stream did not take it: %v", err)
+	}
+	if ans, err := answers.NextMsg(20 * time.Second); err != nil || !strings.Contains(string(ans.Data), `"ok":true`) {
+		t.Fatalf("durable request to type other: %v %v", ans, err)
+	}
+	// And with natshard's Client on an admin's connection: its private
+	// inbox gets the answer too.
+	otherAdmin := dialAs(t, url, creds("admin-other"))
+	if out, err := natshard.NewClient(otherAdmin.nc).Request(rctx, "other", "order-8", []byte(`{"op":"set","key":"n","value":2}`)); err != nil || !strings.Contains(string(out), `"ok":true`) {
+		t.Fatalf("durable request to type other with the Client: %s %v", out, err)
+	}
+	if got := ctlAuth(t, "--nats", url, "--creds", creds("admin-other"), "--type", "other", "--json", "region", "o"); !strings.Contains(got, "order-7") {
+		t.Errorf("region o's query does not list entity order-7:\n%s", got)
+	}
+
 	// The admin does its job: shardctl with admin credentials.
 	for _, args := range [][]string{{"status"}, {"shards"}, {"stats"}, {"regions"}, {"locate", "order-42"}, {"region", "a"}, {"request", "order-42", `{"op":"get"}`}} {
 		ctlAuth(t, append([]string{"--nats", url, "--creds", creds("admin")}, args...)...)
@@ -77,6 +120,22 @@ func TestAuthRoles(t *testing.T) {
 	// stream, replay it and answer replayed requests).
 	shard := protocol.ShardOf("order-42", st.Shards)
 	to := map[string]string{"a": "b", "b": "a"}[owners(st)[shard]]
+	// a's shard map follows it: the region role may watch the events.
+	events, err := http.Get("http://" + web + "/ui/api/events?type=kv")
+	if err != nil || events.StatusCode != http.StatusOK {
+		t.Fatalf("the shard map's events: %v %v", err, events)
+	}
+	defer events.Body.Close()
+	active := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(events.Body)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), fmt.Sprintf(`"shard":%d,"state":"active","region":%q`, shard, to)) {
+				close(active)
+				return
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	var failed []error
 	var mu sync.Mutex
@@ -117,6 +176,21 @@ func TestAuthRoles(t *testing.T) {
 	wg.Wait()
 	if len(failed) > 0 {
 		t.Fatalf("%d requests failed during the move, first: %v", len(failed), failed[0])
+	}
+	select {
+	case <-active:
+	case <-time.After(20 * time.Second):
+		t.Errorf("the shard map's event stream did not say that shard %d is active on %s", shard, to)
+	}
+	// And it may ask the coordinator's status and every region's query.
+	resp, err := http.Get("http://" + web + "/ui/api/regions?type=kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || strings.Contains(string(body), `"error"`) || !strings.Contains(string(body), `"region":"b","answer"`) {
+		t.Errorf("the shard map's regions with region credentials: %s %s", resp.Status, body)
 	}
 
 	// Outside their roles, the server refuses them.

@@ -280,6 +280,30 @@ func parkedOf(region string, before map[int]string) func(protocol.Event) bool {
 	}
 }
 
+// activeOf matches a shard of region (before) made active elsewhere.
+func activeOf(region string, before map[int]string) func(protocol.Event) bool {
+	return func(ev protocol.Event) bool {
+		return ev.Kind == protocol.EventShard && ev.State == string(protocol.StateActive) && ev.Shard != nil && before[*ev.Shard] == region && ev.Region != region
+	}
+}
+
+// lastSince formats the time from t0 to the last matching event, or "not
+// seen".
+func (e *events) lastSince(t0 time.Time, match func(protocol.Event) bool) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var last time.Time
+	for _, ev := range e.got {
+		if !ev.at.Before(t0) && match(ev.Event) {
+			last = ev.at
+		}
+	}
+	if last.IsZero() {
+		return "not seen"
+	}
+	return last.Sub(t0).Round(time.Millisecond).String()
+}
+
 // since formats the time from t0 to the first matching event, or "not seen".
 func (e *events) since(t0 time.Time, match func(protocol.Event) bool) string {
 	if ev, ok := e.first(t0, match); ok {

@@ -21,8 +21,9 @@ var binDir string
 
 // TestMain builds the binaries the tests run: shardd and shardctl (with the
 // race detector when the tests run with it), a shardd without it for the
-// load test (which measures throughput), and nats-server from its module
-// for tests that need a NATS cluster of separate processes.
+// load test (which measures throughput), nats-server from its module for
+// tests that need a NATS cluster of separate processes, and the library's
+// example programs examples/shop and examples/jobs.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "natshard-bin-")
 	if err != nil {
@@ -41,6 +42,8 @@ func TestMain(m *testing.M) {
 		{"shardctl", "github.com/natshard/natshard/cmd/shardctl", nil},
 		{"shardd-fast", "github.com/natshard/natshard/cmd/shardd", nil},
 		{"nats-server", "github.com/nats-io/nats-server/v2", nil},
+		{"shop", "github.com/natshard/natshard/examples/shop", race},
+		{"jobs", "github.com/natshard/natshard/examples/jobs/cmd/jobs", race},
 	}
 	for _, b := range builds {
 		args := append(append([]string{"build"}, b.flags...), "-o", filepath.Join(dir, b.out), b.pkg)
@@ -79,15 +82,21 @@ func startProcess(t *testing.T, bin, name string, args ...string) *proc {
 	return startProcessOn(t, nil, bin, name, args...)
 }
 
-// startProcessOn starts one of the binaries TestMain built on host h (in
-// its network namespace), or on this machine when h is nil.
+// startProcessOn starts one of the binaries TestMain built (or, given
+// an absolute path, that program) on host h (in its network namespace),
+// or on this machine when h is nil.
 func startProcessOn(t *testing.T, h *netHost, bin, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, name: name, log: &natstest.Buffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
+	path := bin
+	if !filepath.IsAbs(bin) {
+		path = filepath.Join(binDir, bin)
+	}
+	bin = filepath.Base(bin)
+	p.cmd = exec.Command(path, args...)
 	if h != nil {
 		// ip netns exec execs the program: the pid is shardd's own.
-		p.cmd = exec.Command("ip", append([]string{"netns", "exec", h.name, filepath.Join(binDir, bin)}, args...)...)
+		p.cmd = exec.Command("ip", append([]string{"netns", "exec", h.name, path}, args...)...)
 	}
 	p.cmd.Env = append(os.Environ(), "NATS_URL=", "NATSHARD_LOG_LEVEL=debug")
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

@@ -5,6 +5,7 @@ package kvstate
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -28,7 +29,19 @@ var (
 	ErrUnavailable = errors.New("kvstate: unavailable")
 	// ErrMalformed: a stored value does not decode.
 	ErrMalformed = errors.New("kvstate: malformed value")
+	// ErrNoSpace: JetStream refused a write for lack of space (a server's
+	// store full, an account at its storage limit, a stream at its max
+	// bytes), or a budget refused it to keep a stream's reserve for the
+	// writes that must not fail (space.go). The error says which. It is
+	// also ErrUnavailable: the same write may pass once space is freed.
+	ErrNoSpace error = noSpaceError{}
 )
+
+// noSpaceError is ErrNoSpace's type: it is also ErrUnavailable.
+type noSpaceError struct{}
+
+func (noSpaceError) Error() string { return "kvstate: no space" }
+func (noSpaceError) Unwrap() error { return ErrUnavailable }
 
 // Options configure Open.
 type Options struct {
@@ -36,6 +49,15 @@ type Options struct {
 	Replicas int
 	// Timeout bounds each operation whose context has no deadline; 0 means 5s.
 	Timeout time.Duration
+	// MaxBytes of the bucket's stream when it is created (a reservation in
+	// the JetStream store, see space.go); 0 or less: no limit. An existing
+	// bucket keeps its own. With a limit, entity state writes are refused
+	// (ErrNoSpace) once the bucket reaches its reserve (reserveFor), which
+	// is kept for leases, registrations and the shard table.
+	MaxBytes int64
+	// Logger, when set, gets a warning when the bucket has no byte limit,
+	// and at most every 10 s while writes are refused for lack of space.
+	Logger *slog.Logger
 }
 
 // Lease is a held key with a time to live, renewed by compare-and-set.

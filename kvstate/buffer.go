@@ -109,9 +109,15 @@ var noRetry = jetstream.WithRetryAttempts(0)
 
 // BufferOptions configure OpenBuffer.
 type BufferOptions struct {
-	Replicas    int           // of the stream; 0 means 1
-	MaxPerShard int64         // messages per shard; 0 means DefaultBufferPerShard
-	Timeout     time.Duration // per operation when ctx has none; 0 means 5s
+	Replicas    int   // of the stream; 0 means 1
+	MaxPerShard int64 // messages per shard; 0 means DefaultBufferPerShard
+	// MaxBytes of the stream when it is created (a reservation in the
+	// JetStream store, see space.go); 0 or less: no limit. An existing
+	// stream keeps its own. With a limit, Append refuses messages
+	// (ErrBufferFull and ErrNoSpace) once the stream reaches its reserve,
+	// which is kept for end markers.
+	MaxBytes int64
+	Timeout  time.Duration // per operation when ctx has none; 0 means 5s
 	// Logger, when set, gets a warning every replayWatch while a Replay
 	// waits for its end marker, with what its consumer says.
 	Logger *slog.Logger
@@ -136,6 +142,9 @@ type Buffer struct {
 
 	stream jetstream.Stream
 	name   string // of the stream
+
+	space    *budget // nil: the stream has no byte limit
+	spaceLog *spaceLog
 
 	mu       sync.Mutex
 	pending  map[*nats.Msg]appendRec // buffered message -> its Append
@@ -227,6 +236,7 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		DiscardNewPerSubject: true,
 		Duplicates:           bufferDuplicates,
 		MaxAge:               bufferMaxAge,
+		MaxBytes:             max(opts.MaxBytes, -1),
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		stream, err = own.Stream(ctx, b.name)
@@ -239,6 +249,14 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		return nil, translate(fmt.Errorf("open buffer stream %s: %w", b.name, err), ErrConflict)
 	}
 	b.stream = stream
+	info := stream.CachedInfo()
+	b.spaceLog = newSpaceLog(opts.Logger, b.name, info.Config.MaxBytes)
+	b.space = newBudget(b.name, info.Config.MaxBytes, int64(info.State.Bytes), "a moving shard's message",
+		streamBytes(own, b.name))
+	if b.space == nil && opts.Logger != nil {
+		opts.Logger.Warn("the type's buffer stream has no byte limit: a full JetStream store would stop the type's leases (docs/OPERATIONS.md, Storage); set one with nats stream edit --max-bytes",
+			"stream", b.name)
+	}
 	return b, nil
 }
 
@@ -280,6 +298,12 @@ func bufferErr(err error) error {
 	var api *jetstream.APIError
 	if errors.As(err, &api) && api.ErrorCode == codeStoreFailed && strings.Contains(api.Description, msgMaxPerSubject) {
 		return fmt.Errorf("%w: %w", ErrBufferFull, err)
+	}
+	if errors.Is(err, ErrNoSpace) {
+		return fmt.Errorf("%w: %w", ErrBufferFull, err)
+	}
+	if cause := noSpaceCause(err); cause != "" {
+		return fmt.Errorf("%w: %w: %s: %w", ErrBufferFull, ErrNoSpace, cause, err)
 	}
 	if errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -335,6 +359,10 @@ func (b *Buffer) Append(shard int, m *nats.Msg, failed func(m *nats.Msg, err err
 		b.refused(nil, bm, errors.New("kvstate: append of a message without subject"))
 		return
 	}
+	if err := b.space.admit(context.Background(), b.size(bm), false); err != nil {
+		b.refused(nil, bm, err)
+		return
+	}
 	if _, err := b.js.PublishMsgAsync(bm, noRetry, jetstream.WithStallWait(bufferStallWait)); err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("kvstate: a message of %d bytes does not fit the server's max_payload of %d bytes with the buffer's headers: %w",
@@ -360,8 +388,23 @@ func (b *Buffer) take(bm *nats.Msg) (appendRec, bool) {
 // the context's reply subscription and must not block.
 func (b *Buffer) acked(_ jetstream.JetStream, bm *nats.Msg, _ *jetstream.PubAck) {
 	if rec, ok := b.take(bm); ok {
+		b.space.add(b.size(bm))
 		b.done(rec.epoch)
 	}
+}
+
+// size is about what bm takes in the stream (space.go).
+func (b *Buffer) size(bm *nats.Msg) int64 {
+	if b.space == nil {
+		return 0
+	}
+	hdr := 0
+	for k, vs := range bm.Header {
+		for _, v := range vs {
+			hdr += len(k) + len(v) + 4
+		}
+	}
+	return msgSize(bm.Subject, hdr, len(bm.Data))
 }
 
 // refused is the JetStream context's error handler, also called for
@@ -381,6 +424,7 @@ func (b *Buffer) refused(_ jetstream.JetStream, bm *nats.Msg, err error) {
 		return
 	}
 	err = bufferErr(err)
+	b.spaceLog.noteIfNoSpace(err)
 	go func() {
 		defer b.done(rec.epoch)
 		rec.failed(rec.orig, err)
@@ -666,7 +710,7 @@ func (r *replay) watch(ctx context.Context, log *slog.Logger) (stop func()) {
 	mu.Lock()
 	defer mu.Unlock()
 	t = time.AfterFunc(replayWatch, func() {
-		args := []any{"waiting", time.Since(began).Round(time.Millisecond), "read", r.read.Load(), "fetches", r.fetches.Load()}
+		args := []any{"waiting", time.Since(began).Round(time.Millisecond).String(), "read", r.read.Load(), "fetches", r.fetches.Load()}
 		r.mu.Lock()
 		cons := r.cons
 		r.mu.Unlock()

@@ -137,8 +137,9 @@ func mark(t *testing.T, b *kvstate.Buffer, shard int, handoff uint64) uint64 {
 }
 
 // fidelityMsg is the i-th message of the fidelity test for shard: plain,
-// with a reply subject, with headers (Nats-Msg-Id, several values, names
-// JetStream or natshard would interpret), on multi-token subjects.
+// with a reply subject, with headers (Nats-Msg-Id, several values, W3C
+// trace context, names JetStream or natshard would interpret), on
+// multi-token subjects.
 func fidelityMsg(s protocol.Subjects, shard, i int) *nats.Msg {
 	id := fmt.Sprintf("s%d-%d", shard, i)
 	switch i % 6 {
@@ -153,6 +154,10 @@ func fidelityMsg(s protocol.Subjects, shard, i int) *nats.Msg {
 				protocol.HeaderMsgID: {"id-" + id},
 				"X-Single":           {"v" + id},
 				"X-Multi":            {"a", "b", "c"},
+				// W3C trace context, lowercase as the spec writes it (header
+				// names are case-sensitive): a trace continues across a move.
+				"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+				"tracestate":  {"natshard=" + id},
 			},
 			Data: []byte("headers " + id),
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,7 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 		fn   func(t *testing.T, newStore func(t *testing.T) *Store)
 	}{
 		{"Config", testConfig},
+		{"RememberedEntities", testRememberedEntities},
 		{"OpenTwice", testOpenTwice},
 		{"CoordinatorAcquire", testCoordinatorAcquire},
 		{"CoordinatorRenewAndExpiry", testCoordinatorRenewAndExpiry},
@@ -124,6 +126,23 @@ func testConfig(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if _, err := s.EnsureConfig(ctx, protocol.TypeConfig{Shards: 0}); err == nil {
 		t.Fatal("EnsureConfig(0 shards) succeeded")
+	}
+
+	// The entity kind: a process hosting another kind is refused; one
+	// that names none, or a bucket that stores none, accepts any.
+	k := newStore(t)
+	if _, err := k.EnsureConfig(ctx, protocol.TypeConfig{Shards: 8, Kind: "kv"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = peer(t, k, "").EnsureConfig(ctx, protocol.TypeConfig{Shards: 8, Kind: "echo"})
+	if !errors.Is(err, ErrConfigMismatch) || got.Kind != "kv" || !strings.Contains(err.Error(), `"kv"`) || !strings.Contains(err.Error(), `"echo"`) {
+		t.Fatalf("EnsureConfig(kind echo) over kv = %+v, %v; want ErrConfigMismatch naming both", got, err)
+	}
+	if got, err := peer(t, k, "").EnsureConfig(ctx, protocol.TypeConfig{Shards: 8}); err != nil || got.Kind != "kv" {
+		t.Fatalf("EnsureConfig(no kind) over kv = %+v, %v", got, err)
+	}
+	if got, err := p.EnsureConfig(ctx, protocol.TypeConfig{Shards: 64, Kind: "echo"}); err != nil || got.Kind != "" {
+		t.Fatalf("EnsureConfig(kind echo) over a config without kind = %+v, %v", got, err)
 	}
 }
 
@@ -587,6 +606,9 @@ func testRegistry(t *testing.T, newStore func(t *testing.T) *Store) {
 	if l1b, err = s.Renew(ctx, l1b, regionInfo("r1", "i2")); err != nil {
 		t.Fatal(err)
 	}
+	if info, rev, err := s.Region(ctx, "r1"); err != nil || info.Incarnation != "i2" || rev != l1b.Revision {
+		t.Fatalf("Region(r1) = %+v at %d, %v; want incarnation i2 at %d", info, rev, err, l1b.Revision)
+	}
 	if err := s.RemoveRegion(ctx, "r1", l1.Revision); !errors.Is(err, ErrConflict) {
 		t.Fatalf("RemoveRegion at an old revision: %v, want ErrConflict", err)
 	}
@@ -595,6 +617,9 @@ func testRegistry(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if _, err := s.Renew(ctx, l1b, regionInfo("r1", "i2")); !errors.Is(err, ErrConflict) {
 		t.Fatalf("Renew of a removed registration: %v, want ErrConflict", err)
+	}
+	if _, _, err := s.Region(ctx, "r1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Region of a removed registration: %v, want ErrNotFound", err)
 	}
 	rs, err = s.Regions(ctx)
 	if err != nil || len(rs) != 1 || rs[0].Info.ID != "r2" || rs[0].Revision != l2.Revision {
@@ -769,6 +794,26 @@ func testEntities(t *testing.T, newStore func(t *testing.T) *Store) {
 	if err != nil || string(data) != "two" || rev != r2 {
 		t.Fatalf("LoadEntity = %q, %d, %v; want two at %d", data, rev, err, r2)
 	}
+	// The applied message's sequence is saved with the state, in the
+	// same compare-and-set, and read back with it.
+	applied, err := s.SaveEntitySeq(ctx, id, []byte("three"), r2, 1234)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SaveEntitySeq(ctx, id, []byte("stale"), r2, 1235); !errors.Is(err, ErrConflict) {
+		t.Fatalf("SaveEntitySeq at a stale revision: %v, want ErrConflict", err)
+	}
+	if data, rev, seq, err := p.LoadEntitySeq(ctx, id); err != nil || string(data) != "three" || rev != applied || seq != 1234 {
+		t.Fatalf("LoadEntitySeq = %q, %d, %d, %v; want three at %d, applied 1234", data, rev, seq, err, applied)
+	}
+	if _, err := s.SaveEntity(ctx, id, []byte("two"), applied); err != nil {
+		t.Fatal(err)
+	}
+	if _, rev, seq, err := p.LoadEntitySeq(ctx, id); err != nil || seq != 0 {
+		t.Fatalf("LoadEntitySeq after a SaveEntity = %d, %v; want no applied sequence", seq, err)
+	} else {
+		r2 = rev
+	}
 	if err := p.DeleteEntity(ctx, id, r1); !errors.Is(err, ErrConflict) {
 		t.Fatalf("delete at a stale revision: %v, want ErrConflict", err)
 	}
@@ -826,6 +871,43 @@ func testEntityOddIDs(t *testing.T, newStore func(t *testing.T) *Store) {
 		if err != nil || string(data) != id || rev != revs[id] {
 			t.Errorf("LoadEntity(%q) = %q, %d, %v", id, data, rev, err)
 		}
+	}
+}
+
+// testRememberedEntities: recorded entities are listed per shard, odd ids
+// included, a forgotten one no more (and again once recorded again), and a
+// peer's listing right after the writes has them all.
+func testRememberedEntities(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	ids := []string{"a", "a=b", "user.7", "日本", "~!@&()"}
+	var recs []EntityRecord
+	for _, id := range ids {
+		recs = append(recs, EntityRecord{Shard: 3, ID: id})
+	}
+	recs = append(recs, EntityRecord{Shard: 4, ID: "other"}, EntityRecord{Shard: 3, ID: "a", Forget: true},
+		EntityRecord{Shard: 3, ID: "gone"}, EntityRecord{Shard: 3, ID: "gone", Forget: true},
+		EntityRecord{Shard: 3, ID: "back", Forget: true}, EntityRecord{Shard: 3, ID: "back"})
+	if err := s.RecordEntities(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := peer(t, s, "").RememberedEntities(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a=b", "back", "user.7", "~!@&()", "日本"}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("shard 3 remembers %q, want %q", got, want)
+	}
+	if got, err := s.RememberedEntities(ctx, 4); err != nil || !slices.Equal(got, []string{"other"}) {
+		t.Errorf("shard 4 remembers %q, %v", got, err)
+	}
+	if got, err := s.RememberedEntities(ctx, 5); err != nil || len(got) != 0 {
+		t.Errorf("shard 5 remembers %q, %v", got, err)
+	}
+	if err := s.RecordEntities(ctx, []EntityRecord{{Shard: 3, ID: "bad id"}}); err == nil {
+		t.Error("an invalid id was recorded")
 	}
 }
 

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/natshard/natshard/protocol"
 )
@@ -12,10 +15,8 @@ import (
 // LoadEntity reads an entity's persisted state from the stream leader.
 // ErrNotFound when it has none.
 func (s *Store) LoadEntity(ctx context.Context, id string) ([]byte, uint64, error) {
-	if err := checkEntityID(id); err != nil {
-		return nil, 0, err
-	}
-	return s.load(ctx, EntityKey(id))
+	data, rev, _, err := s.LoadEntitySeq(ctx, id)
+	return data, rev, err
 }
 
 // SaveEntity writes an entity's state if its revision is still rev (0: the
@@ -24,25 +25,78 @@ func (s *Store) LoadEntity(ctx context.Context, id string) ([]byte, uint64, erro
 // With rev 0 the write succeeds when the entity never had state and when
 // its state was deleted.
 func (s *Store) SaveEntity(ctx context.Context, id string, data []byte, rev uint64) (uint64, error) {
+	return s.SaveEntitySeq(ctx, id, data, rev, 0)
+}
+
+// LoadEntitySeq is LoadEntity, with the stream sequence of the message the
+// state applied last (durable delivery; 0 when the state says none).
+func (s *Store) LoadEntitySeq(ctx context.Context, id string) ([]byte, uint64, uint64, error) {
+	if err := checkEntityID(id); err != nil {
+		return nil, 0, 0, err
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	key := EntityKey(id)
+	r, err := s.last(ctx, key)
+	if err != nil {
+		return nil, 0, 0, translate(fmt.Errorf("read %s: %w", key, err), ErrConflict)
+	}
+	if r.deleted {
+		return nil, 0, 0, fmt.Errorf("%w: %s deleted at revision %d", ErrNotFound, key, r.rev)
+	}
+	return r.value, r.rev, r.seq, nil
+}
+
+// SaveEntitySeq is SaveEntity that stores, with the state and in the same
+// compare-and-set, seq: the stream sequence of the message it applied
+// (durable delivery). A state saved so can tell a message given again
+// after a crash (LoadEntitySeq) and skip it.
+func (s *Store) SaveEntitySeq(ctx context.Context, id string, data []byte, rev, seq uint64) (uint64, error) {
 	if err := checkEntityID(id); err != nil {
 		return 0, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	key := EntityKey(id)
+	hdr := nats.Header{}
+	if seq > 0 {
+		hdr.Set(protocol.HeaderAppliedSeq, strconv.FormatUint(seq, 10))
+	}
+	size := msgSize(s.subject(key), 64, len(data)) // headers: the applied sequence, a TTL marker
+	if err := s.space.admit(ctx, size, true); err != nil && !s.shrinks(ctx, key, rev, data) {
+		s.spaceLog.refused(err)
+		return 0, fmt.Errorf("save entity %q at revision %d: %w", id, rev, err)
+	}
 	var (
 		newRev uint64
 		err    error
 	)
 	if rev == 0 {
-		newRev, err = s.create(ctx, key, data, 0)
+		newRev, err = s.createWith(ctx, key, data, 0, hdr)
 	} else {
-		newRev, err = s.cas(ctx, key, data, nil, key, rev)
+		newRev, err = s.cas(ctx, key, data, hdr, key, rev)
 	}
 	if err != nil {
-		return 0, translate(fmt.Errorf("save entity %q at revision %d: %w", id, rev, err), ErrConflict)
+		err = translate(fmt.Errorf("save entity %q at revision %d: %w", id, rev, err), ErrConflict)
+		if errors.Is(err, ErrNoSpace) {
+			err = fmt.Errorf("stream KV_%s: %w", s.bucket, err)
+		}
+		return 0, err
 	}
+	s.space.add(size)
 	return newRev, nil
+}
+
+// shrinks says whether writing data over key's state at revision rev
+// adds no bytes: such a write is let through a full budget (it may be
+// what frees space). It reads the key from the stream leader, only for
+// writes the budget refused.
+func (s *Store) shrinks(ctx context.Context, key string, rev uint64, data []byte) bool {
+	if rev == 0 {
+		return false
+	}
+	r, err := s.last(ctx, key)
+	return err == nil && !r.deleted && r.rev == rev && len(data) <= len(r.value)
 }
 
 // DeleteEntity deletes an entity's state if its revision is still rev.
@@ -82,10 +136,17 @@ func (s *Store) DeleteEntity(ctx context.Context, id string, rev uint64) error {
 // The escaping is injective, and its output is a valid KV key for every
 // valid entity id (ids never start or end with '.' nor contain "..").
 func EntityKey(id string) string {
-	const hex = "0123456789ABCDEF"
 	var b strings.Builder
 	b.Grow(len(prefixEntities) + len(id))
 	b.WriteString(prefixEntities)
+	escapeKey(&b, id)
+	return b.String()
+}
+
+// escapeKey writes id to b with every byte outside [A-Za-z0-9._/-] written
+// as "=XX" (see EntityKey).
+func escapeKey(b *strings.Builder, id string) {
+	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		if isKeyByte(c) {
@@ -96,7 +157,6 @@ func EntityKey(id string) string {
 		b.WriteByte(hex[c>>4])
 		b.WriteByte(hex[c&0x0f])
 	}
-	return b.String()
 }
 
 func isKeyByte(c byte) bool {

@@ -43,6 +43,9 @@ func translate(err error, conflict error) error {
 			return err
 		}
 	}
+	if cause := noSpaceCause(err); cause != "" {
+		return fmt.Errorf("%w: %s: %w", ErrNoSpace, cause, err)
+	}
 	var kind error
 	switch {
 	case errors.Is(err, protocol.ErrMalformed):

@@ -182,6 +182,17 @@ func (s *Store) RegisterRegion(ctx context.Context, info protocol.RegionInfo, tt
 	return Lease{Key: key, Revision: rev, TTL: time.Duration(secs) * time.Second, value: data}, nil
 }
 
+// Region reads the registration of region id from the stream leader, with
+// its revision; ErrNotFound when there is none.
+func (s *Store) Region(ctx context.Context, id string) (protocol.RegionInfo, uint64, error) {
+	var info protocol.RegionInfo
+	if err := protocol.ValidateName("region id", id); err != nil {
+		return info, 0, err
+	}
+	rev, err := s.loadDecoded(ctx, prefixRegions+id, &info)
+	return info, rev, err
+}
+
 // RemoveRegion deletes a registration if its revision is still rev
 // (ErrConflict otherwise). The coordinator uses it for a region it found
 // dead; the region, if it still runs, fails its next renewal and fences

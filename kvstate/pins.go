@@ -41,8 +41,8 @@ func (s *Store) DeletePin(ctx context.Context, fence Lease, shard int) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	s.fenceMu.Lock()
-	defer s.fenceMu.Unlock()
+	s.fenceMu.lockFenced()
+	defer s.fenceMu.unlockFenced()
 	if err := s.tombstone(ctx, pinKey(shard), fence.Revision, true, KeyCoordinator); err != nil {
 		return translate(fmt.Errorf("unpin shard %d fenced at coordinator revision %d: %w", shard, fence.Revision, err), ErrFenced)
 	}

@@ -59,13 +59,75 @@ type Store struct {
 	subjPrefix string // "$KV.<bucket>."
 	msgGetSubj string // "$JS.API.STREAM.MSG.GET.KV_<bucket>": leader reads
 
+	// space guards the bucket's reserve against entity state (nil: the
+	// bucket has no byte limit); spaceLog reports refusals for lack of
+	// space.
+	space    *budget
+	spaceLog *spaceLog
+
 	// fenceMu serializes this Store's writes that are checked against the
 	// coordinator key (PutShard, renewing or releasing the coordinator
 	// lease). A replicated stream refuses a write checked against a subject
 	// that has another write in flight (error 10164, see cas), so two such
 	// writes of the same coordinator would otherwise refuse each other.
-	fenceMu sync.Mutex
+	fenceMu fenceLock
 }
+
+// fenceLock is Store.fenceMu: a lock whose writers of the lease itself
+// (its renewals and release, a deposition) go before the writes fenced on
+// it (shard table, pins): a renewal waits for the write in flight, not
+// for a queue of them (a rebalance writes hundreds; on a loaded machine
+// such a queue delayed renewals past the lease's deadline, and the
+// coordinator stepped down again and again).
+type fenceLock struct {
+	mu    sync.Mutex
+	cond  *sync.Cond // on mu; made on first use
+	held  bool
+	lease int // writers of the lease waiting
+}
+
+func (f *fenceLock) wait() {
+	if f.cond == nil {
+		f.cond = sync.NewCond(&f.mu)
+	}
+	f.cond.Wait()
+}
+
+// lockFenced takes the lock for a write fenced on the lease, once no
+// writer of the lease waits.
+func (f *fenceLock) lockFenced() {
+	f.mu.Lock()
+	for f.held || f.lease > 0 {
+		f.wait()
+	}
+	f.held = true
+	f.mu.Unlock()
+}
+
+// Lock takes the lock for a write of the lease, before the fenced writes
+// that wait.
+func (f *fenceLock) Lock() {
+	f.mu.Lock()
+	f.lease++
+	for f.held {
+		f.wait()
+	}
+	f.lease--
+	f.held = true
+	f.mu.Unlock()
+}
+
+// Unlock releases the lock, whoever took it.
+func (f *fenceLock) Unlock() {
+	f.mu.Lock()
+	f.held = false
+	if f.cond != nil {
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+}
+
+func (f *fenceLock) unlockFenced() { f.Unlock() }
 
 // RegionEntry is a registered region with the revision of its registration.
 type RegionEntry struct {
@@ -144,6 +206,7 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 			Replicas:       opts.Replicas,
 			Storage:        jetstream.FileStorage,
 			LimitMarkerTTL: markerTTL,
+			MaxBytes:       max(opts.MaxBytes, 0),
 		})
 	}
 	if errors.Is(err, jetstream.ErrBucketExists) {
@@ -159,7 +222,29 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 		return nil, translate(fmt.Errorf("open bucket %s: %w", bucket, err), ErrConflict)
 	}
 	s.kv = kv
+	if err := s.openBudget(ctx); err != nil {
+		return nil, translate(fmt.Errorf("open bucket %s: %w", bucket, err), ErrConflict)
+	}
 	return s, nil
+}
+
+// openBudget reads the bucket's byte limit and size, and sets up its
+// budget (none without a limit, with a warning) and its log.
+func (s *Store) openBudget(ctx context.Context) error {
+	stream := "KV_" + s.bucket
+	st, err := s.js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	info := st.CachedInfo()
+	s.spaceLog = newSpaceLog(s.opts.Logger, stream, info.Config.MaxBytes)
+	s.space = newBudget(stream, info.Config.MaxBytes, int64(info.State.Bytes), "entity state that adds bytes",
+		streamBytes(s.js, stream))
+	if s.space == nil && s.opts.Logger != nil {
+		s.opts.Logger.Warn("the type's KV bucket has no byte limit: a full JetStream store would stop its leases (docs/OPERATIONS.md, Storage); set one with nats stream edit --max-bytes",
+			"stream", stream)
+	}
+	return nil
 }
 
 // checkBucket verifies that an existing bucket can hold leases.
@@ -204,7 +289,9 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 // EnsureConfig stores want if the bucket has no configuration yet and
 // returns the stored one. It returns ErrConfigMismatch, naming both values,
 // when the stored shard count differs from want's, or when both name a
-// strategy and the strategies differ.
+// strategy and the strategies differ, or when both name an entity kind and
+// the kinds differ, or when want names a delivery mode that is not the
+// stored one (core when none is stored).
 //
 // With ErrConfigMismatch the stored configuration is returned too.
 func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (protocol.TypeConfig, error) {
@@ -240,6 +327,18 @@ func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (pro
 			return got, fmt.Errorf("%w: bucket %s stores strategy %q, this process is configured with %q",
 				ErrConfigMismatch, s.bucket, got.Strategy, want.Strategy)
 		}
+		if want.Delivery != "" && got.DeliveryOf() != want.Delivery {
+			return got, fmt.Errorf("%w: bucket %s stores delivery %q, this process is configured with %q",
+				ErrConfigMismatch, s.bucket, got.DeliveryOf(), want.Delivery)
+		}
+		if got.Kind != "" && want.Kind != "" && got.Kind != want.Kind {
+			return got, fmt.Errorf("%w: bucket %s stores entity kind %q, this process hosts %q",
+				ErrConfigMismatch, s.bucket, got.Kind, want.Kind)
+		}
+		if want.Remember && !got.Remember {
+			return got, fmt.Errorf("%w: bucket %s stores a type whose entities are not remembered, this process remembers them",
+				ErrConfigMismatch, s.bucket)
+		}
 		return got, nil
 	}
 }
@@ -260,7 +359,8 @@ func (s *Store) subject(key string) string { return s.subjPrefix + key }
 type record struct {
 	value   []byte
 	rev     uint64
-	deleted bool // a tombstone: KV delete/purge, or the marker of an expired TTL
+	deleted bool   // a tombstone: KV delete/purge, or the marker of an expired TTL
+	seq     uint64 // an entity state's applied message (protocol.HeaderAppliedSeq)
 }
 
 // msgGetResponse is the answer of the JetStream API to STREAM.MSG.GET (see
@@ -311,6 +411,9 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 			return record{}, fmt.Errorf("kvstate: bad headers of %s: %w", key, err)
 		}
 		r.deleted = isTombstone(h)
+		if v := h.Get(protocol.HeaderAppliedSeq); v != "" {
+			r.seq, _ = strconv.ParseUint(v, 10, 64)
+		}
 	}
 	return r, nil
 }
@@ -373,6 +476,7 @@ func (s *Store) write(ctx context.Context, key string, data []byte, hdr nats.Hea
 	}
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
+		s.spaceLog.noteIfNoSpace(err)
 		return 0, err
 	}
 	return ack.Sequence, nil
@@ -429,7 +533,15 @@ func (s *Store) cas(ctx context.Context, key string, data []byte, hdr nats.Heade
 // direct get, which a stale follower may answer; create asks the stream
 // leader.
 func (s *Store) create(ctx context.Context, key string, data []byte, ttl int64) (uint64, error) {
+	return s.createWith(ctx, key, data, ttl, nil)
+}
+
+// createWith is create, with the headers hdr on the written message too.
+func (s *Store) createWith(ctx context.Context, key string, data []byte, ttl int64, extra nats.Header) (uint64, error) {
 	hdr := nats.Header{}
+	for k, v := range extra {
+		hdr[k] = v
+	}
 	if ttl > 0 {
 		hdr.Set(jetstream.MsgTTLHeader, ttlHeader(ttl))
 	}

@@ -40,8 +40,8 @@ func (s *Store) fencedPut(ctx context.Context, fence Lease, key string, v any, w
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	s.fenceMu.Lock()
-	defer s.fenceMu.Unlock()
+	s.fenceMu.lockFenced()
+	defer s.fenceMu.unlockFenced()
 	rev, err := s.cas(ctx, key, data, nil, KeyCoordinator, fence.Revision)
 	if err != nil {
 		return 0, translate(fmt.Errorf("%s fenced at coordinator revision %d: %w", what, fence.Revision, err), ErrFenced)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,5 +100,42 @@ func TestTranslate(t *testing.T) {
 	}
 	if translate(nil, ErrConflict) != nil {
 		t.Error("translate(nil) != nil")
+	}
+}
+
+// TestFenceLockRenewalFirst: a renewal of the lease waiting for the fence
+// lock goes before the fenced writes queued before it, once the write in
+// flight is done.
+func TestFenceLockRenewalFirst(t *testing.T) {
+	var (
+		f     fenceLock
+		mu    sync.Mutex
+		order []string
+		wg    sync.WaitGroup
+	)
+	record := func(s string) {
+		mu.Lock()
+		order = append(order, s)
+		mu.Unlock()
+	}
+	f.lockFenced() // a table write in flight
+	for i := range 5 {
+		wg.Go(func() {
+			f.lockFenced()
+			record(fmt.Sprint("write", i))
+			f.unlockFenced()
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // the writes queue
+	wg.Go(func() {
+		f.Lock()
+		record("renewal")
+		f.Unlock()
+	})
+	time.Sleep(50 * time.Millisecond) // the renewal waits too
+	f.unlockFenced()
+	wg.Wait()
+	if i := slices.Index(order, "renewal"); i != 0 {
+		t.Fatalf("order %v: the renewal waited for %d queued writes", order, i)
 	}
 }

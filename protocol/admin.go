@@ -19,6 +19,7 @@ const (
 	AdminStatus    = "status"
 	AdminMove      = "move"      // body MoveRequest
 	AdminDrain     = "drain"     // body DrainRequest
+	AdminUndrain   = "undrain"   // body UndrainRequest
 	AdminPin       = "pin"       // body PinRequest
 	AdminUnpin     = "unpin"     // body UnpinRequest
 	AdminRebalance = "rebalance" // body RebalanceRequest, answer RebalanceAnswer
@@ -33,6 +34,14 @@ type MoveRequest struct {
 // DrainRequest asks the coordinator to move every shard off a region and
 // give it no more (the region marks itself leaving).
 type DrainRequest struct {
+	Region string `json:"region"`
+}
+
+// UndrainRequest asks the coordinator to let a drained region take shards
+// again (the region clears its leaving mark). It is refused while the
+// region holds a shard: a leaving region with shards is being drained or
+// its process is stopping, which the coordinator cannot tell apart.
+type UndrainRequest struct {
 	Region string `json:"region"`
 }
 
@@ -75,8 +84,8 @@ type PlannedMove struct {
 	To    string `json:"to"`
 }
 
-// AdminOK is the answer to move, drain, pin and unpin when they succeed;
-// Note says what follows, when it is not obvious.
+// AdminOK is the answer to move, drain, undrain, pin and unpin when they
+// succeed; Note says what follows, when it is not obvious.
 type AdminOK struct {
 	OK   bool   `json:"ok"`
 	Note string `json:"note,omitempty"`
@@ -142,9 +151,13 @@ type QueryRequest struct {
 // QueryAnswer is a region's answer to a QueryRequest: the shards it holds
 // among those asked for, ascending.
 type QueryAnswer struct {
-	Region      string        `json:"region"`
-	Incarnation string        `json:"incarnation"`
-	Shards      []ShardReport `json:"shards"`
+	Region      string `json:"region"`
+	Incarnation string `json:"incarnation"`
+	// Instance is unique per process (per region.Agent) for its whole
+	// life, across incarnations: two answers with different instances
+	// for one region id come from two processes.
+	Instance string        `json:"instance,omitempty"`
+	Shards   []ShardReport `json:"shards"`
 }
 
 // ShardReport is one held shard as its region sees it. Mode is replaying
@@ -166,6 +179,7 @@ const (
 	EventShard       = "shard"       // a shard table row changed: Shard, State, Region, Source
 	EventRegionUp    = "region-up"   // a region registered: Region
 	EventLeaving     = "region-leaving"
+	EventUndrained   = "region-undrained" // a leaving region takes shards again: Region
 	EventRegionGone  = "region-gone"
 	EventPin         = "pin"   // Shard pinned to Region
 	EventUnpin       = "unpin" // Shard's pin removed

@@ -11,8 +11,34 @@ import (
 // is nil, the JSON {"ok":false,"error":"<err>"}. Every part of natshard that
 // refuses a request (a region, the parking coordinator) answers this way.
 func ErrorReply(subject string, body []byte, err error) *nats.Msg {
+	return RefusedReply(subject, "", body, err)
+}
+
+// Reasons for refusing a message, the values of HeaderRefused.
+const (
+	// RefusedMalformed: the subject is not an entity's of this type, or
+	// names the wrong shard. Sending it again cannot help.
+	RefusedMalformed = "malformed"
+	// RefusedNotOwned: the region that got it does not serve its shard
+	// (any more): the shard moved, or is moving.
+	RefusedNotOwned = "not-owned"
+	// RefusedMoving: the shard is moving and its buffer (or what the new
+	// owner holds while it replays) is full, or the message could not be
+	// buffered.
+	RefusedMoving = "moving"
+	// RefusedStopping: the shard's entities are stopping (it is leaving
+	// the region).
+	RefusedStopping = "stopping"
+)
+
+// RefusedReply is ErrorReply for a message that no entity handled, with
+// HeaderRefused set to reason (none when reason is empty).
+func RefusedReply(subject, reason string, body []byte, err error) *nats.Msg {
 	out := nats.NewMsg(subject)
 	out.Header.Set(HeaderError, err.Error())
+	if reason != "" {
+		out.Header.Set(HeaderRefused, reason)
+	}
 	out.Data = body
 	if out.Data == nil {
 		out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})

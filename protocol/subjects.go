@@ -17,6 +17,11 @@ const (
 	// HeaderError is set on the reply to a request that natshard could not
 	// route or that an entity failed; its value says why.
 	HeaderError = "Natshard-Error"
+	// HeaderRefused is set, beside HeaderError, on the reply to a request
+	// that no entity handled: its value is one of the Refused* reasons.
+	// A request refused for any reason but RefusedMalformed may be sent
+	// again as it is: nothing was done with it.
+	HeaderRefused = "Natshard-Refused"
 	// HeaderMsgID is the JetStream de-duplication header publishers may set;
 	// handoff replay uses it to drop duplicates.
 	HeaderMsgID = "Nats-Msg-Id"
@@ -24,9 +29,15 @@ const (
 	// subject and reply subject in the buffer stream.
 	HeaderSubject = "Natshard-Subject"
 	HeaderReply   = "Natshard-Reply"
+	// HeaderAppliedSeq is stored with an entity's state in durable
+	// delivery: the stream sequence of the last message the state applied.
+	HeaderAppliedSeq = "Natshard-Applied-Seq"
 	// HeaderMarker marks an end marker in a shard's buffer; its value is
 	// the handoff id.
 	HeaderMarker = "Natshard-Marker"
+	// HeaderReminder is set on a message that a reminder sent to its
+	// entity (durable delivery); its value is the reminder's name.
+	HeaderReminder = "Natshard-Reminder"
 )
 
 // Subjects builds and parses the subjects of one entity type.
@@ -44,6 +55,10 @@ const (
 //	<control>.<type>.events                coordinator's events, JSON (shardctl watch)
 //	<control>.<type>.buf.<shard>.m         the shard's buffered messages (JetStream)
 //	<control>.<type>.buf.<shard>.e         the shard's end markers (JetStream)
+//	<control>.<type>.remind.<shard>.<name>.<entity id...>
+//	                                       an entity's reminder (JetStream message schedule)
+//	<control>.<type>.fired.<shard>.<entity id...>
+//	                                       a due reminder, on its way to the entity
 type Subjects struct {
 	data    string // "<data>.<type>."
 	control string // "<control>.<type>."
@@ -135,6 +150,33 @@ func (s Subjects) BufferShard(shard int) string {
 // BufferAll matches the buffer subjects of every shard: the buffer
 // stream's subjects.
 func (s Subjects) BufferAll() string { return s.control + "buf.*.*" }
+
+// Reminder is the subject of entity id's reminder name in the type's
+// message stream (durable delivery): a JetStream message schedule whose
+// target is the entity's data subject. name is a single token
+// (ValidateName), so the subject names one reminder of one entity.
+func (s Subjects) Reminder(shard int, name, id string) string {
+	return s.control + "remind." + strconv.Itoa(shard) + "." + name + "." + id
+}
+
+// AllReminders matches every reminder subject of the type (the
+// reminders' stream holds them).
+func (s Subjects) AllReminders() string { return s.control + "remind.>" }
+
+// Fired is the subject on which a due reminder of entity id in shard is
+// stored in the reminders' stream, before the message stream takes it
+// onto the entity's data subject (Entity).
+func (s Subjects) Fired(shard int, id string) string {
+	return s.control + "fired." + strconv.Itoa(shard) + "." + id
+}
+
+// AllFired matches every fired reminder of the type.
+func (s Subjects) AllFired() string { return s.control + "fired.>" }
+
+// Coordinator is the subject on which the coordinator candidate with probe
+// id id answers "are you there" (CoordinatorInfo.Probe). "No responders"
+// there means its connection is gone from the servers.
+func (s Subjects) Coordinator(id string) string { return s.control + "coordinator." + id }
 
 // Admin is the subject of an admin API verb.
 func (s Subjects) Admin(verb string) string { return s.control + "admin." + verb }

@@ -83,6 +83,12 @@ func TestNewSubjects(t *testing.T) {
 	if got := s.Events(); got != "app.ctl.kv.events" {
 		t.Errorf("Events = %q", got)
 	}
+	if got := s.Reminder(3, "expire", "user.7"); got != "app.ctl.kv.remind.3.expire.user.7" {
+		t.Errorf("Reminder = %q", got)
+	}
+	if got := s.AllReminders(); got != "app.ctl.kv.remind.>" {
+		t.Errorf("AllReminders = %q", got)
+	}
 }
 
 // FuzzParseEntity: parsing never panics, and whatever parses round-trips.

@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -51,6 +52,12 @@ const (
 	// CmdLeave tells a region to mark itself leaving (drain): it gets no new
 	// shard and the coordinator hands all of its shards off.
 	CmdLeave CommandKind = 6
+	// CmdUndrain tells a drained region to take shards again (shardctl
+	// undrain): it clears its leaving mark. A region that still holds a
+	// shard refuses it: it is being drained, or its process is stopping
+	// (a stopping process marks itself leaving too, and exits as soon as
+	// it holds no shard).
+	CmdUndrain CommandKind = 7
 )
 
 func (k CommandKind) String() string {
@@ -67,6 +74,8 @@ func (k CommandKind) String() string {
 		return "release"
 	case CmdLeave:
 		return "leave"
+	case CmdUndrain:
+		return "undrain"
 	}
 	return fmt.Sprintf("command(%d)", uint8(k))
 }
@@ -90,7 +99,7 @@ type Command struct {
 // Validate checks a decoded command against the shard count n.
 func (c *Command) Validate(n int) error {
 	switch c.Kind {
-	case CmdProbe, CmdDrop, CmdLeave:
+	case CmdProbe, CmdDrop, CmdLeave, CmdUndrain:
 		if len(c.Handoffs) != 0 {
 			return fmt.Errorf("%w: %s with handoff ids", ErrMalformed, c.Kind)
 		}
@@ -162,6 +171,33 @@ type TypeConfig struct {
 	// (strategies.Parse); empty in buckets written before it existed,
 	// which means the default.
 	Strategy string `msgpack:"st,omitempty"`
+	// Kind names what the type's entities are (a built-in kind of
+	// shardd, or the name a library user gives); empty in buckets written
+	// before it existed, which any kind may then join.
+	Kind string `msgpack:"k,omitempty"`
+	// Delivery is how messages reach the type's entities: DeliveryCore
+	// (core NATS, the default; empty in buckets written before it
+	// existed) or DeliveryDurable (through the type's stream).
+	Delivery string `msgpack:"d,omitempty"`
+	// Remember: the ids of the type's active entities are recorded per
+	// shard, and a shard's new owner starts them again (remembered
+	// entities); false in buckets written before it existed.
+	Remember bool `msgpack:"r,omitempty"`
+}
+
+// Delivery modes of a type (TypeConfig.Delivery).
+const (
+	DeliveryCore    = "core"
+	DeliveryDurable = "durable"
+)
+
+// DeliveryOf is the delivery mode a configuration stores (core when it
+// names none).
+func (c TypeConfig) DeliveryOf() string {
+	if c.Delivery == "" {
+		return DeliveryCore
+	}
+	return c.Delivery
 }
 
 // CoordinatorInfo is the value of the coordinator lease.
@@ -174,6 +210,15 @@ type CoordinatorInfo struct {
 	// tell the epoch after the lease's revision moved on. 0 before the
 	// first renewal: the lease's revision is the epoch then.
 	Epoch uint64 `msgpack:"e,omitempty"`
+	// Probe, when set, is the holder's probe id: its process answers
+	// requests on Subjects.Coordinator(Probe) for as long as its NATS
+	// connection lives, so that a candidate that gets "no responders"
+	// there may depose it (PROTOCOL.md, Coordinator failover). Empty
+	// (holders before this field, or one whose answer it could not check)
+	// means candidates wait for the lease to expire.
+	Probe string `msgpack:"p,omitempty"`
+	// Conn is the holder's NATS connection when it took the lease.
+	Conn ConnID `msgpack:"n,omitempty"`
 }
 
 // RegionInfo is the value of a region's registration lease.
@@ -183,6 +228,36 @@ type RegionInfo struct {
 	Version     string `msgpack:"v,omitempty"`
 	Leaving     bool   `msgpack:"l,omitempty"`
 	Started     int64  `msgpack:"t"` // unix milliseconds of registration
+	// Instance is unique per process (per region.Agent), the same for all
+	// its incarnations: a registration of the id with another instance
+	// was written by another process.
+	Instance string `msgpack:"in,omitempty"`
+	// Conn is the region's NATS connection when it registered: the
+	// coordinator probes the region at once when the server reports that
+	// connection closed.
+	Conn ConnID `msgpack:"n,omitempty"`
+}
+
+// ConnID names a client connection the way the NATS server's advisories
+// do: the id of the server it is connected to and the client id that
+// server gave it. The zero value names none.
+type ConnID struct {
+	Server string `msgpack:"s"`
+	Client uint64 `msgpack:"c"`
+}
+
+// IsZero says whether c names no connection.
+func (c ConnID) IsZero() bool { return c.Server == "" || c.Client == 0 }
+
+// ConnIDOf returns the connection nc has now, or the zero ConnID when it
+// is not connected (or reconnected meanwhile).
+func ConnIDOf(nc *nats.Conn) ConnID {
+	server := nc.ConnectedServerId()
+	cid, err := nc.GetClientID()
+	if err != nil || server == "" || nc.ConnectedServerId() != server {
+		return ConnID{}
+	}
+	return ConnID{Server: server, Client: cid}
 }
 
 // ShardState is the state of a shard in the shard table.

@@ -1,7 +1,9 @@
 package region
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,14 +27,24 @@ const (
 	DefaultHandOffWait  = time.Second
 )
 
-// ErrClosed is returned by an Agent that was closed.
-var ErrClosed = errors.New("region: closed")
+// Errors of an Agent.
+var (
+	// ErrClosed is returned by an Agent that was closed.
+	ErrClosed = errors.New("region: closed")
+	// ErrRegionInUse: another live process serves the region id. Open
+	// refuses to start; an Agent that finds another process registered
+	// under its id after it was fenced stops for good (see Done).
+	ErrRegionInUse = errors.New("region: the region id is in use by another live process")
+)
 
 // Config configures an Agent.
 type Config struct {
-	Conn     *nats.Conn
-	Store    *kvstate.Store
-	Buffer   *kvstate.Buffer // the type's handoff buffer (required)
+	Conn   *nats.Conn
+	Store  *kvstate.Store
+	Buffer *kvstate.Buffer // the type's handoff buffer (required)
+	// Stream is the type's message stream in durable delivery; nil for
+	// core delivery (intake.go tells the difference).
+	Stream   *kvstate.Stream
 	Subjects protocol.Subjects
 	Shards   int    // shard count of the type, as stored in KV
 	ID       string // region id, unique per process
@@ -58,14 +70,43 @@ type Config struct {
 	// arrivals are refused visibly.
 	MaxHeld int
 	Logger  *slog.Logger
+	// Trace, when set, is called before the entity's factory and Handle
+	// for each message that carries headers, on the entity's goroutine:
+	// it returns the context they get (a trace context continued from a
+	// traceparent header, say) and a function called with the outcome
+	// once the message is handled (nil: none). Messages without headers
+	// skip it, at the cost of a nil check.
+	Trace func(ctx context.Context, m *nats.Msg) (context.Context, func(err error))
+	// OnStep, when set, is told each handoff step of this region once it
+	// ended (a pause, a replay); see Step. It runs on the region's own
+	// goroutines and must not block.
+	OnStep func(Step)
+	// Remember, when set, keeps the ids of the active entities, and a
+	// shard's new owner starts them again (remember.go). Entities are
+	// then never passivated for idleness (IdleTimeout is ignored): they
+	// stop when they Passivate, or when their shard leaves.
+	Remember RememberStore
+	// RestartRate: remembered entities started per second by the region
+	// (0 means DefaultRestartRate).
+	RestartRate int
 }
 
 // Agent hosts one type's region in this process: it registers, obeys the
 // coordinator and dispatches messages to entities. Create it with Open and
 // end it with Leave (optional: hands the shards off) and Close.
+//
+// Its decisions are made by a Core, owned by one driver goroutine (run,
+// in driver.go) that takes the events of the command subscription, of the
+// goroutines doing I/O (replays, releases, epoch checks, entity stops,
+// registration writes) and of a ticker, steps the core and carries out
+// what it returns. The driver never blocks on I/O: what waits runs in a
+// goroutine of its own and reports back with an event.
 type Agent struct {
 	cfg Config
 	log *slog.Logger
+	// instance is unique per Agent, for every incarnation (see
+	// protocol.RegionInfo.Instance).
+	instance string
 	// traceMsgs: the logger takes debug lines, so the replay logs each
 	// message it delivers or skips (checked once: they are many).
 	traceMsgs bool
@@ -76,28 +117,45 @@ type Agent struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	events   chan Event    // to the driver
+	loopDone chan struct{} // closed when the driver returned
+
+	// The driver's own, touched by no other goroutine.
+	core    *Core
+	replyTo map[uint64]*nats.Msg // commands waiting for their answer
+	local   []Event              // events the driver caused itself, taken first
+
 	renewMu        sync.Mutex // serializes the writes of the registration, and guards:
 	pendingInc     string     // the incarnation being registered (see register)
 	pendingStarted int64
 
-	mu          sync.Mutex // guards what follows
-	shards      map[int]*shardState
+	mu          sync.Mutex            // guards what follows
+	shards      map[int]intake        // the data plane of the held shards, by the driver
 	stopping    map[int]chan struct{} // shard -> closed when its entities have stopped
+	held        []int                 // the core's held shards after its last step (never changed: replaced)
+	modes       map[int]mode          // and their modes (never changed: replaced)
+	leaving     bool                  // the core's leaving mark after its last step
+	epoch       uint64                // the core's newest epoch obeyed after its last step
 	incarnation string
-	started     int64 // unix ms of the current incarnation's registration
+	started     int64           // unix ms of the current incarnation's registration
+	conn        protocol.ConnID // the connection the registration names
 	lease       kvstate.Lease
 	registered  bool
 	renewedAt   time.Time // when the last successful registration write was sent
-	maxEpoch    uint64
-	leaving     bool
 	closed      bool
 
+	nextCmd  atomic.Uint64 // command ids
 	cmdSub   *nats.Subscription
 	querySub *nats.Subscription
 	meter    loadMeter
 	stats    Stats
+	recorder *entityRecorder // with Config.Remember
+	pace     pacer           // of the restarts of remembered entities
 	limit    logLimiter
 	wg       sync.WaitGroup
+
+	done    chan struct{} // closed by fail
+	failErr error         // why; set before done is closed
 }
 
 // Stats are counters of an Agent. Read them with Agent.Stats.
@@ -113,6 +171,12 @@ type Stats struct {
 	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their Nats-Msg-Id was delivered since the bind
 	HeldOverflow      atomic.Uint64 // arrivals refused while replaying: MaxHeld reached
+	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
+
+	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
+	RenewalsFailed atomic.Uint64 // registration renewals that failed
+
+	Restarted atomic.Uint64 // remembered entities started again without a message (Config.Remember)
 }
 
 // Open registers the region and starts serving commands. It returns when
@@ -145,23 +209,43 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "region", "region", cfg.ID),
-		shards:   make(map[int]*shardState),
+		instance: nuid.Next(),
+		shards:   make(map[int]intake),
 		stopping: make(map[int]chan struct{}),
+		events:   make(chan Event, 1024),
+		loopDone: make(chan struct{}),
+		replyTo:  make(map[uint64]*nats.Msg),
+		done:     make(chan struct{}),
 	}
 	a.traceMsgs = a.log.Enabled(context.Background(), slog.LevelDebug)
+	if err := a.checkIDFree(ctx); err != nil {
+		return nil, err
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
 	idle := cfg.IdleTimeout
-	if idle < 0 {
+	if idle < 0 || cfg.Remember != nil {
 		idle = 0
 	}
-	a.host = newHost(hostConfig{Factory: cfg.Factory, IdleTimeout: idle, Logger: a.log, Reply: a.reply})
+	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	if cfg.Remember != nil {
+		if cfg.RestartRate <= 0 {
+			cfg.RestartRate = DefaultRestartRate
+		}
+		a.cfg.RestartRate = cfg.RestartRate
+		a.pace.every = time.Second / time.Duration(cfg.RestartRate)
+		a.recorder = newEntityRecorder(a, cfg.Remember)
+		hc.Remember, hc.Forget = a.recorder.remember, a.recorder.forget
+	}
+	a.host = newHost(hc)
 	err := a.register(ctx)
 	for try := 1; errors.Is(err, errLateAck) && try < 3; try++ {
 		err = a.register(ctx)
 	}
 	if err != nil {
+		a.cancel()
 		return nil, err
 	}
-	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.core = NewCore(CoreConfig{Shards: cfg.Shards, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
 		a.cancel()
@@ -182,6 +266,11 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	a.wg.Add(2)
 	go a.leaseLoop(a.ctx)
 	go a.passivationLoop(a.ctx)
+	if a.recorder != nil {
+		a.wg.Add(1)
+		go a.recorder.run(a.ctx)
+	}
+	go a.run()
 	a.log.Info("region registered", "incarnation", a.incarnation)
 	return a, nil
 }
@@ -189,21 +278,12 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 // ID is the region's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
-// Held returns the shards the region is subscribed to (serving, replaying
-// or diverting), ascending.
+// Held returns the shards the region holds (serving, replaying or
+// handing off), ascending.
 func (a *Agent) Held() []int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.heldLocked()
-}
-
-func (a *Agent) heldLocked() []int {
-	held := make([]int, 0, len(a.shards))
-	for s := range a.shards {
-		held = append(held, s)
-	}
-	slices.Sort(held)
-	return held
+	return slices.Clone(a.held)
 }
 
 // Stats returns the agent's counters.
@@ -227,7 +307,7 @@ func (a *Agent) register(ctx context.Context) error {
 	a.mu.Lock()
 	leaving := a.leaving
 	a.mu.Unlock()
-	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Leaving: leaving, Started: started}
+	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Leaving: leaving, Started: started, Instance: a.instance, Conn: protocol.ConnIDOf(a.cfg.Conn)}
 	sent := time.Now()
 	lease, err := a.cfg.Store.RegisterRegion(ctx, info, a.cfg.LeaseTTL)
 	if err != nil {
@@ -240,14 +320,14 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 	a.pendingInc = ""
 	a.mu.Lock()
-	a.incarnation, a.started, a.lease, a.renewedAt, a.registered = inc, started, lease, sent, true
+	a.incarnation, a.started, a.conn, a.lease, a.renewedAt, a.registered = inc, started, info.Conn, lease, sent, true
 	a.mu.Unlock()
 	return nil
 }
 
 // infoLocked is the registration's value; a.mu is held.
 func (a *Agent) infoLocked() protocol.RegionInfo {
-	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Leaving: a.leaving, Started: a.started}
+	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Leaving: a.leaving, Started: a.started, Instance: a.instance, Conn: a.conn}
 }
 
 // errLateAck: a registration was acknowledged after the renewal deadline;
@@ -276,6 +356,9 @@ func (a *Agent) renew(ctx context.Context) error {
 	rctx, cancel := context.WithDeadline(ctx, fenceAt)
 	next, err := a.cfg.Store.Renew(rctx, lease, info)
 	cancel()
+	if err != nil && ctx.Err() == nil {
+		a.stats.RenewalsFailed.Add(1)
+	}
 	switch {
 	case err == nil:
 		a.mu.Lock()
@@ -290,7 +373,9 @@ func (a *Agent) renew(ctx context.Context) error {
 	case !time.Now().Before(fenceAt):
 		a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
 	default:
-		a.log.Warn("registration renewal failed; will retry", "err", err)
+		// Rate-limited: a full JetStream store refuses every renewal,
+		// retried every 250 ms.
+		a.limit.log(a.log, "renew-failed", "registration renewal failed; will retry", "err", err)
 	}
 	return err
 }
@@ -321,8 +406,17 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 			t.Reset(a.nextRenewal(err != nil))
 			continue
 		}
+		if err := a.checkNotTakenOver(ctx); err != nil {
+			if errors.Is(err, ErrRegionInUse) {
+				a.fail(err)
+				return
+			}
+			a.log.Warn("cannot check who holds the registration; retrying", "err", err)
+			t.Reset(a.nextRenewal(true))
+			continue
+		}
 		if err := a.register(ctx); err != nil {
-			a.log.Warn("cannot register; retrying", "err", err)
+			a.limit.log(a.log, "register-failed", "cannot register; retrying", "err", err)
 			t.Reset(a.nextRenewal(true))
 			continue
 		}
@@ -330,6 +424,7 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 		a.mu.Lock()
 		inc := a.incarnation
 		a.mu.Unlock()
+		a.post(Registered{Incarnation: inc})
 		a.log.Info("registered as a new incarnation", "incarnation", inc)
 	}
 }
@@ -369,24 +464,10 @@ func (a *Agent) Fence(reason string) {
 		return
 	}
 	a.registered = false
-	dropped := a.unbindLocked(a.heldLocked(), "region fenced")
+	inc := a.incarnation
 	a.mu.Unlock()
-	a.log.Warn("fenced: stopped serving every shard", "reason", reason, "shards", len(dropped))
-}
-
-// markLeaving sets the leaving flag; it reports false when the agent is
-// closed.
-func (a *Agent) markLeaving() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return false
-	}
-	if !a.leaving {
-		a.log.Info("region leaving: waiting for its shards to be handed off")
-	}
-	a.leaving = true
-	return true
+	a.stats.Fenced.Add(1)
+	a.post(Fenced{Reason: reason, Incarnation: inc})
 }
 
 // Leave is the graceful start of a shutdown: it marks the region leaving
@@ -396,7 +477,17 @@ func (a *Agent) markLeaving() bool {
 // ends first: the shards still held are then re-homed by the coordinator
 // as after a crash once the region closes. Call Close afterwards.
 func (a *Agent) Leave(ctx context.Context) error {
-	if !a.markLeaving() {
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	taken := make(chan struct{})
+	a.post(Leaving{Done: taken})
+	select {
+	case <-taken:
+	case <-a.loopDone:
 		return ErrClosed
 	}
 	// Written at once even when ctx is done already (the store bounds the
@@ -407,12 +498,17 @@ func (a *Agent) Leave(ctx context.Context) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if len(a.Held()) == 0 {
+		a.mu.Lock()
+		held, leaving := len(a.held), a.leaving
+		a.mu.Unlock()
+		if leaving && held == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-a.loopDone:
+			return ErrClosed
 		case <-t.C:
 		}
 	}
@@ -430,10 +526,14 @@ func (a *Agent) Close(ctx context.Context) error {
 		return ErrClosed
 	}
 	a.closed = true
-	held := a.unbindLocked(a.heldLocked(), "region closing")
+	held := len(a.held)
 	a.mu.Unlock()
+	// The driver unbinds every shard and fails what waits, then stops.
 	_ = a.cmdSub.Unsubscribe()
 	_ = a.querySub.Unsubscribe()
+	a.post(Closing{})
+	a.post(stopLoop{})
+	<-a.loopDone
 	a.cancel()
 	err := a.host.stopAll(ctx)
 	a.wg.Wait()
@@ -449,8 +549,108 @@ func (a *Agent) Close(ctx context.Context) error {
 			err = errors.Join(err, fmt.Errorf("region: deregister: %w", rerr))
 		}
 	}
-	a.log.Info("region closed", "shards", len(held))
+	a.log.Info("region closed", "shards", held)
 	return err
+}
+
+// Done is closed when the agent stopped for good by itself: another live
+// process registered under its id (ErrRegionInUse; Err says more). It
+// then serves nothing and never registers again; Close it. Done is not
+// closed by Close.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// Err says why Done was closed; nil while it is open.
+func (a *Agent) Err() error {
+	select {
+	case <-a.done:
+		return a.failErr
+	default:
+		return nil
+	}
+}
+
+// fail stops the agent for good: it is fenced already (it was about to
+// register a new incarnation).
+func (a *Agent) fail(err error) {
+	a.log.Error("region stopped for good", "err", err)
+	a.failErr = err
+	close(a.done)
+}
+
+// idCheckWait bounds the question "does a process answer for this region
+// id?" (checkIDFree, checkNotTakenOver).
+const idCheckWait = time.Second
+
+// checkIDFree refuses to start a region whose id another live process
+// serves: when the id has a registration, its region is asked a query,
+// and an answer means a process serves it (Open has not subscribed yet,
+// so it is not this one). No responders means the registration is a dead
+// process's (its subscriptions are gone from the server), which a
+// restarted process takes over; no answer in time is taken over too (the
+// holder is stuck, or its connection is dying), with a warning.
+func (a *Agent) checkIDFree(ctx context.Context) error {
+	info, _, err := a.cfg.Store.Region(ctx, a.cfg.ID)
+	if errors.Is(err, kvstate.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("region: read the registration of %s: %w", a.cfg.ID, err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, idCheckWait)
+	defer cancel()
+	m, err := a.cfg.Conn.RequestWithContext(qctx, a.cfg.Subjects.Query(a.cfg.ID), []byte(`{"shards":[0]}`))
+	switch {
+	case err == nil:
+		var ans protocol.QueryAnswer
+		_ = json.Unmarshal(m.Data, &ans)
+		return fmt.Errorf("%w: region %s (incarnation %s, registered %s) answers from another process; stop it first, or give this one another region id",
+			ErrRegionInUse, a.cfg.ID, cmp.Or(ans.Incarnation, info.Incarnation), time.UnixMilli(info.Started).Format(time.RFC3339))
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	a.log.Warn("the region id has a registration whose process does not answer; taking it over", "incarnation", info.Incarnation, "err", err)
+	return nil
+}
+
+// checkNotTakenOver runs before a fenced agent registers again: when its
+// id's registration was written by another process (another instance),
+// it asks who answers on its query subject for a while; an answer from
+// that other process means two processes share the id, and this one,
+// which lost the registration, stops (ErrRegionInUse) instead of taking
+// it back, which would fence the other, and so on for ever.
+func (a *Agent) checkNotTakenOver(ctx context.Context) error {
+	info, _, err := a.cfg.Store.Region(ctx, a.cfg.ID)
+	if errors.Is(err, kvstate.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if info.Instance == "" || info.Instance == a.instance {
+		return nil
+	}
+	inbox := a.cfg.Conn.NewRespInbox()
+	sub, err := a.cfg.Conn.SubscribeSync(inbox)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := a.cfg.Conn.PublishRequest(a.cfg.Subjects.Query(a.cfg.ID), inbox, []byte(`{"shards":[0]}`)); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(idCheckWait)
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return nil // nobody else answered: a dead process's registration
+		}
+		var ans protocol.QueryAnswer
+		if json.Unmarshal(m.Data, &ans) == nil && ans.Instance == info.Instance {
+			return fmt.Errorf("%w: another process registered region %s (incarnation %s) and answers for it", ErrRegionInUse, a.cfg.ID, info.Incarnation)
+		}
+	}
 }
 
 // logLimiter logs each kind of repeated problem at most once per interval,

@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -210,6 +211,9 @@ func TestMalformedDataMessages(t *testing.T) {
 		if m.Header.Get(protocol.HeaderError) == "" || !strings.Contains(string(m.Data), `"ok":false`) {
 			t.Fatalf("%s: answer without error: %q %v", subject, m.Data, m.Header)
 		}
+		if got := m.Header.Get(protocol.HeaderRefused); got != protocol.RefusedMalformed {
+			t.Fatalf("%s: refused %q, want %q", subject, got, protocol.RefusedMalformed)
+		}
 	}
 	if got := f.agent.Stats().Malformed.Load(); got != 3 {
 		t.Fatalf("malformed counter %d, want 3", got)
@@ -272,4 +276,124 @@ func mustEncode(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// TestRefusedReasons: a request that no entity handled says so, with the
+// reason, and a message that an entity failed does not.
+func TestRefusedReasons(t *testing.T) {
+	f := newFixtureWith(t, func(context.Context, string) (region.Entity, error) { return failing{}, nil })
+	f.bind(t, f.epoch, 1)
+	m, err := f.nc.Request(f.subjects.EntityOf(idIn(1), shards), []byte("x"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(protocol.HeaderError) != "no such thing" || m.Header.Get(protocol.HeaderRefused) != "" {
+		t.Fatalf("entity error answered with headers %v", m.Header)
+	}
+	// A message held while its shard replays, then dropped with the
+	// shard, was handled by no entity: refused as not owned.
+	r := f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: f.epoch, Incarnation: f.inc, Shards: []int{3}, Handoffs: []uint64{999}})
+	if r.Error != "" {
+		t.Fatalf("bind: %+v", r)
+	}
+	// No end marker 999: shard 3 replays and holds what arrives.
+	inbox := nats.NewInbox()
+	sub, err := f.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := f.agent.Stats().Held.Load() // shard 1's request may have been held a moment
+	if err := f.nc.PublishRequest(f.subjects.EntityOf(idIn(3), shards), inbox, []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.agent.Stats().Held.Load() == held {
+		if time.Now().After(deadline) {
+			t.Fatal("the message to the replaying shard was not held")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: f.epoch, Incarnation: f.inc, Shards: []int{3}}); r.Error != "" {
+		t.Fatalf("drop: %+v", r)
+	}
+	m, err = sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(protocol.HeaderRefused) != protocol.RefusedNotOwned {
+		t.Fatalf("held message of a dropped shard answered with headers %v", m.Header)
+	}
+}
+
+type failing struct{}
+
+func (failing) Handle(context.Context, *region.Message) ([]byte, error) {
+	return nil, errors.New("no such thing")
+}
+func (failing) Stop(context.Context) error { return nil }
+
+// TestRegionIDInUse: a second process with the id of a live region
+// refuses to start; once that region's process is gone (its connection
+// closed, as after kill -9: its registration stays until its TTL), a new
+// one takes the id over at once.
+func TestRegionIDInUse(t *testing.T) {
+	f := newFixture(t)
+	open := func(nc *nats.Conn) (*region.Agent, error) {
+		js := natstest.JetStream(t, nc)
+		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return region.Open(context.Background(), region.Config{
+			Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+		})
+	}
+	other := natstest.Connect(t, f.nc.ConnectedUrl())
+	if a, err := open(other); !errors.Is(err, region.ErrRegionInUse) {
+		if a != nil {
+			a.Close(context.Background())
+		}
+		t.Fatalf("second region r1: %v, want ErrRegionInUse", err)
+	}
+	f.nc.Close() // the first process dies
+	a, err := open(other)
+	if err != nil {
+		t.Fatalf("region r1 after its process died: %v", err)
+	}
+	a.Close(context.Background())
+}
+
+// TestRegionIDTakenOver: when another live process registers under a
+// running region's id (both started at once), the region that lost the
+// registration stops for good (Done, ErrRegionInUse) instead of taking
+// it back, which would fence the other, and so on for ever.
+func TestRegionIDTakenOver(t *testing.T) {
+	f := newFixture(t)
+	f.bind(t, f.epoch, 0, 1)
+	// The other process: answers r1's queries as another instance, and
+	// registers r1.
+	other := natstest.Connect(t, f.nc.ConnectedUrl())
+	if _, err := other.Subscribe(f.subjects.Query("r1"), func(m *nats.Msg) {
+		_ = m.Respond([]byte(`{"region":"r1","incarnation":"theirs","instance":"other-process","shards":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.RegisterRegion(context.Background(), protocol.RegionInfo{ID: "r1", Incarnation: "theirs", Instance: "other-process"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.agent.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the region that lost its id's registration to a live process did not stop")
+	}
+	if err := f.agent.Err(); !errors.Is(err, region.ErrRegionInUse) {
+		t.Fatalf("Err() = %v, want ErrRegionInUse", err)
+	}
+	if held := f.agent.Held(); len(held) != 0 {
+		t.Fatalf("stopped region holds %v", held)
+	}
+	info, _, err := f.store.Region(context.Background(), "r1")
+	if err != nil || info.Incarnation != "theirs" {
+		t.Fatalf("registration %+v, %v: the stopped region took it back", info, err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 )
 
 // Entity is one addressable object. A region calls Handle with one message
@@ -35,4 +36,17 @@ type Message struct {
 	Reply    string // empty for a plain publish
 	Header   nats.Header
 	Data     []byte
+	// Seq is the message's sequence in the type's stream in durable
+	// delivery (0 in core delivery): a message given again after a crash
+	// has the same. SeqFrom reads it from Handle's context.
+	Seq uint64
+}
+
+// Reminder is the name of the reminder that sent the message (durable
+// delivery: natshard's Env.Remind), "" for any other message.
+func (m *Message) Reminder() string {
+	if m.Header == nil {
+		return ""
+	}
+	return m.Header.Get(protocol.HeaderReminder)
 }

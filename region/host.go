@@ -13,13 +13,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/wait"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
 )
 
 // Errors answered by the host to requests it cannot give to an entity.
 var (
 	// errShardNotServed answers a message delivered to a shard that is
 	// being stopped (stopShard or stopAll began).
-	errShardNotServed = errors.New("shard not served here")
+	errShardNotServed = refused(protocol.RefusedStopping, errors.New("shard not served here"))
 	// errEntityPanicked answers a message whose Factory or Handle call
 	// panicked. The panic value and stack are logged, never sent.
 	errEntityPanicked = errors.New("entity panicked")
@@ -36,6 +39,9 @@ const maxConcurrentStops = 64
 type hostConfig struct {
 	// Factory creates entities. Required.
 	Factory Factory
+	// Context is the parent of every shard's entity context (see host);
+	// nil means context.Background().
+	Context context.Context
 	// IdleTimeout: passivateIdle stops entities idle this long; 0 means never.
 	IdleTimeout time.Duration
 	// StopTimeout bounds each Stop call; 0 means defaultStopTimeout.
@@ -50,6 +56,14 @@ type hostConfig struct {
 	// deliver for a refused message), and must not block for long. Set by
 	// the driver; nil drops answers.
 	Reply func(m *nats.Msg, data []byte, err error)
+	// Trace is Config.Trace: called, when set, for each message with
+	// headers before the entity's factory and Handle.
+	Trace func(ctx context.Context, m *nats.Msg) (context.Context, func(err error))
+	// Remember, when set, records an entity before a message activates
+	// it (its error fails the activation); Forget is told an entity that
+	// passivated itself (remember.go).
+	Remember func(ctx context.Context, shard int, id string) error
+	Forget   func(shard int, id string)
 }
 
 // host holds the entities of one region and runs their messages.
@@ -89,6 +103,16 @@ type hostConfig struct {
 // message creates a fresh incarnation with the Factory, which reloads
 // persisted state. A panicking Stop counts as stopped.
 //
+// # Contexts
+//
+// Each shard has a context, the parent's (hostConfig.Context) child: the
+// Factory and Handle of its entities get it. It ends when the shard's
+// entities have all stopped, or at once when abortShard is called (the
+// driver calls it when the shard is dropped or the region fenced or
+// closed: the shard may already be another region's). A handoff leaves it
+// alone until the entities have stopped, so that they finish the messages
+// they were given.
+//
 // # Stopping shards
 //
 // stopShard refuses new deliveries to the shard (errShardNotServed), lets
@@ -106,17 +130,31 @@ type host struct {
 	log         *slog.Logger
 	clock       func() time.Time
 	replyFn     func(m *nats.Msg, data []byte, err error)
+	trace       func(ctx context.Context, m *nats.Msg) (context.Context, func(err error))
+	remember    func(ctx context.Context, shard int, id string) error
+	forget      func(shard int, id string)
 
-	epoch   time.Time     // lastActive values are offsets from it
-	stopSem chan struct{} // bounds concurrent Stop hooks
+	ctx     context.Context // parent of the shards' contexts
+	epoch   time.Time       // lastActive values are offsets from it
+	stopSem chan struct{}   // bounds concurrent Stop hooks
 
 	mu     sync.RWMutex
 	shards map[int]*shardEntities
+	gone   handledCounts // of the shards forgotten since; guarded by mu (see counts)
+
+	// Counters of rare events (status.go).
+	activations     atomic.Uint64 // entities created by the Factory
+	passivations    atomic.Uint64 // idle entities stopped
+	refusedStopping atomic.Uint64 // messages refused because their shard was being stopped
 }
 
 // shardEntities holds the cells of one shard. Lock order: a goroutine may
 // take host.mu while holding shardEntities.mu, never the reverse.
 type shardEntities struct {
+	// ctx is given to the shard's entities; cancel ends it (see host).
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu      sync.Mutex
 	cells   map[string]*cell
 	peak    int           // largest len(cells) since the map was last rebuilt
@@ -125,6 +163,9 @@ type shardEntities struct {
 	// delivered counts the messages queued for the shard's entities (see
 	// load.go).
 	delivered uint64
+	// handled counts the messages the shard's entities finished (see
+	// status.go), under the lock each entity's goroutine takes anyway.
+	handled handledCounts
 }
 
 // Stop states of a cell.
@@ -137,11 +178,13 @@ const (
 // cell is one entity's slot: kept small, it is what an idle entity costs.
 // All fields are guarded by the shard's mutex.
 type cell struct {
-	mailbox    []*nats.Msg
+	mailbox    []envelope
 	entity     Entity // nil until created, and after a stop or a panic
 	lastActive int64  // nanoseconds since host.epoch
 	running    bool   // a goroutine owns the cell
 	stop       uint8
+	passivate  bool // the entity asked to stop once its message is handled
+	remembered bool // hostConfig.Remember recorded the entity
 }
 
 // newHost returns a host that holds no entity yet.
@@ -156,8 +199,15 @@ func newHost(cfg hostConfig) *host {
 		log:         cfg.Logger,
 		clock:       cfg.Now,
 		replyFn:     cfg.Reply,
+		trace:       cfg.Trace,
+		remember:    cfg.Remember,
+		forget:      cfg.Forget,
+		ctx:         cfg.Context,
 		stopSem:     make(chan struct{}, maxConcurrentStops),
 		shards:      make(map[int]*shardEntities),
+	}
+	if h.ctx == nil {
+		h.ctx = context.Background()
 	}
 	if h.stopTimeout <= 0 {
 		h.stopTimeout = defaultStopTimeout
@@ -185,15 +235,43 @@ func (h *host) now() int64 {
 	return int64(h.clock().Sub(h.epoch))
 }
 
+// envelope is a message in a mailbox; d is set for a message of durable
+// delivery. An envelope without message starts a remembered entity
+// (start).
+type envelope struct {
+	m *nats.Msg
+	d *durableMsg
+}
+
+// durableMsg is what a message of durable delivery carries besides itself:
+// its stream sequence (the entity's context has it: SeqFrom), and what to
+// do once its entity handled it (acknowledge it).
+type durableMsg struct {
+	seq  uint64
+	done func()
+}
+
 // deliver queues m for entity id of shard and makes sure a goroutine runs
 // the entity. It never waits for an entity. A shard being stopped refuses
 // the message: a request is answered with errShardNotServed.
-func (h *host) deliver(shard int, id string, m *nats.Msg) {
+func (h *host) deliver(shard int, id string, m *nats.Msg) { h.enqueue(shard, id, envelope{m: m}) }
+
+// deliverDurable is deliver for a message of durable delivery: once its
+// entity handled it (or failed to), d.done is called. A shard being
+// stopped leaves it alone (neither answered nor done): it stays in the
+// stream for the shard's next owner.
+func (h *host) deliverDurable(shard int, id string, m *nats.Msg, d *durableMsg) {
+	h.enqueue(shard, id, envelope{m: m, d: d})
+}
+
+func (h *host) enqueue(shard int, id string, e envelope) {
 	se := h.shardFor(shard)
 	se.mu.Lock()
 	if se.closing {
 		se.mu.Unlock()
-		h.refuse(shard, id, m)
+		if e.d == nil {
+			h.refuse(shard, id, e.m)
+		}
 		return
 	}
 	se.delivered++
@@ -206,7 +284,7 @@ func (h *host) deliver(shard int, id string, m *nats.Msg) {
 			se.peak = len(se.cells)
 		}
 	}
-	c.mailbox = append(c.mailbox, m)
+	c.mailbox = append(c.mailbox, e)
 	if c.stop == stopQueued {
 		c.stop = stopNone // cancel a passivation whose Stop has not begun
 	}
@@ -217,6 +295,41 @@ func (h *host) deliver(shard int, id string, m *nats.Msg) {
 	c.running = true
 	se.mu.Unlock()
 	go h.run(se, shard, id, c)
+}
+
+// start activates entity id of shard without a message (a remembered
+// entity), unless the shard is being stopped or the entity has a cell
+// already (it is active, or messages are on their way to it). It reports
+// whether it started one.
+func (h *host) start(shard int, id string) bool {
+	se := h.shardFor(shard)
+	se.mu.Lock()
+	if se.closing || se.cells[id] != nil {
+		se.mu.Unlock()
+		return false
+	}
+	c := &cell{lastActive: h.now(), running: true, remembered: true, mailbox: []envelope{{}}}
+	se.cells[id] = c
+	se.peak = max(se.peak, len(se.cells))
+	se.mu.Unlock()
+	go h.run(se, shard, id, c)
+	return true
+}
+
+// passivate asks entity id of shard to stop once the message it handles
+// is done; the messages queued after it go to a new incarnation.
+func (h *host) passivate(shard int, id string) {
+	h.mu.RLock()
+	se := h.shards[shard]
+	h.mu.RUnlock()
+	if se == nil {
+		return
+	}
+	se.mu.Lock()
+	if c := se.cells[id]; c != nil {
+		c.passivate = true
+	}
+	se.mu.Unlock()
 }
 
 // shardFor returns the shard's entities, creating them if needed.
@@ -231,9 +344,21 @@ func (h *host) shardFor(shard int) *shardEntities {
 	defer h.mu.Unlock()
 	if se = h.shards[shard]; se == nil {
 		se = &shardEntities{cells: make(map[string]*cell)}
+		se.ctx, se.cancel = context.WithCancel(h.ctx)
 		h.shards[shard] = se
 	}
 	return se
+}
+
+// abortShard ends the context of shard's entities at once (see host). The
+// shard's stop is the caller's business.
+func (h *host) abortShard(shard int) {
+	h.mu.RLock()
+	se := h.shards[shard]
+	h.mu.RUnlock()
+	if se != nil {
+		se.cancel()
+	}
 }
 
 // snapshot returns the shards held, in no particular order.
@@ -272,8 +397,10 @@ func (h *host) drainedLocked(se *shardEntities, shard int) {
 	h.mu.Lock()
 	if h.shards[shard] == se {
 		delete(h.shards, shard)
+		h.gone.add(se.handled)
 	}
 	h.mu.Unlock()
+	se.cancel()
 	close(se.drained)
 }
 
@@ -285,6 +412,7 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 		ent     Entity
 		loaded  bool
 		handled bool
+		counts  handledCounts // since the last time se.mu was taken
 	)
 	for {
 		var now int64
@@ -299,12 +427,34 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 		}
 		if handled {
 			c.lastActive = now
+			se.handled.add(counts)
+			counts = handledCounts{}
+		}
+		if c.passivate && ent != nil && !se.closing {
+			// The entity asked to stop: it stops now, and a new
+			// incarnation handles the messages queued or to come.
+			forget := c.remembered && h.forget != nil
+			c.passivate, c.remembered = false, false
+			se.mu.Unlock()
+			h.stopEntity(shard, id, ent)
+			h.passivations.Add(1)
+			if forget {
+				h.forget(shard, id)
+			}
+			ent, handled = nil, false
+			continue
 		}
 		if len(c.mailbox) == 0 {
 			if se.closing && ent != nil {
 				// Deliveries are refused now, so the mailbox stays empty.
+				// An entity that asked to stop is forgotten; the others
+				// stay remembered, for the shard's next owner.
+				forget := c.passivate && c.remembered && h.forget != nil
 				se.mu.Unlock()
 				h.stopEntity(shard, id, ent)
+				if forget {
+					h.forget(shard, id)
+				}
 				se.mu.Lock()
 				ent, c.entity = nil, nil
 			}
@@ -316,66 +466,181 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 			se.mu.Unlock()
 			return
 		}
-		m := c.mailbox[0]
-		c.mailbox[0] = nil
+		e := c.mailbox[0]
+		c.mailbox[0] = envelope{}
 		c.mailbox = c.mailbox[1:]
 		se.mu.Unlock()
 
-		handled = true
-		if ent == nil {
-			if ent = h.create(shard, id, m); ent == nil {
-				continue
-			}
+		if e.m == nil {
+			ent = h.startOne(se, shard, id, c, ent)
+			continue
 		}
-		if !h.handle(shard, id, ent, m) {
-			ent = nil // panicked: drop this incarnation without Stop
+		handled = true
+		counts.handled++
+		var err error
+		if ent, err = h.deliverOne(se, shard, id, c, ent, e); err != nil {
+			counts.failed++
 		}
 	}
 }
 
-// create calls the Factory for the message m; on failure it answers m and
-// returns nil.
-func (h *host) create(shard int, id string, m *nats.Msg) (ent Entity) {
-	defer func() {
-		if r := recover(); r != nil {
-			h.log.Error("region: entity factory panicked",
-				"shard", shard, "entity", id, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			ent = nil
-			h.reply(shard, id, m, nil, errEntityPanicked)
-		}
-	}()
-	ent, err := h.factory(context.Background(), id)
-	if err == nil && ent == nil {
-		err = errors.New("entity factory returned no entity")
+// startOne creates the remembered entity id unless ent exists, and
+// returns the entity (nil when the Factory failed: logged, and the
+// entity's next message tries again).
+func (h *host) startOne(se *shardEntities, shard int, id string, c *cell, ent Entity) Entity {
+	if ent != nil {
+		return ent
 	}
+	ent, err := h.create(se.ctx, shard, id)
 	if err != nil {
-		h.reply(shard, id, m, nil, fmt.Errorf("create entity: %w", err))
+		h.log.Warn("region: a remembered entity could not be started; its next message tries again", "shard", shard, "entity", id, "error", err)
 		return nil
 	}
 	return ent
 }
 
-// handle runs ent.Handle for m and answers it. It reports false when
-// Handle panicked.
-func (h *host) handle(shard int, id string, ent Entity, m *nats.Msg) (ok bool) {
+// deliverOne gives the message e to entity id, creating the entity first
+// when ent is nil, answers it, and returns the entity (nil when it has to
+// be created again: it panicked, or could not be created).
+//
+// A message of durable delivery is done (acknowledged) once answered.
+// When the entity (or its Factory) fails with ErrUnavailable (its state
+// could not be read or written: JetStream has no leader for a moment), it
+// is not answered: the entity gets it again after a pause, before any
+// later message, until it succeeds or the shard leaves this region (then
+// it stays in the stream for the next owner).
+//
+// It returns the error the message was answered with.
+func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent Entity, e envelope) (_ Entity, err error) {
+	ctx := se.ctx
+	if h.trace != nil && e.m.Header != nil {
+		var end func(error)
+		if ctx, end = h.trace(ctx, e.m); end != nil {
+			defer func() { end(err) }()
+		}
+	}
+	var seq uint64
+	if e.d != nil {
+		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
+	}
+	backoff := retryFirst
+	for {
+		var data []byte
+		if ent == nil {
+			if err = h.rememberOnce(ctx, se, shard, id, c); err != nil {
+				err = fmt.Errorf("remember entity: %w", err)
+			} else if ent, err = h.create(ctx, shard, id); err != nil {
+				err = fmt.Errorf("create entity: %w", err)
+			}
+		}
+		if ent != nil {
+			var ok bool
+			if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq); !ok {
+				ent = nil // panicked: drop this incarnation without Stop
+			}
+		}
+		if e.d != nil && errors.Is(err, ErrUnavailable) {
+			if backoff == retryFirst {
+				h.log.Warn("region: an entity could not handle a message of durable delivery; it gets it again", "shard", shard, "entity", id, "error", err)
+			}
+			if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
+				return ent, err // the shard left: the message stays in the stream
+			}
+			backoff = min(2*backoff, retryMax)
+			continue
+		}
+		h.reply(shard, id, e.m, data, err)
+		if e.d != nil {
+			e.d.done()
+		}
+		return ent, err
+	}
+}
+
+// rememberOnce records entity id before its first activation, with
+// hostConfig.Remember.
+func (h *host) rememberOnce(ctx context.Context, se *shardEntities, shard int, id string, c *cell) error {
+	if h.remember == nil {
+		return nil
+	}
+	se.mu.Lock()
+	known := c.remembered
+	se.mu.Unlock()
+	if known {
+		return nil
+	}
+	if err := h.remember(ctx, shard, id); err != nil {
+		return err
+	}
+	se.mu.Lock()
+	c.remembered = true
+	se.mu.Unlock()
+	return nil
+}
+
+// ErrUnavailable marks an error of an entity (or its Factory) that may
+// pass if the message is tried again: what kvstate returns when JetStream
+// does not answer. In durable delivery such a message is given to the
+// entity again instead of being answered with the error.
+var ErrUnavailable = kvstate.ErrUnavailable
+
+type seqKey struct{}
+
+func withSeq(ctx context.Context, seq uint64) context.Context {
+	return context.WithValue(ctx, seqKey{}, seq)
+}
+
+// SeqFrom returns the stream sequence of the message being handled, from
+// the context given to an entity's Handle (and to its Factory, for the
+// message that activates it) in durable delivery; 0 in core delivery.
+// Persistent entities save it with their state and skip a message they
+// were given again (after a crash) at or below the one they applied.
+func SeqFrom(ctx context.Context) uint64 {
+	seq, _ := ctx.Value(seqKey{}).(uint64)
+	return seq
+}
+
+// create calls the Factory; a panic is recovered (logged, and returned as
+// errEntityPanicked).
+func (h *host) create(ctx context.Context, shard int, id string) (ent Entity, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			h.log.Error("region: entity factory panicked",
+				"shard", shard, "entity", id, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			ent, err = nil, errEntityPanicked
+		}
+	}()
+	ent, err = h.factory(ctx, id)
+	if err == nil && ent == nil {
+		err = errors.New("entity factory returned no entity")
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.activations.Add(1)
+	return ent, nil
+}
+
+// handle runs ent.Handle for m and returns its answer. ok is false when
+// Handle panicked (err is errEntityPanicked then).
+func (h *host) handle(ctx context.Context, shard int, id string, ent Entity, m *nats.Msg, seq uint64) (data []byte, ok bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			h.log.Error("region: entity panicked",
 				"shard", shard, "entity", id, "subject", m.Subject, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			ok = false
-			h.reply(shard, id, m, nil, errEntityPanicked)
+			data, ok, err = nil, false, errEntityPanicked
 		}
 	}()
-	data, err := ent.Handle(context.Background(), &Message{
+	data, err = ent.Handle(ctx, &Message{
 		EntityID: id,
 		Shard:    shard,
 		Subject:  m.Subject,
 		Reply:    m.Reply,
 		Header:   m.Header,
 		Data:     m.Data,
+		Seq:      seq,
 	})
-	h.reply(shard, id, m, data, err)
-	return true
+	return data, true, err
 }
 
 // reply answers a request; for a plain publish it only logs an error.
@@ -394,6 +659,7 @@ func (h *host) reply(shard int, id string, m *nats.Msg, data []byte, err error) 
 
 // refuse answers a message delivered to a shard that is being stopped.
 func (h *host) refuse(shard int, id string, m *nats.Msg) {
+	h.refusedStopping.Add(1)
 	if m.Reply == "" {
 		h.log.Warn("region: message to a stopping shard dropped",
 			"shard", shard, "entity", id, "subject", m.Subject)
@@ -429,7 +695,7 @@ func (h *host) stopEntity(shard int, id string, ent Entity) {
 		}
 	case <-ctx.Done():
 		h.log.Warn("region: entity stop hook exceeded the stop timeout; abandoned",
-			"shard", shard, "entity", id, "timeout", h.stopTimeout)
+			"shard", shard, "entity", id, "timeout", h.stopTimeout.String())
 	}
 }
 
@@ -439,6 +705,7 @@ type stopItem struct {
 	shard int
 	id    string
 	c     *cell
+	idle  bool // a passivation
 }
 
 // runStops stops the queued cells with a bounded number of workers. It
@@ -480,6 +747,9 @@ func (h *host) stopCell(it stopItem) {
 
 	if ent != nil {
 		h.stopEntity(it.shard, it.id, ent)
+		if it.idle {
+			h.passivations.Add(1)
+		}
 	}
 
 	se.mu.Lock()
@@ -525,7 +795,7 @@ func (h *host) passivateIdle() int {
 			}
 			c.running = true
 			c.stop = stopQueued
-			items = append(items, stopItem{se: se, shard: n, id: id, c: c})
+			items = append(items, stopItem{se: se, shard: n, id: id, c: c, idle: true})
 		}
 		se.mu.Unlock()
 	}

@@ -969,3 +969,143 @@ func TestHostMemoryPerIdleEntity(t *testing.T) {
 	}
 	runtime.KeepAlive(h)
 }
+
+// TestHostEntityContext: the Factory and Handle of a shard's entities get
+// its context, which a handoff's stop ends only once the entities have
+// stopped (so that they finish what they were given), and abortShard (a
+// drop or a fence) ends at once; other shards keep theirs.
+func TestHostEntityContext(t *testing.T) {
+	type seen struct {
+		shard int
+		ctx   context.Context
+	}
+	ctxs := make(chan seen, 10)
+	block := make(chan struct{})
+	factory := func(ctx context.Context, id string) (Entity, error) {
+		shard, _ := strconv.Atoi(id)
+		ctxs <- seen{shard, ctx}
+		return &testEntity{handle: func(_ int, m *Message) ([]byte, error) {
+			if string(m.Data) == "block" {
+				<-block
+			}
+			return nil, nil
+		}}, nil
+	}
+	h := newTestHost(t, factory, newRecorder(), nil)
+	for shard := range 3 {
+		h.deliver(shard, strconv.Itoa(shard), pub(strconv.Itoa(shard), "x"))
+	}
+	got := map[int]context.Context{}
+	for range 3 {
+		s := <-ctxs
+		got[s.shard] = s.ctx
+	}
+	h.deliver(0, "0", pub("0", "block"))
+	eventually(t, "shard 0 busy", func() bool { return !quiet(h) })
+
+	// A handoff's stop: the context lives while an entity still works.
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.stopShard(context.Background(), 0) }()
+	eventually(t, "shard 0 closing", func() bool {
+		se := h.snapshot()[0]
+		se.mu.Lock()
+		defer se.mu.Unlock()
+		return se.closing
+	})
+	if err := got[0].Err(); err != nil {
+		t.Fatalf("shard 0's context ended while its entity still worked: %v", err)
+	}
+	close(block)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Err() == nil {
+		t.Fatal("shard 0's context lives on after its entities stopped")
+	}
+
+	// A drop or fence: at once, and only the shard's.
+	h.abortShard(1)
+	if got[1].Err() == nil {
+		t.Fatal("abortShard(1) left shard 1's context alive")
+	}
+	if err := got[2].Err(); err != nil {
+		t.Fatalf("shard 2's context ended with shard 1's: %v", err)
+	}
+}
+
+// TestHostDurableRetriesUnavailable: in durable delivery, a message whose
+// entity (or its Factory) fails with ErrUnavailable is given again, in
+// place (before the entity's later messages), and acknowledged once
+// handled; one that fails otherwise is answered and acknowledged; one
+// still failing when its shard leaves is neither.
+func TestHostDurableRetriesUnavailable(t *testing.T) {
+	var fails atomic.Int32
+	fails.Store(2)
+	var mu sync.Mutex
+	var order []string
+	f := &testFactory{
+		fail: func(int) error {
+			if fails.Add(-1) >= 0 {
+				return fmt.Errorf("load state: %w", ErrUnavailable)
+			}
+			return nil
+		},
+		handle: func(_ int, m *Message) ([]byte, error) {
+			mu.Lock()
+			order = append(order, string(m.Data))
+			mu.Unlock()
+			if string(m.Data) == "bad" {
+				return nil, errors.New("bad request")
+			}
+			return m.Data, nil
+		},
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	done := make(chan string, 10)
+	durable := func(data string, seq uint64) *durableMsg {
+		return &durableMsg{seq: seq, done: func() { done <- data }}
+	}
+	h.deliverDurable(0, "a", req("a", "first"), durable("first", 1))
+	h.deliverDurable(0, "a", req("a", "bad"), durable("bad", 2))
+	for _, want := range []string{"first", "bad"} {
+		select {
+		case got := <-done:
+			if got != want {
+				t.Fatalf("done %q, want %q", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q never done", want)
+		}
+	}
+	if r := rec.next(t); string(r.data) != "first" || r.err != nil {
+		t.Fatalf("first answered %+v, want its data once the factory worked", r)
+	}
+	if r := rec.next(t); r.err == nil || r.err.Error() != "bad request" {
+		t.Fatalf("bad answered %+v, want the entity's error", r)
+	}
+	rec.none(t)
+	if got := f.calls.Load(); got != 3 {
+		t.Fatalf("factory called %d times, want 3 (two failures, then an entity)", got)
+	}
+	mu.Lock()
+	if fmt.Sprint(order) != "[first bad]" {
+		t.Fatalf("handled %v", order)
+	}
+	mu.Unlock()
+
+	// Unavailable until the shard leaves: neither answered nor done.
+	f.handle = func(int, *Message) ([]byte, error) { return nil, fmt.Errorf("save: %w", ErrUnavailable) }
+	h.deliverDurable(1, "b", req("b", "stuck"), durable("stuck", 3))
+	time.Sleep(300 * time.Millisecond)
+	h.abortShard(1)
+	if err := h.stopShard(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-done:
+		t.Fatalf("%q done though never handled", got)
+	default:
+	}
+	rec.none(t)
+}

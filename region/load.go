@@ -98,19 +98,6 @@ func (a *Agent) loads(held []int) ([]protocol.ShardLoad, []bool) {
 	return loads, measured
 }
 
-// probeLoadLocked is the load report of a probe answer: the held shards
-// whose rate is measured. a.mu is held.
-func (a *Agent) probeLoadLocked() []protocol.ShardLoad {
-	loads, measured := a.loads(a.heldLocked())
-	out := loads[:0]
-	for i, l := range loads {
-		if measured[i] {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // shardLoad returns how many messages the host queued for shard since it
 // began holding it, and how many entities it holds for it.
 func (h *host) shardLoad(shard int) (delivered uint64, entities int) {

@@ -55,12 +55,8 @@ func (a *Agent) query(body []byte) (protocol.QueryAnswer, error) {
 	}
 
 	a.mu.Lock()
-	ans := protocol.QueryAnswer{Region: a.cfg.ID, Incarnation: a.incarnation, Shards: []protocol.ShardReport{}}
-	held := a.heldLocked()
-	modes := make(map[int]mode, len(held))
-	for _, sh := range held {
-		modes[sh] = a.shards[sh].currentMode()
-	}
+	ans := protocol.QueryAnswer{Region: a.cfg.ID, Incarnation: a.incarnation, Instance: a.instance, Shards: []protocol.ShardReport{}}
+	held, modes := a.held, a.modes
 	a.mu.Unlock()
 
 	loads, _ := a.loads(held)

@@ -78,7 +78,10 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 			return
 		}
 	}
-	a.goLive(st, done)
+	st.mu.Lock()
+	st.replayed = done
+	st.mu.Unlock()
+	a.post(CaughtUp{Shard: st.n, Life: st.lifeN})
 }
 
 // deliverReplayed hands a replayed message to its entity, unless one with
@@ -158,7 +161,7 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 // held messages not delivered yet, in arrival order, skipping those whose
 // Nats-Msg-Id was delivered, and switches the shard to live. It reports
 // false when the shard was dropped meanwhile.
-func (a *Agent) goLive(st *shardState, replayed int) bool {
+func (a *Agent) goLive(st *shardState) bool {
 	st.mu.Lock()
 	if st.mode != modeHold {
 		st.mu.Unlock()
@@ -181,9 +184,10 @@ func (a *Agent) goLive(st *shardState, replayed int) bool {
 	}
 	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
 	st.mode = modeLive
-	handoff := st.handoff
+	handoff, replayed := st.handoff, st.replayed
 	st.mu.Unlock()
 	a.stats.DuplicatesSkipped.Add(uint64(skipped))
-	a.log.Info("shard live", "shard", st.n, "handoff", handoff, "replayed", replayed, "held", held, "duplicates_skipped", skipped)
+	a.log.Debug("shard live", "shard", st.n, "handoff", handoff, "replayed", replayed, "held", held, "duplicates_skipped", skipped)
+	a.reportReplay(st.n, handoff, st.bound, replayed)
 	return true
 }

@@ -54,15 +54,21 @@ func (m mode) String() string {
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
-// shardState is one held shard. The agent's map gives the current state
-// of each shard; a state that left the map stays modeGone for ever (a new
-// Bind makes a new state), so the subscription callbacks of a shard's
-// earlier life can tell that they are stale.
+// shardState is the data plane of one held shard: how its messages reach
+// the entities (a core subscription, and the replay of its buffer while it
+// binds). The driver makes one per bind (a life of the shard) and changes
+// its mode as the core decides; the subscription callback reads the mode
+// under the shard's own lock, never the agent's. The agent's map gives
+// the current state of each shard; a state that left the map stays
+// modeGone for ever, so the callbacks of a shard's earlier life can tell
+// that they are stale.
 //
 // Lock order: Agent.mu, then shardState.mu, then the host's locks.
 type shardState struct {
-	n   int
-	sub *nats.Subscription // set once, before the state is published
+	a     *Agent
+	n     int
+	lifeN uint64             // the core's life of this bind
+	sub   *nats.Subscription // set once, before the state is published
 
 	mu      sync.Mutex
 	mode    mode
@@ -84,12 +90,8 @@ type shardState struct {
 	dedupUntil uint64
 	dedupEnd   time.Time
 
-	// divert
-	stopped <-chan struct{} // closed when the entities have stopped
-
-	// released is non-nil once a Release began; closed when the
-	// subscription is gone. Guarded by Agent.mu.
-	released chan struct{}
+	replayed int       // messages the replay delivered (for the log)
+	bound    time.Time // when the shard was bound (for Config.OnStep)
 }
 
 // currentMode reads the shard's mode.
@@ -147,7 +149,7 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 			st.mu.Unlock()
 			a.stats.HeldOverflow.Add(1)
 			a.limit.log(a.log, "held-overflow", "refused a message: too many held while replaying the buffer", "shard", st.n, "max", a.cfg.MaxHeld)
-			a.reply(m, nil, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld))
+			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld)))
 			return
 		}
 		if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
@@ -179,27 +181,29 @@ func (a *Agent) appendFailed(m *nats.Msg, err error) {
 	a.stats.BufferFailed.Add(1)
 	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
 	if errors.Is(err, kvstate.ErrBufferFull) {
-		err = fmt.Errorf("shard is moving and its buffer is full: %w", err)
+		a.stats.BufferFull.Add(1)
+		err = fmt.Errorf("shard is moving and its buffer is full: %w", err) // names the cause: messages per shard, or no space
 	} else {
 		err = fmt.Errorf("shard is moving and its message could not be buffered: %w", err)
 	}
-	a.reply(m, nil, err)
+	a.reply(m, nil, refused(protocol.RefusedMoving, err))
 }
 
 func (a *Agent) malformed(m *nats.Msg, err error) {
 	a.stats.Malformed.Add(1)
 	a.limit.log(a.log, "malformed", "dropped a malformed message", "subject", m.Subject, "err", err)
-	a.reply(m, nil, err)
+	a.reply(m, nil, refused(protocol.RefusedMalformed, err))
 }
 
 func (a *Agent) notOwned(shard int, m *nats.Msg) {
 	a.stats.NotOwned.Add(1)
 	a.limit.log(a.log, "not-owned", "dropped a message for a shard not served here", "shard", shard)
-	a.reply(m, nil, fmt.Errorf("shard %d is not served by region %s", shard, a.cfg.ID))
+	a.reply(m, nil, refused(protocol.RefusedNotOwned, fmt.Errorf("shard %d is not served by region %s", shard, a.cfg.ID)))
 }
 
-// reply answers a request; err becomes the Natshard-Error header. Plain
-// publishes get no answer.
+// reply answers a request; err becomes the Natshard-Error header, and a
+// refusal's reason the Natshard-Refused header. Plain publishes get no
+// answer.
 func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
 	if m.Reply == "" {
 		return
@@ -215,15 +219,33 @@ func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
 		a.limit.log(a.log, "answer-too-large", "an answer was too large to send", "subject", m.Subject, "err", err)
 		data = nil
 	}
-	_ = a.cfg.Conn.PublishMsg(protocol.ErrorReply(m.Reply, data, err))
+	var rf *refusal
+	reason := ""
+	if errors.As(err, &rf) {
+		reason = rf.reason
+	}
+	_ = a.cfg.Conn.PublishMsg(protocol.RefusedReply(m.Reply, reason, data, err))
 }
 
-// bindLocked subscribes to shard n and starts replaying its buffer up to
-// marker handoff; a.mu is held. Arrivals are held until the replay is
-// done. The caller flushes the connection.
-func (a *Agent) bindLocked(n int, handoff uint64) error {
+// refusal is the error of a message that no entity handled; reason is
+// one of protocol's Refused* values. Sending such a message again is safe
+// (but for a malformed one, useless).
+type refusal struct {
+	reason string
+	err    error
+}
+
+func refused(reason string, err error) error { return &refusal{reason: reason, err: err} }
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+// bind subscribes to shard n and starts replaying its buffer up to
+// marker handoff, in a goroutine that reports CaughtUp. Arrivals are held
+// until the shard goes live. The driver flushes the connection.
+func (a *Agent) bind(n int, handoff, life uint64) error {
 	ctx, cancel := context.WithCancel(a.ctx)
-	st := &shardState{n: n, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), cancel: cancel}
+	st := &shardState{a: a, n: n, lifeN: life, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), cancel: cancel, bound: time.Now()}
 	sub, err := a.cfg.Conn.Subscribe(a.cfg.Subjects.Shard(n), func(m *nats.Msg) { a.onMessage(st, m) })
 	if err != nil {
 		cancel()
@@ -231,93 +253,50 @@ func (a *Agent) bindLocked(n int, handoff uint64) error {
 	}
 	_ = sub.SetPendingLimits(-1, -1) // never drop on a slow entity: the mailbox absorbs bursts
 	st.sub = sub
+	a.mu.Lock()
 	a.shards[n] = st
 	// Entities of the shard's previous life here, if any, must have
 	// stopped before the replay delivers to new ones.
 	prior := a.stopping[n]
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		a.replay(ctx, st, handoff, prior)
-	}()
+	a.mu.Unlock()
+	a.goDo(func() { a.replay(ctx, st, handoff, prior) })
 	return nil
 }
 
-// pauseLocked switches a live shard to divert for handoff and starts
-// stopping its entities; a.mu and st.mu are held.
-func (a *Agent) pauseLocked(st *shardState, handoff uint64) {
-	st.mode = modeDivert
-	st.handoff = handoff
-	st.stopped = a.stopEntitiesLocked(st.n)
+// pause switches a live shard to divert for handoff: from now on its
+// arrivals go to the buffer.
+func (st *shardState) pause(handoff uint64) {
+	st.mu.Lock()
+	st.mode, st.handoff = modeDivert, handoff
+	st.mu.Unlock()
 }
 
-// unbindLocked unsubscribes the shards at once, in whatever mode, ends
-// their replays, refuses what they held and stops their entities; no end
-// marker is written. a.mu is held. It returns the shards it unbound.
-func (a *Agent) unbindLocked(shards []int, why string) []int {
-	var done []int
-	for _, n := range shards {
-		st, ok := a.shards[n]
-		if !ok {
-			continue
+// stop unsubscribes the shard at once, in whatever mode, ends its replay
+// and refuses what it held; no end marker is written.
+func (st *shardState) stop(why string) {
+	a := st.a
+	st.mu.Lock()
+	st.mode = modeGone
+	var held []heldMsg // undelivered: refused below
+	for _, h := range st.held[st.heldNext:] {
+		if _, done := st.seen[h.m.Header.Get(protocol.HeaderMsgID)]; !done {
+			held = append(held, h)
 		}
-		delete(a.shards, n)
-		st.mu.Lock()
-		st.mode = modeGone
-		var held []heldMsg // undelivered: refused below
-		for _, h := range st.held[st.heldNext:] {
-			if _, done := st.seen[h.m.Header.Get(protocol.HeaderMsgID)]; !done {
-				held = append(held, h)
-			}
-		}
-		st.held, st.heldAt, st.seen = nil, nil, nil
-		st.mu.Unlock()
-		st.cancel()
-		_ = st.sub.Unsubscribe()
-		for _, h := range held {
-			a.reply(h.m, nil, fmt.Errorf("shard %d left region %s: %s", n, a.cfg.ID, why))
-		}
-		a.stopEntitiesLocked(n)
-		done = append(done, n)
 	}
-	return done
+	st.held, st.heldAt, st.seen = nil, nil, nil
+	st.mu.Unlock()
+	st.cancel()
+	_ = st.sub.Unsubscribe()
+	for _, h := range held {
+		a.reply(h.m, nil, refused(protocol.RefusedNotOwned, fmt.Errorf("shard %d left region %s: %s", st.n, a.cfg.ID, why)))
+	}
 }
 
-// forgetLocked removes a released shard (st, diverting) from the agent;
-// a.mu is held. Its entities were stopped by the handoff.
-func (a *Agent) forgetLocked(st *shardState) {
-	if a.shards[st.n] == st {
-		delete(a.shards, st.n)
-	}
+// forget ends a released shard (its subscription drained): its entities
+// were stopped by the handoff.
+func (st *shardState) forget() {
 	st.mu.Lock()
 	st.mode = modeGone
 	st.mu.Unlock()
 	st.cancel()
-}
-
-// stopEntitiesLocked stops the entities of shard n in the background and
-// returns a channel closed when they all have; a.mu is held. A stop that
-// is already under way is joined.
-func (a *Agent) stopEntitiesLocked(n int) <-chan struct{} {
-	if ch, ok := a.stopping[n]; ok {
-		return ch
-	}
-	ch := make(chan struct{})
-	a.stopping[n] = ch
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		// Not bounded by a context: every stop hook is (StopTimeout), so
-		// the shard drains; and ch must mean "stopped".
-		if err := a.host.stopShard(context.Background(), n); err != nil {
-			a.log.Warn("stopping a shard's entities", "shard", n, "err", err)
-		}
-		a.mu.Lock()
-		if a.stopping[n] == ch {
-			delete(a.stopping, n)
-		}
-		a.mu.Unlock()
-		close(ch)
-	}()
-	return ch
 }

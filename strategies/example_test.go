@@ -23,8 +23,9 @@ func Example() {
 	id, err := s.Allocate(30, "b", regions)
 	fmt.Println(id, err)
 
-	// 30 shards on 3 regions: optimal is 10, and a round moves at most
-	// 10% of 30 = 3 shards, the oldest ones of the most loaded region.
+	// 30 shards on 3 regions: optimal is 10, and with the default limits
+	// (none in effect) a round moves every shard above it, the oldest ones
+	// of the most loaded region first.
 	moved, err := s.Rebalance(regions, nil)
 	fmt.Println(moved, err)
 
@@ -34,7 +35,7 @@ func Example() {
 
 	// Output:
 	// c <nil>
-	// [0 1 2] <nil>
+	// [0 1 2 3 4 5 6 7 8 9] <nil>
 	// [] <nil>
 }
 

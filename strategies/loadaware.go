@@ -7,10 +7,13 @@ import (
 	"strings"
 )
 
-// Defaults of LoadAwareConfig.
+// Defaults of LoadAwareConfig. The hysteresis keeps noisy measurements
+// from moving shards back and forth; the limit on moves per round is high
+// because natshard's handoff is cheap (a region joining three that hold
+// 1 024 shards of equal load takes 256 moves: one round).
 const (
 	DefaultLoadHysteresis = 0.2
-	DefaultLoadMaxMoves   = 10
+	DefaultLoadMaxMoves   = 256
 )
 
 // LoadAwareConfig configures NewLoadAware. The zero value is usable:

@@ -245,6 +245,31 @@ func TestLoadAwareSettles(t *testing.T) {
 	}
 }
 
+// A fourth region joins three that hold 1 024 shards of equal load: with
+// the defaults one round balances them (256 moves), and the next moves
+// nothing.
+func TestLoadAwareJoin1024(t *testing.T) {
+	var regions []Region
+	for i, id := range []string{"a", "b", "c"} {
+		r := Region{ID: id, Version: "1.0"}
+		for sh := i; sh < 1024; sh += 3 {
+			r.Shards = append(r.Shards, sh)
+			r.Load = append(r.Load, ShardLoad{MessagesPerSecond: 10})
+		}
+		regions = append(regions, r)
+	}
+	regions = append(regions, Region{ID: "d", Version: "1.0"})
+	s := NewLoadAware(LoadAwareConfig{})
+	moved, _ := s.Rebalance(regions, nil)
+	if len(moved) != 256 {
+		t.Fatalf("first round moves %d shards, want 256", len(moved))
+	}
+	final, rounds := runRounds(t, s, regions, 10, true, nil)
+	if rounds != 1 || spread(final) > 1 {
+		t.Fatalf("%d rounds, shards per region %v; want 1 round, balanced", rounds, sizes(final))
+	}
+}
+
 // Regions of equal load never move anything, whatever their shards.
 func TestLoadAwareEqualLoads(t *testing.T) {
 	for seed := range int64(100) {

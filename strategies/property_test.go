@@ -159,26 +159,37 @@ func TestConvergesLarge(t *testing.T) {
 	simulate(t, s, regions, 2)
 }
 
-// With the default limits a round moves at most `limit` shards, so phase 1
-// takes ceil(excess/limit) rounds and phase 2, which has fewer than one
-// shard per region to move, at most ceil(regions/limit) more.
-func TestConvergesDefaultLimits(t *testing.T) {
-	s := NewLeastShard(DefaultAbsoluteLimit, DefaultRelativeLimit)
-	for seed := range int64(100) {
-		rng := newRand(seed)
-		regions := randomAllocation(rng, 1+rng.Intn(20), rng.Intn(401))
-		total := 0
-		for _, r := range regions {
-			total += len(r.Shards)
+// With limits a round moves at most `limit` shards, so phase 1 takes
+// ceil(excess/limit) rounds and phase 2, which has fewer than one shard per
+// region to move, at most ceil(regions/limit) more. With the default
+// limits (none in effect) that is two rounds at most, whatever the
+// allocation.
+func TestConvergesWithLimits(t *testing.T) {
+	for _, lim := range []struct {
+		absolute int
+		relative float64
+		bound    int // the most rounds, whatever the allocation; 0: only the formula's bound
+	}{{DefaultAbsoluteLimit, DefaultRelativeLimit, 2}, {20, 0.1, 0}} {
+		s := NewLeastShard(lim.absolute, lim.relative)
+		for seed := range int64(100) {
+			rng := newRand(seed)
+			regions := randomAllocation(rng, 1+rng.Intn(20), rng.Intn(401))
+			total := 0
+			for _, r := range regions {
+				total += len(r.Shards)
+			}
+			optimal := (total + len(regions) - 1) / len(regions)
+			excess := 0
+			for _, r := range regions {
+				excess += max(0, len(r.Shards)-optimal)
+			}
+			limit := leastShard{lim.absolute, lim.relative}.limit(total)
+			bound := (excess+limit-1)/limit + (len(regions)+limit-1)/limit
+			if lim.bound > 0 {
+				bound = min(bound, lim.bound)
+			}
+			simulate(t, s, regions, bound)
 		}
-		optimal := (total + len(regions) - 1) / len(regions)
-		excess := 0
-		for _, r := range regions {
-			excess += max(0, len(r.Shards)-optimal)
-		}
-		limit := leastShard{DefaultAbsoluteLimit, DefaultRelativeLimit}.limit(total)
-		bound := (excess+limit-1)/limit + (len(regions)+limit-1)/limit
-		simulate(t, s, regions, bound)
 	}
 }
 
@@ -197,8 +208,9 @@ func TestJoin1024(t *testing.T) {
 		want     int
 	}{
 		{"unlimited", 1 << 30, 1.0, 1},
-		{"relative 0.1 only", 1 << 30, DefaultRelativeLimit, 3},      // 102 a round: 102+102+52
-		{"defaults", DefaultAbsoluteLimit, DefaultRelativeLimit, 13}, // 20 a round: 12*20+16
+		{"relative 0.1 only", 1 << 30, 0.1, 3}, // 102 a round: 102+102+52
+		{"Akka's limits", 20, 0.1, 13},         // 20 a round: 12*20+16
+		{"defaults", DefaultAbsoluteLimit, DefaultRelativeLimit, 1},
 	}
 	for _, tc := range tests {
 		got := simulate(t, NewLeastShard(tc.absolute, tc.relative), join, 100)

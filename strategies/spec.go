@@ -13,7 +13,7 @@ import (
 var ErrBadSpec = errors.New("strategies: bad strategy spec")
 
 // DefaultSpec is the canonical spec of the default strategy.
-const DefaultSpec = "least-shard:absolute=20,relative=0.1"
+const DefaultSpec = "least-shard:absolute=65536,relative=1"
 
 // param is one parameter of a named strategy, with its default.
 type param struct {
@@ -40,15 +40,15 @@ func Names() []string {
 }
 
 // Parse reads a strategy spec, "<name>" or "<name>:<param>=<value>,...",
-// for example "least-shard:absolute=50" or "consistent-hashing:limit=10",
+// for example "least-shard:absolute=20,relative=0.1" (Akka's limits) or "consistent-hashing:limit=10",
 // and returns the strategy and the canonical spec (every parameter, in a
 // fixed order), which is what a type stores so that every process of it
 // can check that it agrees. Parameters and defaults:
 //
-//	least-shard          absolute=20 relative=0.1       (NewLeastShard)
+//	least-shard          absolute=65536 relative=1      (NewLeastShard)
 //	legacy-least-shard   threshold=1 max-simultaneous=3 (NewLegacyLeastShard)
 //	consistent-hashing   virtual-nodes=100 limit=0      (NewConsistentHashing; 0: unlimited)
-//	load-aware           entities-weight=0 hysteresis=0.2 max-moves=10 (NewLoadAware)
+//	load-aware           entities-weight=0 hysteresis=0.2 max-moves=256 (NewLoadAware)
 func Parse(spec string) (Strategy, string, error) {
 	name, rest, hasParams := strings.Cut(strings.TrimSpace(spec), ":")
 	params, ok := specs[name]

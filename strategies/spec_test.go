@@ -8,11 +8,12 @@ import (
 func TestParseCanonical(t *testing.T) {
 	for spec, want := range map[string]string{
 		"least-shard":                     DefaultSpec,
-		" least-shard:absolute=20 ":       DefaultSpec,
-		"least-shard:relative=0.5":        "least-shard:absolute=20,relative=0.5",
+		" least-shard:absolute=65536 ":    DefaultSpec,
+		"least-shard:relative=0.1":        "least-shard:absolute=65536,relative=0.1",
+		"least-shard:absolute=20":         "least-shard:absolute=20,relative=1",
 		"legacy-least-shard:threshold=2":  "legacy-least-shard:threshold=2,max-simultaneous=3",
 		"consistent-hashing:limit=10":     "consistent-hashing:virtual-nodes=100,limit=10",
-		"load-aware:entities-weight=0.01": "load-aware:entities-weight=0.01,hysteresis=0.2,max-moves=10",
+		"load-aware:entities-weight=0.01": "load-aware:entities-weight=0.01,hysteresis=0.2,max-moves=256",
 	} {
 		s, got, err := Parse(spec)
 		if err != nil || s == nil || got != want {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -13,7 +14,10 @@ import (
 // defaultAuthDir is where auth init writes when --dir is not given.
 const defaultAuthDir = "natshard-auth"
 
-const authUsage = `Usage:
+// authHelp and authExamples are auth's help (shardctl help auth).
+const authHelp = `Creates the keys and credentials of NATS's decentralized authentication
+for natshard (docs/SECURITY.md), without a NATS connection:
+
   shardctl auth init [--dir D] [--types T1,T2]
       create an operator, the natshard account (JetStream enabled) and one
       user per role: D/publisher.creds, D/region.creds, D/admin.creds; print
@@ -21,20 +25,37 @@ const authUsage = `Usage:
   shardctl auth user <publisher|region|admin> <name> [--dir D] [--types T1,T2]
       create D/<name>.creds for one more user (types: those of auth init)
 
-Types default to --type. Run shardd --auth-dir D for an embedded server in
-operator mode, or shardd/shardctl --creds F against any NATS server.
-`
+  --dir D          directory of the keys and credentials (default natshard-auth)
+  --types T1,T2    entity types the users may use (default --type; for auth
+                   user, those of auth init)
+
+Run shardd --auth-dir D for an embedded server in operator mode, or
+shardd/shardctl --creds F against any NATS server.`
+
+const authExamples = `shardctl auth init --dir ./natshard-auth --types orders,payments
+# One more publisher, for the web front end.
+shardctl auth user publisher web --dir ./natshard-auth
+shardctl --creds ./natshard-auth/admin.creds status`
+
+// localAuth is shardctl auth.
+func localAuth(_ context.Context, l local, args []string) error {
+	return cmdAuth(l, args)
+}
 
 // cmdAuth runs shardctl auth: key and credential files, no NATS connection.
-func cmdAuth(o options, args []string, stdout, stderr io.Writer) error {
+func cmdAuth(l local, args []string) error {
+	o, stdout := l.o, l.stdout
 	fs := flag.NewFlagSet("shardctl auth", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, authUsage) }
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	dir := fs.String("dir", defaultAuthDir, "directory of the keys and credentials")
 	types := fs.String("types", "", "entity types the users may use, comma-separated (default --type; for auth user, those of auth init)")
+	if wantsHelp(args) {
+		c, _ := lookup("auth")
+		return printCommandHelp(stdout, l.fs, c)
+	}
 	if len(args) == 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: auth needs init or user", errUsage)
+		return fmt.Errorf("%w: auth needs init or user (shardctl help auth)", errUsage)
 	}
 	sub := args[0]
 	pos, err := parseInterleaved(fs, args[1:])
@@ -82,6 +103,5 @@ func cmdAuth(o options, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s %s: %s\n", role, pos[1], path)
 		return nil
 	}
-	fs.Usage()
-	return fmt.Errorf("%w: unknown auth command %q (init, user)", errUsage, sub)
+	return fmt.Errorf("%w: unknown auth command %q (init, user; shardctl help auth)", errUsage, sub)
 }

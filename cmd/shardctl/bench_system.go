@@ -16,17 +16,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
-	"github.com/natshard/natshard/region"
 )
 
 // benchSystem is what shardctl bench measures: a NATS server (embedded,
 // or the one given with --nats), regions hosting echo or kv entities and
-// one coordinator, all in this process, each on a connection of its own,
-// as separate shardd processes would be.
+// one coordinator, all in this process, each a natshard node on a
+// connection of its own, as separate shardd processes would be.
 type benchSystem struct {
 	cfg      benchConfig
 	url      string
@@ -36,29 +35,27 @@ type benchSystem struct {
 	log      *slog.Logger
 	admin    *nats.Conn
 	js       jetstream.JetStream
-	store    *kvstate.Store
-	grace    time.Duration
 
 	// handled counts every message handled by an entity of any region.
 	handled recvCounter
 	failed  atomic.Int64   // of those, the ones Handle returned an error for
-	crashed sync.WaitGroup // Close of crashed regions' agents
+	crashed sync.WaitGroup // Close of crashed regions' nodes
 
 	mu      sync.Mutex
 	regions map[string]*benchRegion
 	order   []string // region ids, in start order
 	nextID  int
 
-	stopCoord func()
-	conns     []*nats.Conn // every connection opened, closed by close
-	created   bool         // the type was created: close deletes it from a --nats server
+	coordinator *natshard.Node
+	conns       []*nats.Conn // every connection opened, closed by close
+	created     bool         // the type was created: close deletes it from a --nats server
 }
 
 // benchRegion is one region of the system.
 type benchRegion struct {
 	id    string
 	nc    *nats.Conn
-	agent *region.Agent
+	node  *natshard.Node
 	probe *benchProbe
 }
 
@@ -86,12 +83,12 @@ func (p *benchProbe) arm(shard int) <-chan struct{} {
 
 // probed wraps an entity: it counts what it handles and feeds the probe.
 type probed struct {
-	inner region.Entity
+	inner natshard.Entity
 	sys   *benchSystem
 	probe *benchProbe
 }
 
-func (e *probed) Handle(ctx context.Context, m *region.Message) ([]byte, error) {
+func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
 	data, err := e.inner.Handle(ctx, m)
 	if err != nil {
 		e.sys.failed.Add(1)
@@ -139,24 +136,16 @@ func startBenchSystem(ctx context.Context, cfg benchConfig) (s *benchSystem, err
 			return s, fmt.Errorf("%w: type %q exists on %s already; pass another --type", errUsage, cfg.Type, s.url)
 		}
 	}
-	if s.store, err = kvstate.Open(ctx, s.js, cfg.Type, kvstate.Options{}); err != nil {
+	if _, err := kvstate.Open(ctx, s.js, cfg.Type, kvstate.Options{}); err != nil {
 		return s, fmt.Errorf("open the bench type %q: %w", cfg.Type, err)
 	}
 	s.created = true
-	if _, err := s.store.EnsureConfig(ctx, protocol.TypeConfig{Shards: cfg.Shards}); err != nil {
-		return s, fmt.Errorf("store the bench type's configuration: %w", err)
-	}
-	// As shardd's --release-grace auto: none on a standalone server.
-	s.grace = -1
-	if s.admin.ConnectedClusterName() != "" {
-		s.grace = region.DefaultReleaseGrace
-	}
 	for range cfg.Regions {
 		if _, err := s.startRegion(ctx); err != nil {
 			return s, err
 		}
 	}
-	if err := s.startCoordinator(); err != nil {
+	if err := s.startCoordinator(ctx); err != nil {
 		return s, err
 	}
 	if _, err := s.waitBalanced(ctx, 60*time.Second); err != nil {
@@ -203,21 +192,23 @@ func (s *benchSystem) connect(name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// open returns a store and buffer of the bench type on nc.
-func (s *benchSystem) open(ctx context.Context, nc *nats.Conn) (*kvstate.Store, *kvstate.Buffer, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, nil, err
+// benchType is the bench's entity type, with entities made by entity:
+// never rebalanced but when asked (waitBalanced asks).
+func (s *benchSystem) benchType(entity natshard.Factory) natshard.Type {
+	return natshard.Type{
+		Name: s.cfg.Type, Kind: s.cfg.Kind, Entity: entity, Shards: s.cfg.Shards,
+		MinRegions: s.cfg.Regions, RebalanceInterval: natshard.Off,
 	}
-	store, err := kvstate.Open(ctx, js, s.cfg.Type, kvstate.Options{})
-	if err != nil {
-		return nil, nil, err
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, s.subjects, kvstate.BufferOptions{})
-	return store, buffer, err
 }
 
-// startRegion starts a new region (r1, r2, ...) as shardd wires one.
+// startNode starts a natshard node of the bench type on nc.
+func (s *benchSystem) startNode(ctx context.Context, nc *nats.Conn, opts natshard.Options, entity natshard.Factory) (*natshard.Node, error) {
+	opts.Conn, opts.Logger = nc, s.log
+	opts.DataPrefix, opts.ControlPrefix = s.cfg.DataPrefix, s.cfg.ControlPrefix
+	return natshard.Start(ctx, opts, s.benchType(entity))
+}
+
+// startRegion starts a new region (r1, r2, ...), a node of its own.
 func (s *benchSystem) startRegion(ctx context.Context) (*benchRegion, error) {
 	s.mu.Lock()
 	s.nextID++
@@ -227,28 +218,21 @@ func (s *benchSystem) startRegion(ctx context.Context) (*benchRegion, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, buffer, err := s.open(ctx, nc)
+	inner, err := entities.Kind(s.cfg.Kind, "")
 	if err != nil {
-		return nil, fmt.Errorf("region %s: %w", id, err)
-	}
-	inner := entities.Echo()
-	if s.cfg.Kind == "kv" {
-		inner = entities.KV(store)
+		return nil, err
 	}
 	r := &benchRegion{id: id, nc: nc, probe: &benchProbe{}}
-	factory := func(ctx context.Context, eid string) (region.Entity, error) {
+	factory := func(ctx context.Context, eid string) (natshard.Entity, error) {
 		e, err := inner(ctx, eid)
 		if err != nil {
 			return nil, err
 		}
 		return &probed{inner: e, sys: s, probe: r.probe}, nil
 	}
-	r.agent, err = region.Open(ctx, region.Config{
-		Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: s.cfg.Shards, ID: id,
-		Factory: factory, Logger: s.log, ReleaseGrace: s.grace,
-	})
+	r.node, err = s.startNode(ctx, nc, natshard.Options{Region: id, NoCoordinator: true}, factory)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("region %s: %w", id, err)
 	}
 	s.mu.Lock()
 	s.regions[id] = r
@@ -271,7 +255,7 @@ func (s *benchSystem) crash(id string) {
 		// after a crash.
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = r.agent.Close(cctx)
+		_ = r.node.Close(cctx)
 	})
 }
 
@@ -287,28 +271,16 @@ func (s *benchSystem) region(id string) *benchRegion {
 	return s.regions[id]
 }
 
-// startCoordinator runs the one coordinator, on a connection of its own;
-// it rebalances only when asked.
-func (s *benchSystem) startCoordinator() error {
+// startCoordinator runs the one coordinator, a node that hosts no region,
+// on a connection of its own.
+func (s *benchSystem) startCoordinator(ctx context.Context) error {
 	nc, err := s.connect("coordinator")
 	if err != nil {
 		return err
 	}
-	store, buffer, err := s.open(context.Background(), nc)
-	if err != nil {
+	if s.coordinator, err = s.startNode(ctx, nc, natshard.Options{Region: "bench-coordinator", NoRegion: true}, nil); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = coordinator.New(coordinator.Config{
-			Conn: nc, Store: store, Buffer: buffer, Subjects: s.subjects, Shards: s.cfg.Shards,
-			Region: "bench-coordinator", MinRegions: s.cfg.Regions, RebalanceInterval: -1,
-			Logger: s.log, ReleaseGrace: s.grace,
-		}).Run(ctx)
-	}()
-	s.stopCoord = func() { cancel(); <-done }
 	return nil
 }
 
@@ -318,12 +290,12 @@ func (s *benchSystem) close() {
 	for _, id := range s.regionIDs() {
 		r := s.region(id)
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = r.agent.Close(cctx)
+		_ = r.node.Close(cctx)
 		cancel()
 	}
 	s.crashed.Wait()
-	if s.stopCoord != nil {
-		s.stopCoord()
+	if s.coordinator != nil {
+		_ = s.coordinator.Close(context.Background())
 	}
 	if s.cfg.NATS != "" && s.created {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)

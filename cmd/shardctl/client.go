@@ -23,7 +23,8 @@ type client struct {
 	store    *kvstate.Store
 	subjects protocol.Subjects
 	shards   int
-	stderr   io.Writer // for what is not the command's output (watch's banner)
+	stderr   io.Writer // for what is not the command's output (watch's banner, --wait's progress)
+	denials  *denials
 }
 
 func dial(ctx context.Context, o options) (*client, error) {
@@ -35,7 +36,8 @@ func dial(ctx context.Context, o options) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	nc, err := nats.Connect(o.NATS, append(opts, nats.Name("shardctl"), nats.Timeout(o.Timeout), nats.MaxReconnects(0))...)
+	denied := newDenials()
+	nc, err := nats.Connect(o.NATS, append(opts, nats.Name("shardctl"), nats.Timeout(o.Timeout), nats.MaxReconnects(0), nats.ErrorHandler(denied.handler))...)
 	if err != nil {
 		hint := "is shardd running? set --nats or NATS_URL"
 		switch msg := err.Error(); {
@@ -46,7 +48,7 @@ func dial(ctx context.Context, o options) (*client, error) {
 		}
 		return nil, fmt.Errorf("cannot connect to NATS at %s: %w (%s)", o.NATS, err, hint)
 	}
-	c := &client{opts: o, nc: nc, subjects: subjects, stderr: io.Discard}
+	c := &client{opts: o, nc: nc, subjects: subjects, stderr: io.Discard, denials: denied}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
@@ -62,15 +64,27 @@ func dial(ctx context.Context, o options) (*client, error) {
 	}
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("open type %q: %w", o.Type, err)
+		return nil, c.jetStreamErr(err, fmt.Sprintf("open type %q (bucket %s)", o.Type, kvstate.BucketName(o.Type)))
 	}
 	cfg, err := c.store.Config(octx)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("read configuration of type %q: %w", o.Type, err)
+		return nil, c.jetStreamErr(err, fmt.Sprintf("read the configuration of type %q", o.Type))
 	}
 	c.shards = cfg.Shards
 	return c, nil
+}
+
+// jetStreamErr explains a failed JetStream operation: a refusal of the
+// server, or a timeout, which names what was asked.
+func (c *client) jetStreamErr(err error, what string) error {
+	if d := c.deniedAfterFlush(); d != nil {
+		return d
+	}
+	if timedOut(err) {
+		return fmt.Errorf("%s: JetStream did not answer within %v (is JetStream enabled, and does its cluster have a leader?)", what, c.opts.Timeout)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 func (c *client) Close() { c.nc.Close() }
@@ -85,8 +99,12 @@ type view struct {
 }
 
 func (c *client) view(ctx context.Context) (view, error) {
-	if st, err := c.askStatus(ctx); err == nil {
+	st, err := c.askStatus(ctx)
+	if err == nil {
 		return view{Status: st, Answered: true}, nil
+	}
+	if d := c.deniedAfterFlush(); d != nil {
+		return view{}, d // not a missing coordinator: KV would mislead
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
@@ -96,15 +114,15 @@ func (c *client) view(ctx context.Context) (view, error) {
 	case err == nil:
 		v.Coordinator = protocol.CoordinatorView{Region: info.Region, Epoch: cmpEpoch(info.Epoch, rev)}
 	case !errors.Is(err, kvstate.ErrNotFound):
-		return v, fmt.Errorf("read coordinator lease: %w", err)
+		return v, c.jetStreamErr(err, "read the coordinator lease")
 	}
 	rows, err := c.store.Shards(ctx)
 	if err != nil {
-		return v, fmt.Errorf("read shard table: %w", err)
+		return v, c.jetStreamErr(err, "read the shard table")
 	}
 	pins, err := c.store.Pins(ctx)
 	if err != nil {
-		return v, fmt.Errorf("read pins: %w", err)
+		return v, c.jetStreamErr(err, "read the pins")
 	}
 	count := map[string]int{}
 	v.Table = make([]protocol.ShardView, c.shards)
@@ -119,7 +137,7 @@ func (c *client) view(ctx context.Context) (view, error) {
 	}
 	regions, err := c.store.Regions(ctx)
 	if err != nil {
-		return v, fmt.Errorf("read regions: %w", err)
+		return v, c.jetStreamErr(err, "read the regions")
 	}
 	for _, r := range regions {
 		v.Regions = append(v.Regions, protocol.RegionView{ID: r.Info.ID, Incarnation: r.Info.Incarnation, Version: r.Info.Version, Leaving: r.Info.Leaving, Shards: count[r.Info.ID]})

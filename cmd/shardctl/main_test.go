@@ -8,23 +8,22 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
-	"github.com/natshard/natshard/region"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden with the output of this run")
@@ -45,34 +44,15 @@ type system struct {
 func startSystem(t *testing.T, shards int, regions ...string) *system {
 	t.Helper()
 	url := natstest.URL(natstest.RunServer(t))
-	ctx := context.Background()
-	open := func() (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
-		nc := natstest.Connect(t, url)
-		js := natstest.JetStream(t, nc)
-		store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		subjects := protocol.MustSubjects("", "", "kv")
-		buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc, store, buffer, subjects
+	s := &system{url: url, shards: shards, regions: regions}
+	for _, id := range regions {
+		s.startNode(t, natshard.Options{Region: id, NoCoordinator: true})
 	}
-	_, store, _, _ := open()
-	if _, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: shards}); err != nil {
+	store, err := kvstate.Bind(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), "kv", kvstate.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range regions {
-		nc, store, buffer, subjects := open()
-		agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: entities.KV(store)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { agent.Close(context.Background()) })
-	}
-	s := &system{url: url, store: store, shards: shards, regions: regions}
+	s.store = store
 	s.stopCoord = s.startCoordinator(t)
 	s.waitTable(t, "every shard active", func(st protocol.Status) bool {
 		for _, r := range st.Table {
@@ -88,34 +68,29 @@ func startSystem(t *testing.T, shards int, regions ...string) *system {
 	return s
 }
 
-// startCoordinator starts a coordinator candidate in the process of the
-// first region; the returned function stops it (also at cleanup).
+// startNode starts a natshard node of type kv (entities of kind kv) on a
+// connection of its own, that allocates once every region registered and
+// rebalances only when asked; it closes at cleanup.
+func (s *system) startNode(t *testing.T, opts natshard.Options) *natshard.Node {
+	t.Helper()
+	opts.Conn, opts.Logger = natstest.Connect(t, s.url), slog.New(slog.DiscardHandler)
+	n, err := natshard.Start(context.Background(), opts, natshard.Type{
+		Name: "kv", Entity: entities.KV(nil), Shards: s.shards, MinRegions: len(s.regions), RebalanceInterval: natshard.Off,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return n
+}
+
+// startCoordinator starts the coordinator candidate, a node of its own
+// that hosts no region (named as the first region); the returned function
+// stops it (also at cleanup).
 func (s *system) startCoordinator(t *testing.T) (stop func()) {
 	t.Helper()
-	nc := natstest.Connect(t, s.url)
-	js := natstest.JetStream(t, nc)
-	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		coordinator.New(coordinator.Config{
-			Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: s.shards, Region: s.regions[0],
-			MinRegions: len(s.regions), RebalanceInterval: -1,
-		}).Run(ctx)
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
+	n := s.startNode(t, natshard.Options{Region: s.regions[0], NoRegion: true})
+	return func() { _ = n.Close(context.Background()) }
 }
 
 // waitLive waits until region id serves every shard it holds live (the
@@ -174,15 +149,29 @@ func status(url string) (protocol.Status, error) {
 }
 
 // silentRegion registers a region that obeys probes, so that the
-// coordinator keeps it, but answers no query (like a shardd from before
-// queries existed). It returns a function that deregisters it.
+// coordinator keeps it, but answers no query and refuses every other
+// command (like a shardd from before queries existed; a shard moved to it
+// stays binding). It returns a function that deregisters it.
 func (s *system) silentRegion(t *testing.T, id string) (stop func()) {
+	stop, _ = s.silentRegionLeaving(t, id)
+	return stop
+}
+
+// silentRegionLeaving is silentRegion that also returns a function that
+// marks it leaving in its registration.
+func (s *system) silentRegionLeaving(t *testing.T, id string) (stop, leave func()) {
 	t.Helper()
 	nc := natstest.Connect(t, s.url)
 	info := protocol.RegionInfo{ID: id, Incarnation: "silent-" + id, Started: time.Now().UnixMilli()}
 	lease, err := s.store.RegisterRegion(context.Background(), info, time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	leave = func() {
+		info.Leaving = true
+		if lease, err = s.store.Renew(context.Background(), lease, info); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sub, err := nc.Subscribe(protocol.MustSubjects("", "", "kv").Region(id), func(m *nats.Msg) {
 		var cmd protocol.Command
@@ -202,7 +191,7 @@ func (s *system) silentRegion(t *testing.T, id string) (stop func()) {
 		if err := s.store.Release(context.Background(), lease); err != nil {
 			t.Fatal(err)
 		}
-	}
+	}, leave
 }
 
 func ctl(t *testing.T, url string, args ...string) (string, string, error) {
@@ -212,11 +201,13 @@ func ctl(t *testing.T, url string, args ...string) (string, string, error) {
 	return stdout.String(), stderr.String(), err
 }
 
-// transcript collects shardctl sessions, one golden file per command.
+// transcript collects shardctl sessions, one golden file per command, or
+// all in testdata/<file>.golden when file is set.
 type transcript struct {
 	t      *testing.T
 	url    string
 	golden map[string]*bytes.Buffer
+	file   string
 }
 
 // normalise replaces what differs from run to run: incarnations (nuid),
@@ -242,16 +233,26 @@ func normalise(s string) string {
 }
 
 // record writes "$ shardctl args", the output, the error (as shardctl
-// prints it) and a non-zero exit status to the command's golden file.
+// prints it) and a non-zero exit status to the command's golden file
+// (testdata/<first argument>.golden).
 func (tr *transcript) record(args []string, out string, err error) {
-	b := tr.golden[args[0]]
+	name := args[0]
+	if tr.file != "" {
+		name = tr.file
+	}
+	tr.recordAs(name, args, out, err)
+}
+
+// recordAs is record into testdata/<name>.golden.
+func (tr *transcript) recordAs(name string, args []string, out string, err error) {
+	b := tr.golden[name]
 	if b == nil {
 		b = &bytes.Buffer{}
-		tr.golden[args[0]] = b
+		tr.golden[name] = b
 	}
 	fmt.Fprintf(b, "$ shardctl %s\n%s", strings.Join(quote(args), " "), normalise(out))
 	if err != nil {
-		fmt.Fprintf(b, "shardctl: %s\n[exit %d]\n", normalise(err.Error()), exitCode(err))
+		fmt.Fprintf(b, "%s\n[exit %d]\n", normalise(errorLine(err)), exitCode(err))
 	}
 	b.WriteString("\n")
 }
@@ -402,8 +403,10 @@ func TestTranscript(t *testing.T) {
 	tr.run("rebalance", "--dry-run")
 	tr.run("rebalance", "--json")
 
-	// Drain r2: everything goes to r1.
-	tr.run("drain", "r2")
+	// Drain r2, waiting until everything is on r1 (progress goes to
+	// stderr, the result to stdout).
+	tr.run("undrain", "r2")
+	tr.run("drain", "r2", "--wait", "--timeout", "30s")
 	s.waitTable(t, "r2 drained", func(st protocol.Status) bool {
 		for _, r := range st.Table {
 			if r.Region != "r1" || r.State != "active" {
@@ -414,6 +417,18 @@ func TestTranscript(t *testing.T) {
 	})
 	tr.run("regions")
 	tr.run("stats")
+
+	// Undrain it, and move shards back to it.
+	s.waitLive(t, "r1")
+	tr.run("undrain", "r2", "--wait", "--timeout", "30s")
+	tr.run("undrain", "r2", "--json")
+	tr.run("undrain", "nowhere")
+	tr.run("regions")
+	tr.run("rebalance", "--wait", "--timeout", "30s")
+	s.waitLive(t, "r2")
+	tr.run("move", "6", "r2", "--wait", "--timeout", "30s")
+	tr.run("move", "6", "r1", "--wait", "--timeout", "30s", "--json")
+	s.waitLive(t, "r1")
 
 	// Without a coordinator, the views come from KV and say so.
 	s.stopCoord()

@@ -18,7 +18,7 @@ func cmdMove(ctx context.Context, c *client, args []string, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	return c.change(ctx, out, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: region}, fmt.Sprintf("moving shard %d to %s", shard, region))
+	return c.change(ctx, out, protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: region}, fmt.Sprintf("moving shard %d to %s", shard, region), moveGoal(shard, region))
 }
 
 func cmdDrain(ctx context.Context, c *client, args []string, out io.Writer) error {
@@ -26,7 +26,15 @@ func cmdDrain(ctx context.Context, c *client, args []string, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	return c.change(ctx, out, protocol.AdminDrain, protocol.DrainRequest{Region: region}, fmt.Sprintf("draining %s: its shards are being handed off", region))
+	return c.change(ctx, out, protocol.AdminDrain, protocol.DrainRequest{Region: region}, fmt.Sprintf("draining %s: its shards are being handed off", region), drainGoal(region))
+}
+
+func cmdUndrain(ctx context.Context, c *client, args []string, out io.Writer) error {
+	region, err := parseRegion(args[0])
+	if err != nil {
+		return err
+	}
+	return c.change(ctx, out, protocol.AdminUndrain, protocol.UndrainRequest{Region: region}, fmt.Sprintf("undraining %s", region), undrainGoal(region))
 }
 
 func (c *client) parseShard(arg string) (int, error) {
@@ -54,26 +62,51 @@ func parseRegion(arg string) (string, error) {
 	return arg, nil
 }
 
+// changeJSON is the --json answer of move, drain, undrain, pin and unpin.
+type changeJSON struct {
+	OK      bool   `json:"ok"`
+	Message string `json:"message"`
+	Note    string `json:"note,omitempty"`
+	// Done says what --wait waited for, once it is so.
+	Done string `json:"done,omitempty"`
+}
+
 // change sends an admin request that changes something and prints done,
-// with the coordinator's note about what follows.
-func (c *client) change(ctx context.Context, out io.Writer, verb string, req any, done string) error {
+// with the coordinator's note about what follows. With --wait and a goal,
+// it then follows the change until the goal is reached (wait.go).
+func (c *client) change(ctx context.Context, out io.Writer, verb string, req any, done string, g *goal) error {
+	var w *waiter
+	if g != nil {
+		var err error
+		if w, err = c.startWait(); err != nil {
+			return err
+		}
+		defer w.stop()
+	}
 	var ans protocol.AdminOK
 	if err := c.admin(ctx, verb, req, &ans); err != nil {
 		return err
 	}
-	msg, note := done, ans.Note
+	res := changeJSON{OK: true, Message: done, Note: ans.Note}
+	if !c.opts.JSON {
+		say(out, "%s\n", done)
+		if ans.Note != "" {
+			say(out, "%s\n", ans.Note)
+		}
+	}
+	if w != nil {
+		var err error
+		if res.Done, err = w.until(ctx, g); err != nil {
+			return err
+		}
+		if !c.opts.JSON {
+			say(out, "%s\n", res.Done)
+		}
+	}
 	if c.opts.JSON {
-		return writeJSON(out, struct {
-			OK      bool   `json:"ok"`
-			Message string `json:"message"`
-			Note    string `json:"note,omitempty"`
-		}{true, msg, note})
+		return writeJSON(out, res)
 	}
-	if note != "" {
-		msg += "\n" + note
-	}
-	_, err := fmt.Fprintln(out, msg)
-	return err
+	return nil
 }
 
 // admin sends an admin request to the coordinator and decodes its answer
@@ -87,26 +120,32 @@ func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
-	noCoordinator := fmt.Errorf("no coordinator of type %q is running (no responders on %s within %v)", c.opts.Type, c.subjects.Admin(verb), c.opts.Timeout)
+	subject := c.subjects.Admin(verb)
+	noCoordinator := func() error {
+		if d := c.deniedAfterFlush(); d != nil {
+			return d
+		}
+		return fmt.Errorf("no coordinator of type %q is running (no responders on %s within %v)", c.opts.Type, subject, c.opts.Timeout)
+	}
 	var m *nats.Msg
 	waited := false
 	for {
-		m, err = c.nc.RequestWithContext(ctx, c.subjects.Admin(verb), data)
+		m, err = c.nc.RequestWithContext(ctx, subject, data)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			break
 		}
 		waited = true
 		select {
 		case <-ctx.Done():
-			return noCoordinator
+			return noCoordinator()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	if err != nil && waited && ctx.Err() != nil {
-		return noCoordinator
+		return noCoordinator()
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %w", verb, err)
+		return c.noAnswer(err, "the coordinator to "+verb, subject)
 	}
 	var res protocol.AdminError
 	if err := json.Unmarshal(m.Data, &res); err != nil {

@@ -13,7 +13,7 @@ func cmdPin(ctx context.Context, c *client, args []string, out io.Writer) error 
 	if err != nil {
 		return err
 	}
-	return c.change(ctx, out, protocol.AdminPin, protocol.PinRequest{Shard: shard, Region: region}, fmt.Sprintf("pinned shard %d to %s", shard, region))
+	return c.change(ctx, out, protocol.AdminPin, protocol.PinRequest{Shard: shard, Region: region}, fmt.Sprintf("pinned shard %d to %s", shard, region), nil)
 }
 
 func cmdUnpin(ctx context.Context, c *client, args []string, out io.Writer) error {
@@ -21,5 +21,5 @@ func cmdUnpin(ctx context.Context, c *client, args []string, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	return c.change(ctx, out, protocol.AdminUnpin, protocol.UnpinRequest{Shard: shard}, fmt.Sprintf("unpinned shard %d", shard))
+	return c.change(ctx, out, protocol.AdminUnpin, protocol.UnpinRequest{Shard: shard}, fmt.Sprintf("unpinned shard %d", shard), nil)
 }

@@ -25,6 +25,12 @@ func (c *client) askRegions(ctx context.Context, ids []string, req protocol.Quer
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, id := range ids {
+		if err := protocol.ValidateName("region id", id); err != nil {
+			mu.Lock()
+			failed[id] = fmt.Sprintf("not asked: the coordinator named an invalid region id: %v", err)
+			mu.Unlock()
+			continue
+		}
 		wg.Go(func() {
 			ans, err := c.askRegion(ctx, id, data)
 			mu.Lock()
@@ -71,7 +77,7 @@ func printFailed(out io.Writer, failed map[string]string) {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		fmt.Fprintf(out, "failed: region %s did not answer: %s\n", id, failed[id])
+		say(out, "failed: region %s did not answer: %s\n", id, failed[id])
 	}
 }
 

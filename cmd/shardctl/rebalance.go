@@ -9,6 +9,11 @@ import (
 )
 
 func cmdRebalance(ctx context.Context, c *client, _ []string, out io.Writer) error {
+	w, err := c.startWait()
+	if err != nil {
+		return err
+	}
+	defer w.stop()
 	var ans protocol.RebalanceAnswer
 	if err := c.admin(ctx, protocol.AdminRebalance, protocol.RebalanceRequest{DryRun: c.opts.DryRun}, &ans); err != nil {
 		return err
@@ -16,9 +21,31 @@ func cmdRebalance(ctx context.Context, c *client, _ []string, out io.Writer) err
 	if ans.Moves == nil {
 		ans.Moves = []protocol.PlannedMove{}
 	}
-	if c.opts.JSON {
-		return writeJSON(out, ans)
+	res := struct {
+		protocol.RebalanceAnswer
+		// Done says what --wait waited for, once it is so.
+		Done string `json:"done,omitempty"`
+	}{RebalanceAnswer: ans}
+	if !c.opts.JSON {
+		if err := printPlan(out, ans); err != nil {
+			return err
+		}
 	}
+	if w != nil && len(ans.Moves) > 0 {
+		if res.Done, err = w.until(ctx, rebalanceGoal(ans.Moves)); err != nil {
+			return err
+		}
+		if !c.opts.JSON {
+			say(out, "%s\n", res.Done)
+		}
+	}
+	if c.opts.JSON {
+		return writeJSON(out, res)
+	}
+	return nil
+}
+
+func printPlan(out io.Writer, ans protocol.RebalanceAnswer) error {
 	verb := "moving"
 	if ans.DryRun {
 		verb = "dry run: would move"

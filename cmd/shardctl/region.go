@@ -56,9 +56,9 @@ func cmdRegion(ctx context.Context, c *client, args []string, out io.Writer) err
 	for _, s := range res.Shards {
 		entities += s.Entities
 	}
-	fmt.Fprintf(out, "region:      %s\n", res.Region.ID)
-	fmt.Fprintf(out, "incarnation: %s\n", res.Region.Incarnation)
-	fmt.Fprintf(out, "version:     %s\n", orDash(res.Region.Version))
+	say(out, "region:      %s\n", res.Region.ID)
+	say(out, "incarnation: %s\n", res.Region.Incarnation)
+	say(out, "version:     %s\n", orDash(res.Region.Version))
 	fmt.Fprintf(out, "leaving:     %v\n", res.Region.Leaving)
 	fmt.Fprintf(out, "shards:      %d\n", len(res.Shards))
 	if res.Failed == nil {

@@ -23,15 +23,18 @@ func cmdSend(_ context.Context, c *client, args []string, out io.Writer) error {
 		return err
 	}
 	if err := c.nc.Publish(subject, []byte(args[1])); err != nil {
-		return err
+		return fmt.Errorf("publish to %s: %w", subject, err)
 	}
-	if err := c.nc.Flush(); err != nil {
-		return err
+	if err := c.nc.FlushTimeout(c.opts.Timeout); err != nil {
+		return c.noAnswer(err, "the server to a flush after the publish", subject)
+	}
+	if d := c.denied(); d != nil {
+		return d
 	}
 	if c.opts.JSON {
 		return writeJSON(out, map[string]any{"subject": subject, "sent": true})
 	}
-	fmt.Fprintf(out, "sent to %s\n", subject)
+	say(out, "sent to %s\n", subject)
 	return nil
 }
 
@@ -44,12 +47,17 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 	defer cancel()
 	m, err := c.nc.RequestWithContext(ctx, subject, []byte(args[1]))
 	if errors.Is(err, nats.ErrNoResponders) {
+		if d := c.deniedAfterFlush(); d != nil {
+			return d
+		}
 		return fmt.Errorf("no region serves shard %d of type %q right now (no responders on %s)", protocol.ShardOf(args[0], c.shards), c.opts.Type, subject)
 	}
 	if err != nil {
-		return fmt.Errorf("request to %s: %w", subject, err)
+		return c.noAnswer(err, "entity "+args[0], subject)
 	}
-	fmt.Fprintln(out, string(m.Data))
+	// The answer is the entity's, printed as it is but for control
+	// characters (output.go).
+	fmt.Fprintln(out, cleanText(string(m.Data)))
 	if e := m.Header.Get(protocol.HeaderError); e != "" {
 		return fmt.Errorf("entity answered with an error: %s", e)
 	}

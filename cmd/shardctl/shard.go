@@ -55,18 +55,18 @@ func cmdShard(ctx context.Context, c *client, args []string, out io.Writer) erro
 	if c.opts.JSON {
 		return writeJSON(out, res)
 	}
-	fmt.Fprintf(out, "shard:    %d\n", res.Shard)
-	fmt.Fprintf(out, "subject:  %s\n", res.Subject)
-	fmt.Fprintf(out, "region:   %s\n", orDash(res.Region))
-	fmt.Fprintf(out, "state:    %s\n", res.State)
+	say(out, "shard:    %d\n", res.Shard)
+	say(out, "subject:  %s\n", res.Subject)
+	say(out, "region:   %s\n", orDash(res.Region))
+	say(out, "state:    %s\n", res.State)
 	if res.State == string(protocol.StateHandoff) || res.State == string(protocol.StateBinding) {
 		from := res.Source
 		if from == "" {
 			from = "(coordinator)"
 		}
-		fmt.Fprintf(out, "from:     %s\n", from)
+		say(out, "from:     %s\n", from)
 	}
-	fmt.Fprintf(out, "pin:      %s\n", orDash(res.Pin))
+	say(out, "pin:      %s\n", orDash(res.Pin))
 	kvNote(out, v, 10)
 	printFailed(out, res.Failed)
 	if len(res.HeldBy) == 0 {

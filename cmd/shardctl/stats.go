@@ -50,7 +50,7 @@ func cmdStats(ctx context.Context, c *client, _ []string, out io.Writer) error {
 	buffered, err := kvstate.BufferLengths(bctx, c.js, c.subjects)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("read buffer lengths: %w", err)
+		return c.jetStreamErr(err, "read the buffer lengths")
 	}
 	res := statsJSON{Regions: []regionStats{}, Shards: []shardStats{}}
 	if len(failed) > 0 {

@@ -48,8 +48,8 @@ func cmdStatus(ctx context.Context, c *client, _ []string, out io.Writer) error 
 	if s.Coordinator.Region != "" {
 		coord = fmt.Sprintf("%s (epoch %d)", s.Coordinator.Region, s.Coordinator.Epoch)
 	}
-	fmt.Fprintf(out, "type:        %s (%d shards)\n", s.Type, s.Shards)
-	fmt.Fprintf(out, "coordinator: %s\n", coord)
+	say(out, "type:        %s (%d shards)\n", s.Type, s.Shards)
+	say(out, "coordinator: %s\n", coord)
 	fmt.Fprintf(out, "regions:     %d\n", s.Regions)
 	fmt.Fprintf(out, "shards:      %d allocated (%d active), %d unowned\n", s.Allocated, s.Active, s.Unowned)
 	kvNote(out, v, 13)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,30 +37,55 @@ func cmdWatch(ctx context.Context, c *client, _ []string, out io.Writer) error {
 			return nil
 		case <-closed:
 			return fmt.Errorf("connection to NATS closed")
+		case <-c.denials.seen:
+			return c.denied()
 		case m = <-msgs:
 		}
 		if dropped, _ := sub.Dropped(); dropped > 0 {
 			fmt.Fprintf(c.stderr, "shardctl: %d events lost: this watcher is too slow\n", dropped)
 		}
-		if c.opts.JSON {
-			fmt.Fprintf(out, "%s\n", m.Data)
-			continue
-		}
 		var ev protocol.Event
-		if err := json.Unmarshal(m.Data, &ev); err != nil {
-			fmt.Fprintf(out, "undecodable event: %q\n", m.Data)
-			continue
+		err := json.Unmarshal(m.Data, &ev)
+		switch {
+		case c.opts.JSON:
+			err = printEventJSON(out, m.Data)
+		case err != nil:
+			_, err = fmt.Fprintf(out, "undecodable event: %s\n", clean(string(m.Data)))
+		default:
+			_, err = fmt.Fprintln(out, describeEvent(ev))
 		}
-		fmt.Fprintln(out, describeEvent(ev))
+		if err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// printEventJSON prints an event as one line of JSON: as the coordinator
+// sent it (unknown fields kept) when it is JSON, compacted (so that no
+// carriage return or other white space between its tokens reaches the
+// terminal) and made safe (jsonSafe); else as {"undecodable_event": ...}.
+func printEventJSON(out io.Writer, data []byte) error {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, data); err != nil {
+		buf.Reset()
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(map[string]string{"undecodable_event": string(data)}); err != nil {
+			return err
+		}
+		buf.Truncate(buf.Len() - 1)
+	}
+	buf.WriteByte('\n')
+	_, err := out.Write(jsonSafe(buf.Bytes()))
+	return err
 }
 
 // describeEvent is one line for people: local time, then what happened.
 func describeEvent(ev protocol.Event) string {
 	at := ev.Time
 	if t, err := time.Parse(time.RFC3339Nano, ev.Time); err == nil {
-		at = t.Local().Format("15:04:05.000")
+		at = clock(t)
 	}
 	shard := -1
 	if ev.Shard != nil {
@@ -73,6 +99,8 @@ func describeEvent(ev protocol.Event) string {
 		what = fmt.Sprintf("region %s registered", ev.Region)
 	case protocol.EventLeaving:
 		what = fmt.Sprintf("region %s leaving", ev.Region)
+	case protocol.EventUndrained:
+		what = fmt.Sprintf("region %s takes shards again (undrained)", ev.Region)
 	case protocol.EventRegionGone:
 		what = fmt.Sprintf("region %s gone", ev.Region)
 	case protocol.EventPin:
@@ -99,5 +127,7 @@ func describeEvent(ev protocol.Event) string {
 	default:
 		what = fmt.Sprintf("%s %+v", ev.Kind, ev)
 	}
-	return at + "  " + what
+	// Every field came from the network (anyone who may publish on the
+	// events subject can forge an event).
+	return clean(at + "  " + what)
 }

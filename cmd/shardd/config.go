@@ -4,17 +4,21 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/natshard/natshard/region"
 	"io"
 	"log/slog"
-	"os"
+	"math"
+	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/auth"
+	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/sidecar"
 	"github.com/natshard/natshard/strategies"
 )
 
@@ -27,14 +31,19 @@ type config struct {
 	Type          string
 	Kind          string
 	TraceSubject  string
-	Strategy      string // canonical spec, or "" for the stored one
+	Sidecar       sidecar.Config // --kind http: --app, --app-*, --state-listen
+	Strategy      string         // canonical spec, or "" for the stored one
+	Delivery      string         // core, durable, or "" for the stored one
 	Shards        int
 	Region        string
 	Version       string
 	NoCoordinator bool
+	NoRegion      bool
 	MinRegions    int
 	Replicas      int
 	IdleTimeout   time.Duration
+	Remember      bool // --remember: remembered entities
+	RestartRate   int
 	LeaseTTL      time.Duration
 	// Handoff and rebalance.
 	HandOffTimeout    time.Duration
@@ -42,16 +51,25 @@ type config struct {
 	MaxMoves          int
 	ReleaseGrace      time.Duration
 	BufferSize        int
-	DataPrefix        string
-	ControlPrefix     string
-	LogLevel          string
-	LogFormat         string
+	// Byte limits of the type's streams when they are created
+	// (natshard.Type.BucketBytes, ...); noLimit: none.
+	BucketBytes   bytesFlag
+	BufferBytes   bytesFlag
+	StreamBytes   bytesFlag
+	DataPrefix    string
+	ControlPrefix string
+	LogLevel      string
+	LogFormat     string
+	HTTP          string // --http: address of /metrics, /healthz, /readyz and /ui; "" none
+	PrintVersion  bool   // --version: print the version and exit
 	// Security (docs/SECURITY.md).
-	AuthDir string      // embedded server in operator mode; region.creds by default
-	Auth    auth.Client // --creds, --tls-*
+	AuthDir     string      // embedded server in operator mode; region.creds by default
+	SystemCreds string      // a system account user's, for the servers' disconnect advisories
+	Auth        auth.Client // --creds, --tls-*
 }
 
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+// parseConfig reads the flags and the environment; --help goes to out.
+func parseConfig(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
@@ -91,48 +109,76 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return false
 	}
 	fs := flag.NewFlagSet("shardd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(out)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join.\n\nFlags (environment variable in brackets):\n")
+		fmt.Fprintf(out, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join.\n\n--http serves Prometheus metrics, health probes and a live shard map. Traces go\nto an OTLP collector when the standard OTEL_* variables say so (for example\nOTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318); with none set, nowhere.\n\nFlags (environment variable in brackets):\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.NATS, "nats", env("NATS_URL", ""), "NATS server URL(s), comma-separated; empty starts an embedded server [NATS_URL]")
-	fs.StringVar(&c.Listen, "listen", env("NATSHARD_LISTEN", "127.0.0.1:4222"), "address of the embedded NATS server [NATSHARD_LISTEN]")
-	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", defaultDataDir(getenv)), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
+	fs.StringVar(&c.Listen, "listen", env("NATSHARD_LISTEN", natshard.DefaultListen), "address of the embedded NATS server [NATSHARD_LISTEN]")
+	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", natshard.DefaultDataDir()), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
 	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
-	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "built-in entity kind: kv, echo or trace (diagnostic) [NATSHARD_KIND]")
+	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "entity kind: kv, echo, trace (diagnostic), or http (the entities live in the app at --app); stored per type, a process that disagrees refuses to start [NATSHARD_KIND]")
+	fs.StringVar(&c.Sidecar.App, "app", env("NATSHARD_APP", ""), "with --kind http: the URL of the app that hosts the entities, like http://127.0.0.1:8080 (docs/SIDECAR.md) [NATSHARD_APP]")
+	fs.IntVar(&c.Sidecar.Concurrency, "app-concurrency", envInt("NATSHARD_APP_CONCURRENCY", sidecar.DefaultConcurrency), "with --kind http: calls in flight to the app at most (and connections to it) [NATSHARD_APP_CONCURRENCY]")
+	fs.DurationVar(&c.Sidecar.Timeout, "app-timeout", envDur("NATSHARD_APP_TIMEOUT", sidecar.DefaultTimeout), "with --kind http: bounds each call to the app, health check and state API request [NATSHARD_APP_TIMEOUT]")
+	fs.DurationVar(&c.Sidecar.DownAfter, "app-down-after", envDur("NATSHARD_APP_DOWN_AFTER", sidecar.DefaultDownAfter), "with --kind http: an app that fails every health check this long is down: shardd leaves (its shards move to the others) and exits 1 [NATSHARD_APP_DOWN_AFTER]")
+	fs.StringVar(&c.Sidecar.StateListen, "state-listen", env("NATSHARD_STATE_LISTEN", sidecar.DefaultStateListen), "with --kind http: loopback address of the state API for the app (port 0: a free one, given to the app in the Natshard-State-Url header) [NATSHARD_STATE_LISTEN]")
 	fs.StringVar(&c.TraceSubject, "trace-subject", env("NATSHARD_TRACE_SUBJECT", ""), "where trace entities publish their records (default natshard.trace.<type>) [NATSHARD_TRACE_SUBJECT]")
-	fs.IntVar(&c.Shards, "shards", envInt("NATSHARD_SHARDS", 0), "shard count; 0 uses the stored count, or 128 for a new type [NATSHARD_SHARDS]")
-	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", defaultRegion()), "region id, unique per process [NATSHARD_REGION]")
+	fs.StringVar(&c.Delivery, "delivery", env("NATSHARD_DELIVERY", ""), "how messages reach the entities, stored per type: core (core NATS: Akka's semantics, the default for a new type) or durable (through the type's JetStream stream: nothing lost when a region crashes or a NATS server dies); empty uses the stored one [NATSHARD_DELIVERY]")
+	fs.IntVar(&c.Shards, "shards", envInt("NATSHARD_SHARDS", 0), fmt.Sprintf("shard count; 0 uses the stored count, or %d for a new type [NATSHARD_SHARDS]", natshard.DefaultShards))
+	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", natshard.DefaultRegion()), "region id, unique per process; a process whose id another live process serves refuses to start [NATSHARD_REGION]")
 	fs.StringVar(&c.Version, "app-version", env("NATSHARD_APP_VERSION", ""), "application version of this process, for rolling updates [NATSHARD_APP_VERSION]")
 	fs.BoolVar(&c.NoCoordinator, "no-coordinator", envBool("NATSHARD_NO_COORDINATOR"), "host a region but never take the coordinator lease [NATSHARD_NO_COORDINATOR]")
-	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", 1), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
-	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 1), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
-	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", 120*time.Second), "passivate entities idle this long; 0 never [NATSHARD_IDLE_TIMEOUT]")
+	fs.BoolVar(&c.NoRegion, "no-region", envBool("NATSHARD_NO_REGION"), "host no region: only a coordinator candidate [NATSHARD_NO_REGION]")
+	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", natshard.DefaultMinRegions), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
+	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", natshard.DefaultReplicas), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", natshard.DefaultIdleTimeout), "passivate entities idle this long; 0 never (and never with --remember) [NATSHARD_IDLE_TIMEOUT]")
+	fs.BoolVar(&c.Remember, "remember", envBool("NATSHARD_REMEMBER"), "remember the active entities, stored per type: a shard's new owner starts them again without a message, after a move, a crash or a full restart; they are never passivated for idleness (an http app's entity ends with Natshard-Passivate) [NATSHARD_REMEMBER]")
+	fs.IntVar(&c.RestartRate, "restart-rate", envInt("NATSHARD_RESTART_RATE", natshard.DefaultRestartRate), "remembered entities this process starts per second [NATSHARD_RESTART_RATE]")
 	c.LeaseTTL = auto
 	if v := getenv("NATSHARD_LEASE_TTL"); v != "" {
 		if err := (*autoFlag)(&c.LeaseTTL).Set(v); err != nil {
 			errs = append(errs, fmt.Errorf("NATSHARD_LEASE_TTL: %w", err))
 		}
 	}
-	fs.Var((*autoFlag)(&c.LeaseTTL), "lease-ttl", "TTL of the coordinator and region leases, whole seconds; auto: 4s on a standalone NATS server, 15s on a cluster (longer than a JetStream leader election) [NATSHARD_LEASE_TTL]")
+	fs.Var((*autoFlag)(&c.LeaseTTL), "lease-ttl", fmt.Sprintf("TTL of the coordinator and region leases, whole seconds; auto: %s on a standalone NATS server, %s on a cluster (longer than a JetStream leader election) [NATSHARD_LEASE_TTL]", natshard.StandaloneLeaseTTL, natshard.ClusterLeaseTTL))
 	fs.StringVar(&c.Strategy, "strategy", env("NATSHARD_STRATEGY", ""), "allocation strategy, <name>[:<param>=<value>,...]: least-shard (default), legacy-least-shard, consistent-hashing, load-aware; stored per type, a process that disagrees refuses to start [NATSHARD_STRATEGY]")
-	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", 10*time.Second), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
-	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", 2*time.Second), "time between rebalance rounds; 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
-	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", 16), "shard moves in flight at once [NATSHARD_MAX_MOVES]")
+	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", natshard.DefaultHandOffTimeout), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
+	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", natshard.DefaultRebalanceInterval), "time between the starts of rebalance rounds (a round runs all its moves, --max-moves at a time); 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
+	fs.IntVar(&c.MaxMoves, "max-moves", envInt("NATSHARD_MAX_MOVES", natshard.DefaultMaxMoves), "shard moves in flight at once; a rebalance round starts its moves as earlier ones end [NATSHARD_MAX_MOVES]")
 	c.ReleaseGrace = auto
 	if v := getenv("NATSHARD_RELEASE_GRACE"); v != "" {
 		if err := (*autoFlag)(&c.ReleaseGrace).Set(v); err != nil {
 			errs = append(errs, fmt.Errorf("NATSHARD_RELEASE_GRACE: %w", err))
 		}
 	}
-	fs.Var((*autoFlag)(&c.ReleaseGrace), "release-grace", "how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation); auto: 0 on a standalone NATS server, 1s on a cluster [NATSHARD_RELEASE_GRACE]")
-	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", 100_000), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
+	fs.Var((*autoFlag)(&c.ReleaseGrace), "release-grace", fmt.Sprintf("how long a handoff source keeps diverting after the new owner subscribed (cluster interest propagation); auto: 0 on a standalone NATS server, %s on a cluster [NATSHARD_RELEASE_GRACE]", natshard.ClusterReleaseGrace))
+	fs.IntVar(&c.BufferSize, "buffer-size", envInt("NATSHARD_BUFFER_SIZE", natshard.DefaultBufferSize), "messages buffered per shard during a handoff; beyond it they are refused [NATSHARD_BUFFER_SIZE]")
+	envBytes := func(name string, def int64) bytesFlag {
+		if v := getenv(name); v != "" {
+			n, err := parseBytes(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+			return bytesFlag(n)
+		}
+		return bytesFlag(def)
+	}
+	c.BucketBytes = envBytes("NATSHARD_BUCKET_BYTES", natshard.DefaultBucketBytes)
+	c.BufferBytes = envBytes("NATSHARD_BUFFER_BYTES", natshard.DefaultBufferBytes)
+	c.StreamBytes = envBytes("NATSHARD_STREAM_BYTES", natshard.DefaultStreamBytes)
+	fs.Var(&c.BucketBytes, "bucket-bytes", "byte limit of the type's KV bucket when it is created, reserved in the JetStream store; entity state is refused before its last sixteenth (kept for leases and the shard table); none: no limit [NATSHARD_BUCKET_BYTES]")
+	fs.Var(&c.BufferBytes, "buffer-bytes", "byte limit of the type's handoff buffer stream when it is created, reserved in the JetStream store; beyond it moving shards' messages are refused; none: no limit [NATSHARD_BUFFER_BYTES]")
+	fs.Var(&c.StreamBytes, "stream-bytes", "byte limit of a durable type's message stream when it is created, reserved in the JetStream store; beyond it publishes are refused (their acknowledgement says so); none: no limit [NATSHARD_STREAM_BYTES]")
 	fs.StringVar(&c.DataPrefix, "data-prefix", env("NATSHARD_DATA_PREFIX", protocol.DefaultDataPrefix), "subject prefix of the data plane [NATSHARD_DATA_PREFIX]")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", env("NATSHARD_CONTROL_PREFIX", protocol.DefaultControlPrefix), "subject prefix of the control plane [NATSHARD_CONTROL_PREFIX]")
 	fs.StringVar(&c.LogLevel, "log-level", env("NATSHARD_LOG_LEVEL", "info"), "debug, info, warn or error [NATSHARD_LOG_LEVEL]")
+	fs.BoolVar(&c.PrintVersion, "version", false, "print the version (module version and VCS revision) and exit")
 	fs.StringVar(&c.LogFormat, "log-format", env("NATSHARD_LOG_FORMAT", "text"), "text or json [NATSHARD_LOG_FORMAT]")
+	fs.StringVar(&c.HTTP, "http", env("NATSHARD_HTTP", ""), "serve /metrics (Prometheus), /healthz, /readyz and /ui (the live shard map) on this address, like 127.0.0.1:9090 (:9090: every interface); empty serves none [NATSHARD_HTTP]")
 	fs.StringVar(&c.AuthDir, "auth-dir", env("NATSHARD_AUTH_DIR", ""), "directory of shardctl auth init: the embedded server runs in operator mode with its accounts, and shardd connects with its region.creds unless --creds [NATSHARD_AUTH_DIR]")
+	fs.StringVar(&c.SystemCreds, "system-creds", env("NATSHARD_SYSTEM_CREDS", ""), "credentials of a user of the NATS servers' system account: the coordinator reads their disconnect advisories and finds a dead region at once (the embedded server needs none) [NATSHARD_SYSTEM_CREDS]")
 	fs.StringVar(&c.Auth.Creds, "creds", env("NATSHARD_CREDS", ""), "NATS credentials file of a region user (shardctl auth) [NATSHARD_CREDS]")
 	fs.StringVar(&c.Auth.TLSCert, "tls-cert", env("NATSHARD_TLS_CERT", ""), "TLS certificate: the embedded server's, or the client certificate for --nats [NATSHARD_TLS_CERT]")
 	fs.StringVar(&c.Auth.TLSKey, "tls-key", env("NATSHARD_TLS_KEY", ""), "TLS key of --tls-cert [NATSHARD_TLS_KEY]")
@@ -145,6 +191,17 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q (shardd takes only flags)", fs.Arg(0))
+	}
+	if c.Remember {
+		// Remembered entities are never passivated for idleness: the
+		// default does not apply, and an explicit value is refused.
+		explicit := getenv("NATSHARD_IDLE_TIMEOUT") != ""
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "idle-timeout" })
+		if !explicit {
+			c.IdleTimeout = 0
+		} else if c.IdleTimeout > 0 {
+			return c, fmt.Errorf("--idle-timeout: %s with --remember: remembered entities are not passivated for idleness (they would be started again); leave it out", c.IdleTimeout)
+		}
 	}
 	return c, c.Validate()
 }
@@ -161,11 +218,26 @@ func (c *config) Validate() error {
 	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, "t"); err != nil {
 		errs = append(errs, fmt.Errorf("--data-prefix/--control-prefix: %w", err))
 	}
-	if c.Kind != "kv" && c.Kind != "echo" && c.Kind != "trace" {
-		errs = append(errs, fmt.Errorf("--kind: %q is not kv, echo or trace", c.Kind))
+	if kinds := slices.Concat(entities.Kinds, []string{sidecar.Kind}); !slices.Contains(kinds, c.Kind) {
+		errs = append(errs, fmt.Errorf("--kind: %q is not one of %s", c.Kind, strings.Join(kinds, ", ")))
+	}
+	switch {
+	case c.Kind == sidecar.Kind && c.Sidecar.App == "" && !c.NoRegion:
+		errs = append(errs, errors.New("--app: needed with --kind http: the URL of the app that hosts the entities, like http://127.0.0.1:8080"))
+	case c.Kind != sidecar.Kind && c.Sidecar.App != "":
+		errs = append(errs, fmt.Errorf("--app: only with --kind http (the kind is %q)", c.Kind))
+	}
+	if c.Delivery != "" && c.Delivery != protocol.DeliveryCore && c.Delivery != protocol.DeliveryDurable {
+		errs = append(errs, fmt.Errorf("--delivery: %q is neither core nor durable", c.Delivery))
+	}
+	if c.RestartRate <= 0 {
+		errs = append(errs, fmt.Errorf("--restart-rate: %d is not positive", c.RestartRate))
 	}
 	if c.Shards < 0 || c.Shards > protocol.MaxShards {
 		errs = append(errs, fmt.Errorf("--shards: %d is out of range 0..%d", c.Shards, protocol.MaxShards))
+	}
+	if c.NoRegion && c.NoCoordinator {
+		errs = append(errs, errors.New("--no-region and --no-coordinator: shardd would host nothing"))
 	}
 	if c.MinRegions < 0 {
 		errs = append(errs, fmt.Errorf("--min-regions: %d is negative", c.MinRegions))
@@ -219,6 +291,11 @@ func (c *config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		errs = append(errs, fmt.Errorf("--log-format: %q is not text or json", c.LogFormat))
 	}
+	if c.HTTP != "" {
+		if _, port, err := net.SplitHostPort(c.HTTP); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("--http: %q is not host:port (like 127.0.0.1:9090, or :9090 for every interface)", c.HTTP))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -230,40 +307,11 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
-// defaultRegion is hostname-pid, reduced to the characters region ids allow.
-func defaultRegion() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "shardd"
-	}
-	host = strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '-'
-	}, host)
-	if len(host) > 40 {
-		host = host[:40]
-	}
-	return fmt.Sprintf("%s-%d", host, os.Getpid())
-}
-
-// defaultDataDir is $XDG_STATE_HOME/natshard, or ~/.local/state/natshard.
-func defaultDataDir(getenv func(string) string) string {
-	if d := getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "natshard")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(home, ".local", "state", "natshard")
-}
-
 // auto is the value of a duration flag set to "auto" (--release-grace,
-// --lease-ttl): resolved once the connection tells whether the NATS server
-// is part of a cluster.
-const auto time.Duration = -1
+// --lease-ttl): the library's zero, chosen once the connection tells
+// whether the NATS server is part of a cluster. (Not -1: that is
+// natshard.Off.)
+const auto time.Duration = math.MinInt64
 
 // autoFlag is a duration flag that may also be "auto".
 type autoFlag time.Duration
@@ -286,45 +334,4 @@ func (g *autoFlag) Set(s string) error {
 	}
 	*g = autoFlag(d)
 	return nil
-}
-
-// Lease TTLs of --lease-ttl auto.
-const (
-	standaloneLeaseTTL = 4 * time.Second
-	// clusterLeaseTTL outlives a JetStream leader election (nats-server
-	// waits 4-9 s before electing a new leader of a stream whose leader's
-	// server died): shorter, every region fences itself whenever the
-	// server leading the KV bucket dies.
-	clusterLeaseTTL = 15 * time.Second
-)
-
-// leaseTTL resolves --lease-ttl for the connection's server.
-func leaseTTL(flag time.Duration, clusterName string) time.Duration {
-	switch {
-	case flag != auto:
-		return flag
-	case clusterName == "":
-		return standaloneLeaseTTL
-	}
-	return clusterLeaseTTL
-}
-
-// releaseGrace resolves --release-grace for the connection's server: auto
-// is none on a standalone server (no cluster: the new owner's server is
-// every publisher's server, so its subscription is known to all of them
-// once Flush returns) and region.DefaultReleaseGrace on a cluster. Regions
-// behind different leaf nodes of one hub need an explicit value (see
-// docs/OPERATIONS.md): the client cannot see leaf connections. The result
-// is for region and coordinator Configs, where 0 means their default and a
-// negative duration none.
-func releaseGrace(flag time.Duration, clusterName string) time.Duration {
-	switch {
-	case flag == auto && clusterName == "":
-		return -1
-	case flag == auto:
-		return region.DefaultReleaseGrace
-	case flag == 0:
-		return -1
-	}
-	return flag
 }

@@ -3,14 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -42,6 +52,16 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--creds", "/nonexistent.creds"}, nil, "--creds"},
 		{[]string{"--tls-cert", "main.go"}, nil, "--tls-key"},
 		{[]string{"--tls-ca", "main.go"}, nil, "--tls-ca"}, // the embedded server needs its own certificate
+		{[]string{"--no-region", "--no-coordinator"}, nil, "--no-region and --no-coordinator"},
+		{[]string{"--delivery", "maybe"}, nil, "--delivery"},
+		{[]string{"--remember", "--idle-timeout", "5s"}, nil, "--idle-timeout: 5s with --remember"},
+		{[]string{"--remember"}, map[string]string{"NATSHARD_IDLE_TIMEOUT": "1m"}, "--idle-timeout: 1m0s with --remember"},
+		{[]string{"--restart-rate", "0"}, nil, "--restart-rate"},
+		{[]string{"--kind", "http"}, nil, "--app: needed with --kind http"},
+		{[]string{"--app", "http://127.0.0.1:8080"}, nil, `--app: only with --kind http (the kind is "kv")`},
+		{nil, map[string]string{"NATSHARD_APP_TIMEOUT": "soon"}, "NATSHARD_APP_TIMEOUT"},
+		{[]string{"--http", "9090"}, nil, "--http"},
+		{nil, map[string]string{"NATSHARD_HTTP": "localhost"}, "--http"},
 	} {
 		getenv := func(k string) string { return tc.env[k] }
 		_, err := parseConfig(tc.args, getenv, &bytes.Buffer{})
@@ -70,8 +90,18 @@ func TestParseConfigEnvironment(t *testing.T) {
 	}
 }
 
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, noEnv, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "shardd ") || !strings.Contains(out.String(), runtime.Version()) {
+		t.Fatalf("--version printed %q", out.String())
+	}
+}
+
 func TestRunUnreachableNATS(t *testing.T) {
-	err := run(context.Background(), []string{"--nats", "nats://127.0.0.1:1"}, noEnv, &bytes.Buffer{})
+	err := run(context.Background(), []string{"--nats", "nats://127.0.0.1:1"}, noEnv, io.Discard, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "cannot connect to NATS at nats://127.0.0.1:1") {
 		t.Fatalf("err %v", err)
 	}
@@ -87,8 +117,8 @@ func TestRunRefusesMismatchedShardCount(t *testing.T) {
 	if _, err := store.EnsureConfig(context.Background(), protocol.TypeConfig{Shards: 128}); err != nil {
 		t.Fatal(err)
 	}
-	err = run(context.Background(), []string{"--nats", natstest.URL(srv), "--shards", "64"}, noEnv, &bytes.Buffer{})
-	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), "--shards 64 disagrees with the type's stored shard count 128") {
+	err = run(context.Background(), []string{"--nats", natstest.URL(srv), "--shards", "64"}, noEnv, io.Discard, &bytes.Buffer{})
+	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `type "kv": 64 shards disagree with the 128 stored for the type`) {
 		t.Fatalf("err %v", err)
 	}
 }
@@ -101,7 +131,7 @@ func TestRunEmbedded(t *testing.T) {
 	done := make(chan error, 1)
 	logs := &natstest.Buffer{}
 	go func() {
-		done <- run(ctx, []string{"--listen", addr, "--data-dir", t.TempDir(), "--region", "solo", "--shards", "8"}, noEnv, logs)
+		done <- run(ctx, []string{"--listen", addr, "--data-dir", t.TempDir(), "--region", "solo", "--shards", "8"}, noEnv, io.Discard, logs)
 	}()
 	defer func() {
 		cancel()
@@ -141,6 +171,9 @@ func TestRunEmbedded(t *testing.T) {
 	}
 }
 
+// TestRunStrategyStoredPerType: a process that disagrees with the
+// type's stored strategy refuses to start, naming both (the library's
+// tests check that one giving none adopts it).
 func TestRunStrategyStoredPerType(t *testing.T) {
 	srv := natstest.RunServer(t)
 	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(srv)))
@@ -149,72 +182,265 @@ func TestRunStrategyStoredPerType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A new type stores the strategy it was given (parseConfig makes the
-	// flag canonical).
 	const spec = "consistent-hashing:virtual-nodes=100,limit=4"
-	got, err := ensureConfig(ctx, store, 0, spec)
-	if err != nil || got.Shards != 128 || got.Strategy != spec {
-		t.Fatalf("new type: %+v %v", got, err)
+	if _, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: 128, Strategy: spec, Kind: "kv"}); err != nil {
+		t.Fatal(err)
 	}
-	// A process without --strategy adopts the stored one.
-	if got, err = ensureConfig(ctx, store, 0, ""); err != nil || got.Strategy != spec {
-		t.Fatalf("adopt: %+v %v", got, err)
-	}
-	// A process that disagrees refuses to start, naming both.
-	err = run(ctx, []string{"--nats", natstest.URL(srv), "--strategy", "least-shard"}, noEnv, &bytes.Buffer{})
-	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `--strategy "least-shard:absolute=20,relative=0.1" disagrees with the type's stored strategy "consistent-hashing:virtual-nodes=100,limit=4"`) {
+	err = run(ctx, []string{"--nats", natstest.URL(srv), "--strategy", "least-shard"}, noEnv, io.Discard, &bytes.Buffer{})
+	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `strategy "least-shard:absolute=65536,relative=1" disagrees with the type's stored strategy "consistent-hashing:virtual-nodes=100,limit=4"`) {
 		t.Fatalf("err %v", err)
 	}
 }
 
-// TestReleaseGrace: --release-grace auto is none on a standalone server and
-// the default on a cluster; an explicit value wins; 0 is none (not the
-// library's default).
-func TestReleaseGrace(t *testing.T) {
-	for _, c := range []struct {
-		flag    string
-		cluster string
-		want    time.Duration
-	}{
-		{"auto", "", -1},
-		{"auto", "east", time.Second},
-		{"250ms", "", 250 * time.Millisecond},
-		{"250ms", "east", 250 * time.Millisecond},
-		{"0s", "east", -1},
-	} {
-		var g time.Duration
-		if err := (*autoFlag)(&g).Set(c.flag); err != nil {
-			t.Fatalf("Set(%q): %v", c.flag, err)
-		}
-		if got := releaseGrace(g, c.cluster); got != c.want {
-			t.Errorf("--release-grace %s on cluster %q: %v, want %v", c.flag, c.cluster, got, c.want)
-		}
+// TestRunRefusesAnotherKind: a shardd hosting echo entities does not join
+// a type of kv entities (it would answer their requests with echoes, and
+// an acknowledged write would be lost).
+func TestRunRefusesAnotherKind(t *testing.T) {
+	srv := natstest.RunServer(t)
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(srv)))
+	ctx := context.Background()
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	var g time.Duration
-	if err := (*autoFlag)(&g).Set("soon"); err == nil {
-		t.Error("--release-grace soon accepted")
+	if _, err := store.EnsureConfig(ctx, protocol.TypeConfig{Shards: 128, Kind: "kv"}); err != nil {
+		t.Fatal(err)
+	}
+	err = run(ctx, []string{"--nats", natstest.URL(srv), "--kind", "echo"}, noEnv, io.Discard, &bytes.Buffer{})
+	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `this process hosts entity kind "echo", the type's entities are of kind "kv"`) {
+		t.Fatalf("err %v", err)
 	}
 }
 
-// TestLeaseTTL: --lease-ttl auto is 4s on a standalone server and 15s on a
-// cluster; an explicit value wins.
-func TestLeaseTTL(t *testing.T) {
-	for _, c := range []struct {
-		flag    string
-		cluster string
-		want    time.Duration
-	}{
-		{"auto", "", 4 * time.Second},
-		{"auto", "east", 15 * time.Second},
-		{"6s", "", 6 * time.Second},
-		{"6s", "east", 6 * time.Second},
-	} {
-		var ttl time.Duration
-		if err := (*autoFlag)(&ttl).Set(c.flag); err != nil {
-			t.Fatalf("Set(%q): %v", c.flag, err)
+// TestDefaultsAreTheLibrarys: shardd with no flag hosts its type exactly
+// as the library hosts a Type that gives only a name and entities, on
+// Options that give nothing: the same defaults, and the same meaning of
+// "auto" (chosen from the server) and of zero.
+func TestDefaultsAreTheLibrarys(t *testing.T) {
+	cfg, err := parseConfig(nil, noEnv, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, typ, err := cfg.natshard(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ.Entity == nil {
+		t.Fatal("no entity factory for the default kind")
+	}
+	typ.Entity = nil
+	lib := natshard.Type{Name: typ.Name, Kind: typ.Kind}
+	if got, want := typ.Defaults(), lib.Defaults(); !reflect.DeepEqual(got, want) {
+		t.Errorf("shardd's type\n%+v\nthe library's\n%+v", got, want)
+	}
+	// The library's defaults of these are zero (or chosen from the
+	// environment): shardd must leave them so.
+	want := natshard.Options{
+		Region:     natshard.DefaultRegion(),
+		Server:     natshard.ServerOptions{Listen: natshard.DefaultListen, DataDir: natshard.DefaultDataDir()},
+		DataPrefix: protocol.DefaultDataPrefix, ControlPrefix: protocol.DefaultControlPrefix,
+	}
+	if opts.Region != want.Region || opts.Name != "shardd "+opts.Region || opts.Server != want.Server || opts.LeaseTTL != 0 || opts.ReleaseGrace != 0 ||
+		opts.DataPrefix != want.DataPrefix || opts.ControlPrefix != want.ControlPrefix || opts.NATS != "" || opts.NoCoordinator {
+		t.Errorf("shardd's options %+v, want the library's defaults %+v", opts, want)
+	}
+	// shardd's 0 means never (or none) where the library's zero means the
+	// default.
+	cfg, err = parseConfig([]string{"--idle-timeout", "0", "--rebalance-interval", "0", "--release-grace", "0"}, noEnv, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, typ, _ = cfg.natshard(nil)
+	if typ.IdleTimeout != natshard.Off || typ.RebalanceInterval != natshard.Off || opts.ReleaseGrace != natshard.Off {
+		t.Errorf("shardd's 0: idle %v, rebalance %v, grace %v; want natshard.Off", typ.IdleTimeout, typ.RebalanceInterval, opts.ReleaseGrace)
+	}
+	// --remember drops the idle timeout's default.
+	cfg, err = parseConfig([]string{"--remember", "--restart-rate", "50"}, noEnv, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, typ, _ = cfg.natshard(nil)
+	if !typ.Remember || typ.IdleTimeout != natshard.Off || typ.RestartRate != 50 {
+		t.Errorf("--remember: remember %v, idle %v, restart rate %d", typ.Remember, typ.IdleTimeout, typ.RestartRate)
+	}
+}
+
+// TestRunSidecar: with --kind http the entities are the app's: a request
+// is answered by the app; an app URL that is not http is refused before
+// anything starts; an app that never answers its health check is waited
+// for, saying so in the log, and no region registers meanwhile.
+func TestRunSidecar(t *testing.T) {
+	srv := natstest.RunServer(t)
+	url := natstest.URL(srv)
+	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/entities/") {
+			body, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "%s says %s", strings.TrimPrefix(r.URL.Path, "/entities/"), body)
 		}
-		if got := leaseTTL(ttl, c.cluster); got != c.want {
-			t.Errorf("--lease-ttl %s on cluster %q: %v, want %v", c.flag, c.cluster, got, c.want)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go app.Serve(ln)
+	defer app.Close()
+
+	err = run(context.Background(), []string{"--nats", url, "--kind", "http", "--app", "ftp://127.0.0.1:21"}, noEnv, io.Discard, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), `the app URL "ftp://127.0.0.1:21" is not an http:// or https:// URL`) {
+		t.Fatalf("ftp app: %v", err)
+	}
+
+	logs := &natstest.Buffer{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := run(ctx, []string{"--nats", url, "--kind", "http", "--type", "up", "--app", "http://127.0.0.1:1"}, noEnv, io.Discard, logs); err != nil {
+		t.Fatalf("stopped while waiting for the app: %v", err)
+	}
+	if !strings.Contains(logs.String(), "waiting for the app to answer its health check") || !strings.Contains(logs.String(), "connection refused") {
+		t.Fatalf("log while waiting for an unreachable app:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "hosting type") {
+		t.Fatalf("a type hosted before the app answered:\n%s", logs)
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nats", url, "--kind", "http", "--type", "up", "--shards", "4", "--app", "http://" + ln.Addr().String()}, noEnv, io.Discard, io.Discard)
+	}()
+	nc := natstest.Connect(t, url)
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	var got []byte
+	for got, err = nil, natshard.ErrUnknownType; errors.Is(err, natshard.ErrUnknownType) && rctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+		got, err = natshard.NewClient(nc).Request(rctx, "up", "alice", []byte("hi")) // once shardd made the type
+	}
+	if err != nil || string(got) != "up/alice says hi" {
+		t.Fatalf("answer %q, %v", got, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run returned %v", err)
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden with the output of this run")
+
+// TestHelpTranscript: shardd --help, as operators read it, against
+// testdata/help.golden (go test ./cmd/shardd -run TestHelpTranscript
+// -update rewrites it). The defaults that depend on the machine come from
+// the environment here.
+func TestHelpTranscript(t *testing.T) {
+	env := map[string]string{"NATSHARD_REGION": "myhost-12345", "NATSHARD_DATA_DIR": "/home/me/.local/state/natshard"}
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--help"}, func(k string) string { return env[k] }, &out, io.Discard)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	got := "$ shardd --help\n" + out.String()
+	file := filepath.Join("testdata", "help.golden")
+	if *update {
+		if err := os.WriteFile(file, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
 		}
+		return
+	}
+	want, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("shardd --help differs from %s (-update rewrites it):\n%s", file, got)
+	}
+}
+
+// TestJSONLogDurations: a JSON log line says durations as people read
+// them, whoever logged them.
+func TestJSONLogDurations(t *testing.T) {
+	var out bytes.Buffer
+	log := newLogger(config{LogLevel: "info", LogFormat: "json"}, &out)
+	log.Info("took", "wait", 1500*time.Millisecond, slog.Group("g", "d", 2*time.Millisecond))
+	var line map[string]any
+	if err := json.Unmarshal(out.Bytes(), &line); err != nil {
+		t.Fatal(err)
+	}
+	if line["wait"] != "1.5s" || line["g"].(map[string]any)["d"] != "2ms" {
+		t.Fatalf("JSON line %s", out.Bytes())
+	}
+}
+
+// TestRunHTTP: shardd --http serves the probes from before its node
+// registered until it stopped, /metrics with natshard's metrics and Go's,
+// and the shard map; /readyz turns 200 once the region serves.
+func TestRunHTTP(t *testing.T) {
+	ports := natstest.FreePorts(t, 2)
+	addr, web := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &natstest.Buffer{}
+	go func() {
+		done <- run(ctx, []string{"--listen", addr, "--data-dir", t.TempDir(), "--region", "solo", "--shards", "8", "--http", web, "--log-format", "json"}, noEnv, io.Discard, logs)
+	}()
+	stopped := false
+	defer func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("shardd log:\n%s", logs.String())
+		}
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + web + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if code != 0 && code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz: %d %s", code, body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %d %s", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	code, body := get("/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, want := range []string{`natshard_region_shards{mode="live",region="solo",type="kv"} 8`, `natshard_coordinator_leader{region="solo",type="kv"} 1`, "go_goroutines ", "process_resident_memory_bytes ", "go_build_info{"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code, body := get("/ui/"); code != http.StatusOK || !strings.Contains(body, "<title>natshard shard map</title>") {
+		t.Errorf("/ui/: %d %.200s", code, body)
+	}
+	if code, body := get("/ui/api/status?type=kv"); code != http.StatusOK || !strings.Contains(body, `"coordinator":{"region":"solo"`) {
+		t.Errorf("/ui/api/status: %d %s", code, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run returned %v", err)
+	}
+	stopped = true
+	if code, _ := get("/healthz"); code != 0 {
+		t.Errorf("the listener outlived shardd: /healthz answered %d", code)
+	}
+	if !strings.Contains(logs.String(), `"msg":"HTTP listening: /metrics, /healthz, /readyz, /ui/","addr":"`+web+`"`) {
+		t.Errorf("no log line of the listener")
 	}
 }

@@ -26,6 +26,11 @@ const startTimeout = 30 * time.Second
 // DefaultOptions returns the options RunServer uses: 127.0.0.1, random
 // client port, JetStream storing in a fresh t.TempDir(), short ping
 // interval, no logging, no signal handlers.
+//
+// The file store's limit (JetStreamMaxStore) is a bound, not an
+// allocation: it is large (256 GiB) because every natshard type reserves
+// its streams' max bytes in it (1 GiB each by default), and tests start
+// many types on one server. A test of a full store sets a small one.
 func DefaultOptions(t testing.TB) *server.Options {
 	t.Helper()
 	return &server.Options{
@@ -39,7 +44,7 @@ func DefaultOptions(t testing.TB) *server.Options {
 		JetStream:          true,
 		StoreDir:           t.TempDir(),
 		JetStreamMaxMemory: 256 << 20,
-		JetStreamMaxStore:  1 << 30,
+		JetStreamMaxStore:  256 << 30,
 	}
 }
 
@@ -90,6 +95,13 @@ func Shutdown(s *server.Server) {
 // down on cleanup; Shutdown stops one of them earlier.
 func RunCluster(t testing.TB, n int) []*server.Server {
 	t.Helper()
+	return RunClusterWith(t, n, nil)
+}
+
+// RunClusterWith is RunCluster with each server's options changed by
+// adjust (when not nil) before it starts: a small JetStreamMaxStore, say.
+func RunClusterWith(t testing.TB, n int, adjust func(*server.Options)) []*server.Server {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster of %d servers", n)
 	}
@@ -110,6 +122,9 @@ func RunCluster(t testing.TB, n int) []*server.Server {
 			PoolSize: -1,
 		}
 		opts.Routes = routes
+		if adjust != nil {
+			adjust(opts)
+		}
 		servers[i] = RunServerWithOptions(t, opts)
 	}
 	waitFor(t, fmt.Sprintf("JetStream meta leader with %d peers", n), func() bool {

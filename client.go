@@ -1,0 +1,398 @@
+package natshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/internal/wait"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// ErrUnknownType: the type has no KV bucket on the NATS servers the client
+// reaches: no node ever hosted it (or it was deleted).
+var ErrUnknownType = errors.New("natshard: unknown entity type")
+
+// DefaultTimeout bounds a Client's call whose context has no deadline.
+const DefaultTimeout = 30 * time.Second
+
+// attemptTimeout bounds one request to JetStream (reading a type's
+// configuration, a publish to a stream), which is tried again while the
+// call's context lasts.
+const attemptTimeout = 5 * time.Second
+
+// Client sends messages to entities of any type: it needs nothing but a
+// NATS connection, and no process it talks to needs to know it. It learns
+// each type's shard count from the type's KV bucket once and keeps it (a
+// type's shard count never changes). It is safe for concurrent use.
+//
+// Every message it sends carries a Nats-Msg-Id, unique unless MsgID gives
+// one: while a shard moves, its messages may reach both the old and the
+// new owner, and the new owner skips the copies by that id, so a message
+// is handled once through planned moves (DESIGN.md 7). When the context
+// of a call holds an OpenTelemetry span (an entity's Handle context of a
+// traced message does), the message carries it as W3C trace context
+// (traceparent), unless a Header option gave one.
+//
+// A request is delayed, not failed, while its entity's shard has no
+// owner for a moment (after a crash, before the coordinator parks the
+// shard; during a coordinator failover): an answer of "no responders", or
+// a region's refusal of a message it did not handle (the shard moved, or
+// is moving and its buffer is full), is retried with backoff until the
+// context ends. A request that reached an entity whose process then died
+// is not answered: with WithResend it is sent again.
+//
+// To a type of durable delivery, a message is published to the type's
+// stream and the call returns once the stream acknowledged it (stored,
+// replicated): it is then handled even if regions crash or a NATS server
+// dies. A request carries its inbox in the Natshard-Reply header (a
+// stored message keeps no reply subject) and waits there for the entity's
+// answer, which comes however late the shard's next owner handles it.
+type Client struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	prefix  string
+	timeout time.Duration
+	resend  time.Duration
+
+	mu    sync.Mutex
+	types map[string]clientType
+}
+
+type clientType struct {
+	subjects protocol.Subjects
+	shards   int
+	durable  bool // durable delivery: sent through the type's stream
+}
+
+// A ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithPrefix sets the data-plane subject prefix of the types (default
+// "shard"), as given to their nodes (Options.DataPrefix).
+func WithPrefix(data string) ClientOption { return func(c *Client) { c.prefix = data } }
+
+// WithTimeout bounds the calls whose context has no deadline (default
+// DefaultTimeout).
+func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
+
+// WithResend sends a request again, with the same Nats-Msg-Id, when no
+// answer came after d: a request
+// delivered to a region that crashed before answering is then answered by
+// the shard's next owner. An entity may thus handle a request twice when
+// its process crashed after handling it and before the answer left: use
+// it for idempotent requests, or where that is acceptable. (During planned
+// moves, a copy is skipped by its Nats-Msg-Id.)
+func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resend = d } }
+
+// NewClient returns a client on nc. The connection stays the caller's.
+func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
+	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, types: map[string]clientType{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// A SendOption configures one message.
+type SendOption func(*nats.Msg)
+
+// MsgID sets the message's idempotency key, its Nats-Msg-Id header (by
+// default a unique one): copies of a message with one key are skipped
+// while its shard moves, and by JetStream's duplicate window where a
+// stream stores it. Give the same key to a message sent again after a
+// failure.
+func MsgID(key string) SendOption {
+	return func(m *nats.Msg) { m.Header.Set(protocol.HeaderMsgID, key) }
+}
+
+// Header adds the headers h to the message (a W3C traceparent, say).
+func Header(h nats.Header) SendOption {
+	return func(m *nats.Msg) {
+		for k, vs := range h {
+			for _, v := range vs {
+				m.Header.Add(k, v)
+			}
+		}
+	}
+}
+
+// EntityError is an entity's error answer: its Handle (or its Factory)
+// returned an error. Test for it with errors.As.
+type EntityError struct {
+	Type, ID string
+	Message  string // the error's text (the Natshard-Error header)
+	Data     []byte // the answer's body
+}
+
+func (e *EntityError) Error() string {
+	return fmt.Sprintf("natshard: entity %s of type %s: %s", e.ID, e.Type, e.Message)
+}
+
+// Request sends data to entity id of type typ and returns its answer. An
+// error the entity returned comes back as an *EntityError.
+func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts ...SendOption) ([]byte, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	t, m, err := c.message(ctx, typ, id, data, opts)
+	if err != nil {
+		return nil, err
+	}
+	if t.durable {
+		return c.requestDurable(ctx, typ, id, m)
+	}
+	var b backoff
+	for {
+		actx, acancel := ctx, context.CancelFunc(func() {})
+		if c.resend > 0 {
+			actx, acancel = context.WithTimeout(ctx, c.resend)
+		}
+		reply, err := c.nc.RequestMsgWithContext(actx, m)
+		acancel()
+		if done, data, err := answer(typ, id, reply, err); done {
+			return data, err
+		}
+		switch {
+		case err == nil:
+			// Handled by no entity: the shard moved or is moving. Again.
+			err = fmt.Errorf("refused (%s): %s", reply.Header.Get(protocol.HeaderRefused), reply.Header.Get(protocol.HeaderError))
+		case errors.Is(err, nats.ErrNoResponders):
+			// Nobody serves the shard this moment. Again.
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			continue // WithResend: no answer in time; send it again now
+		default:
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
+		}
+		if !b.wait(ctx) {
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w (retried %d times, last: %v)", id, typ, ctx.Err(), b.n, err)
+		}
+	}
+}
+
+// answer reads the answer to a request: done when it is final (the data
+// or the entity's error, or a malformed refusal); not done for a refusal
+// that a new attempt may get past (err then says which) or when no answer
+// came (err).
+func answer(typ, id string, reply *nats.Msg, err error) (done bool, data []byte, _ error) {
+	switch {
+	case err != nil:
+		return false, nil, err
+	case reply.Header.Get(protocol.HeaderError) == "":
+		return true, reply.Data, nil
+	case reply.Header.Get(protocol.HeaderRefused) == "":
+		return true, reply.Data, &EntityError{Type: typ, ID: id, Message: reply.Header.Get(protocol.HeaderError), Data: reply.Data}
+	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedMalformed:
+		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: refused: %s", id, typ, reply.Header.Get(protocol.HeaderError))
+	}
+	return false, nil, nil
+}
+
+// requestDurable publishes a request to the type's stream, with its inbox
+// in Natshard-Reply, and waits there for the answer.
+func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg) ([]byte, error) {
+	inbox := c.nc.NewRespInbox()
+	sub, err := c.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
+	}
+	defer sub.Unsubscribe()
+	m.Header.Set(protocol.HeaderReply, inbox)
+	if err := c.publishDurable(ctx, m); err != nil {
+		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
+	}
+	for {
+		reply, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet: %w", id, typ, err)
+		}
+		if done, data, err := answer(typ, id, reply, nil); done {
+			return data, err
+		}
+		// A refusal: the message stays in the stream for the shard's
+		// next owner, whose answer comes here.
+	}
+}
+
+// publishDurable publishes m to the type's stream and waits for the
+// stream's acknowledgement, retrying while JetStream is unavailable (a
+// leader election): the same Nats-Msg-Id stores it once. A refusal for
+// lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
+// store full) is returned at once.
+func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
+	if err := c.jetStream(); err != nil {
+		return err
+	}
+	var b backoff
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout) // an acknowledgement lost: again, same id
+		_, err := kvstate.Publish(actx, c.js, m)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, kvstate.ErrNoSpace) {
+			// The stream is full (or the store): say so at once; the
+			// caller decides whether to wait for its entities to catch up.
+			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
+		}
+		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx) {
+			return fmt.Errorf("not stored in the type's stream: %w", err)
+		}
+	}
+}
+
+// Publish sends data to entity id of type typ without waiting for its
+// entity: to a type of core delivery a core NATS publish, delivered at
+// most once (see the guarantees in docs/PROTOCOL.md); to a type of
+// durable delivery a publish to its stream, which returns once the stream
+// acknowledged it. ctx bounds learning the type, and the acknowledgement.
+func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts ...SendOption) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	t, m, err := c.message(ctx, typ, id, data, opts)
+	if err != nil {
+		return err
+	}
+	if t.durable {
+		if err := c.publishDurable(ctx, m); err != nil {
+			return fmt.Errorf("natshard: publish to entity %s of type %s: %w", id, typ, err)
+		}
+		return nil
+	}
+	if err := c.nc.PublishMsg(m); err != nil {
+		return fmt.Errorf("natshard: publish to entity %s of type %s: %w", id, typ, err)
+	}
+	return nil
+}
+
+// EntityRef is an entity of a type, to send to: Client.Entity.
+type EntityRef struct {
+	c       *Client
+	typ, id string
+}
+
+// Entity returns a reference to entity id of type typ. It checks nothing:
+// a bad id or type fails its first call.
+func (c *Client) Entity(typ, id string) EntityRef { return EntityRef{c: c, typ: typ, id: id} }
+
+// ID is the entity's id.
+func (e EntityRef) ID() string { return e.id }
+
+// Type is the name of the entity's type.
+func (e EntityRef) Type() string { return e.typ }
+
+// Request is Client.Request to the entity.
+func (e EntityRef) Request(ctx context.Context, data []byte, opts ...SendOption) ([]byte, error) {
+	return e.c.Request(ctx, e.typ, e.id, data, opts...)
+}
+
+// Publish is Client.Publish to the entity.
+func (e EntityRef) Publish(ctx context.Context, data []byte, opts ...SendOption) error {
+	return e.c.Publish(ctx, e.typ, e.id, data, opts...)
+}
+
+// message builds the message to entity id of typ.
+func (c *Client) message(ctx context.Context, typ, id string, data []byte, opts []SendOption) (clientType, *nats.Msg, error) {
+	if err := protocol.ValidateEntityID(id); err != nil {
+		return clientType{}, nil, fmt.Errorf("natshard: %w", err)
+	}
+	t, err := c.typeOf(ctx, typ)
+	if err != nil {
+		return t, nil, err
+	}
+	m := &nats.Msg{Subject: t.subjects.EntityOf(id, t.shards), Data: data, Header: nats.Header{}}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.Header.Get(protocol.HeaderMsgID) == "" {
+		m.Header.Set(protocol.HeaderMsgID, nuid.Next())
+	}
+	injectTrace(ctx, m)
+	return t, m, nil
+}
+
+// typeOf returns what the client knows of typ, reading the type's shard
+// count from its KV bucket the first time (retried while JetStream is
+// unavailable, until ctx ends).
+func (c *Client) typeOf(ctx context.Context, typ string) (clientType, error) {
+	c.mu.Lock()
+	t, ok := c.types[typ]
+	c.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	subjects, err := protocol.NewSubjects(c.prefix, "", typ)
+	if err != nil {
+		return t, fmt.Errorf("natshard: %w", err)
+	}
+	var b backoff
+	for {
+		var cfg protocol.TypeConfig
+		err := c.jetStream()
+		if err == nil {
+			// Each attempt is bounded: an answer lost (a server lost, a
+			// leader election) must not take the whole of ctx.
+			actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+			var store *kvstate.Store
+			store, err = kvstate.Bind(actx, c.js, typ, kvstate.Options{})
+			if err == nil {
+				cfg, err = store.Config(actx)
+			}
+			cancel()
+		}
+		switch {
+		case err == nil:
+			return c.learn(subjects, cfg.Shards, Delivery(cfg.DeliveryOf())), nil
+		case errors.Is(err, kvstate.ErrNotFound):
+			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
+		case !errors.Is(err, kvstate.ErrUnavailable):
+			return t, fmt.Errorf("natshard: type %q: %w", typ, err)
+		}
+		if !b.wait(ctx) {
+			return t, fmt.Errorf("natshard: type %q: %w (last: %v)", typ, ctx.Err(), err)
+		}
+	}
+}
+
+func (c *Client) jetStream() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.js != nil {
+		return nil
+	}
+	js, err := jetstream.New(c.nc)
+	c.js = js
+	return err
+}
+
+// learn records the shard count and delivery of a type.
+func (c *Client) learn(subjects protocol.Subjects, shards int, delivery Delivery) clientType {
+	t := clientType{subjects: subjects, shards: shards, durable: delivery == Durable}
+	c.mu.Lock()
+	c.types[subjects.Type()] = t
+	c.mu.Unlock()
+	return t
+}
+
+// bound gives ctx the client's timeout when it has no deadline.
+func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok || c.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.timeout)
+}
+
+// backoff waits 10 ms, then twice as long each time, 500 ms at most.
+type backoff struct{ n int }
+
+func (b *backoff) wait(ctx context.Context) bool {
+	d := min(10*time.Millisecond<<min(b.n, 6), 500*time.Millisecond)
+	b.n++
+	return wait.Sleep(ctx, d)
+}

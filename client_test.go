@@ -1,0 +1,162 @@
+package natshard_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// newType creates type typ with shards in the server at url, as a node's
+// first start would, and returns its subjects.
+func newType(t *testing.T, url, typ string, shards int) protocol.Subjects {
+	t.Helper()
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), typ, kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.EnsureConfig(context.Background(), protocol.TypeConfig{Shards: shards}); err != nil {
+		t.Fatal(err)
+	}
+	return protocol.MustSubjects("", "", typ)
+}
+
+// TestClientWaitsForAnOwner: a request to a shard that nobody serves yet
+// ("no responders": after a crash, before parking) is delayed until a
+// node serves it, not failed.
+func TestClientWaitsForAnOwner(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	newType(t, url, "t", 4)
+	c := natshard.NewClient(natstest.Connect(t, url))
+	type result struct {
+		data []byte
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		data, err := c.Request(context.Background(), "t", "late", []byte("x"))
+		done <- result{data, err}
+	}()
+	time.Sleep(200 * time.Millisecond) // the request meets no responders meanwhile
+	select {
+	case r := <-done:
+		t.Fatalf("answered before any node ran: %q, %v", r.data, r.err)
+	default:
+	}
+	mustStartOn(t, url, "a", natshard.Type{Name: "t", Entity: newEnvEntity})
+	select {
+	case r := <-done:
+		if r.err != nil || !strings.HasPrefix(string(r.data), "t late") {
+			t.Fatalf("%q, %v", r.data, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer once a node served the type")
+	}
+	// With a deadline and still nobody, the error says what happened.
+	newType(t, url, "nobody", 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := c.Request(ctx, "nobody", "x", nil); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no responders") {
+		t.Fatalf("request to a type nobody serves: %v", err)
+	}
+}
+
+// TestClientRetriesRefusals: a message that a region refused without
+// handling it (Natshard-Refused) is sent again; a malformed one is not; an
+// entity's error is returned as an *EntityError, not retried.
+func TestClientRetriesRefusals(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	subjects := newType(t, url, "t", 4)
+	region := natstest.Connect(t, url) // plays the regions
+	var calls atomic.Int32
+	var mu sync.Mutex
+	var ids []string
+	if _, err := region.Subscribe(subjects.AllData(), func(m *nats.Msg) {
+		n := calls.Add(1)
+		mu.Lock()
+		ids = append(ids, m.Header.Get(protocol.HeaderMsgID))
+		mu.Unlock()
+		switch id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; {
+		case id == "moving" && n == 1:
+			_ = region.PublishMsg(protocol.RefusedReply(m.Reply, protocol.RefusedNotOwned, nil, errors.New("shard 1 is not served by region a")))
+		case id == "bad":
+			_ = region.PublishMsg(protocol.RefusedReply(m.Reply, protocol.RefusedMalformed, nil, errors.New("wrong shard")))
+		case id == "failing":
+			_ = region.PublishMsg(protocol.ErrorReply(m.Reply, []byte(`{"ok":false}`), errors.New("no stock")))
+		default:
+			_ = m.Respond([]byte("ok " + id))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := natshard.NewClient(natstest.Connect(t, url))
+	ctx := context.Background()
+	if got, err := c.Request(ctx, "t", "moving", nil); err != nil || string(got) != "ok moving" || calls.Load() != 2 {
+		t.Fatalf("refused then answered: %q, %v after %d calls", got, err, calls.Load())
+	}
+	// Every message carries a Nats-Msg-Id (so that copies are skipped
+	// during moves), the same when it is sent again.
+	mu.Lock()
+	if len(ids) != 2 || ids[0] == "" || ids[0] != ids[1] {
+		t.Fatalf("sent with ids %q, want twice the same", ids)
+	}
+	mu.Unlock()
+	calls.Store(0)
+	if _, err := c.Request(ctx, "t", "bad", nil); err == nil || !strings.Contains(err.Error(), "wrong shard") || calls.Load() != 1 {
+		t.Fatalf("malformed: %v after %d calls", err, calls.Load())
+	}
+	calls.Store(0)
+	got, err := c.Request(ctx, "t", "failing", nil)
+	var ee *natshard.EntityError
+	if !errors.As(err, &ee) || ee.Message != "no stock" || string(ee.Data) != `{"ok":false}` || string(got) != `{"ok":false}` || calls.Load() != 1 {
+		t.Fatalf("entity error: %q, %v after %d calls", got, err, calls.Load())
+	}
+}
+
+// TestClientResend: with WithResend, a request that got no answer (its
+// region died with it) is sent again with the same Nats-Msg-Id; without,
+// it waits for its deadline.
+func TestClientResend(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	subjects := newType(t, url, "t", 4)
+	region := natstest.Connect(t, url)
+	var mu sync.Mutex
+	var ids []string
+	if _, err := region.Subscribe(subjects.AllData(), func(m *nats.Msg) {
+		mu.Lock()
+		ids = append(ids, m.Header.Get(protocol.HeaderMsgID))
+		first := len(ids) == 1
+		mu.Unlock()
+		if !first { // the first is lost with its region
+			_ = m.Respond([]byte("done"))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc := natstest.Connect(t, url)
+	got, err := natshard.NewClient(nc, natshard.WithResend(100*time.Millisecond)).Request(context.Background(), "t", "x", nil)
+	mu.Lock()
+	if err != nil || string(got) != "done" || len(ids) != 2 || ids[0] == "" || ids[0] != ids[1] {
+		t.Fatalf("%q, %v; sent with ids %q, want twice the same", got, err, ids)
+	}
+	ids = nil
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	// ids is empty again: this request is the one lost.
+	_, err = natshard.NewClient(nc).Request(ctx, "t", "y", nil, natshard.MsgID("k1"))
+	mu.Lock()
+	defer mu.Unlock()
+	if !errors.Is(err, context.DeadlineExceeded) || len(ids) != 1 || ids[0] != "k1" {
+		t.Fatalf("without resend: %v, sent %q", err, ids)
+	}
+}

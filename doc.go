@@ -1,0 +1,58 @@
+// Package natshard is cluster sharding on NATS: entities (small stateful
+// objects addressed by an id) of a type are grouped into shards, each shard
+// is served by exactly one process at a time, one elected coordinator per
+// type moves shards when processes join, leave, crash or become unbalanced,
+// and messages sent while a shard moves are delayed, never lost. It does
+// for Go services on NATS what Akka Cluster Sharding does on the JVM.
+//
+// # Hosting entities
+//
+// A type is a name and a Factory; an Entity handles one message at a time:
+//
+//	node, err := natshard.Start(ctx, natshard.Options{NATS: "nats://127.0.0.1:4222"},
+//		natshard.Type{Name: "cart", Entity: newCart},
+//		natshard.Type{Name: "ratelimit", Entity: newLimiter, IdleTimeout: time.Minute})
+//	...
+//	defer node.Stop(ctx) // hands this process's shards to the others first
+//
+// Every process that calls Start with a type hosts a region of it, and is
+// a candidate to coordinate it (Options.NoCoordinator says otherwise). With
+// neither Options.Conn nor Options.NATS, Start runs an embedded NATS server
+// with JetStream (Options.Server), which other processes can join. Run
+// starts a node and stops it gracefully when its context ends.
+//
+// An entity is activated by its Factory on its first message and
+// passivated when idle (Type.IdleTimeout); it may keep its state in the
+// type's KV bucket, the typed way with State:
+//
+//	func newCart(ctx context.Context, id string) (natshard.Entity, error) {
+//		state, err := natshard.LoadState[Cart](ctx)
+//		...
+//	}
+//	// in Handle:
+//	err := c.state.Update(ctx, func(cart *Cart) error { cart.Items[item]++; return nil })
+//
+// # Sending
+//
+// Any NATS client can publish to an entity's subject,
+// shard.<type>.<shard>.<id>, where the shard is fnv1a32(id) % shards, the
+// NATS server's own partition() mapping. A Client does it for Go:
+//
+//	c := natshard.NewClient(nc)
+//	answer, err := c.Request(ctx, "cart", "alice", []byte(`{"op":"get"}`))
+//
+// A request is delayed, not failed, while its shard moves or has no owner
+// for a moment; an entity's error comes back as an *EntityError.
+//
+// # Guarantees
+//
+// A shard is served by one process at a time: a process that loses its
+// connection, or cannot renew its registration, stops serving at once. A
+// planned move (a process joining or leaving, a rebalance, shardctl move)
+// loses no message; messages carrying a Nats-Msg-Id (MsgID) are handled
+// once, others at least once. A crash loses the messages in the dead
+// process and those published before its shards were parked (a few
+// hundred milliseconds). docs/GUIDE.md walks through a first type,
+// docs/PROTOCOL.md says how it works, docs/FAULTS.md what each fault
+// costs.
+package natshard

@@ -1,0 +1,287 @@
+package natshard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// counter is an in-memory entity (at least once after a crash): it
+// records every message it handles, for the test to count.
+type counter struct {
+	id  string
+	log *handledLog
+}
+
+type handledLog struct {
+	mu   sync.Mutex
+	seen map[string][]string // entity -> payloads in the order handled
+}
+
+func (l *handledLog) add(id, data string) {
+	l.mu.Lock()
+	l.seen[id] = append(l.seen[id], data)
+	l.mu.Unlock()
+}
+
+func (c *counter) Handle(_ context.Context, m *natshard.Message) ([]byte, error) {
+	c.log.add(c.id, string(m.Data))
+	return m.Data, nil
+}
+func (*counter) Stop(context.Context) error { return nil }
+
+// durableNode starts a node of type typ of durable delivery on a
+// connection of its own.
+func durableNode(t *testing.T, url, region string, typ natshard.Type) *natshard.Node {
+	t.Helper()
+	typ.Delivery = natshard.Durable
+	nc, err := nats.Connect(url, natshard.ConnectOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	n, err := natshard.Start(context.Background(), natshard.Options{Conn: nc, Region: region, Logger: quiet}, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return n
+}
+
+// publishAll publishes n messages to each entity through the stream,
+// without Nats-Msg-Id, in per-entity order, and returns when all are
+// stored.
+func publishAll(t *testing.T, js jetstream.JetStream, subjects protocol.Subjects, shards int, ids []string, n int, body func(i int) string) {
+	t.Helper()
+	for i := range n {
+		for _, id := range ids {
+			if _, err := js.Publish(context.Background(), subjects.EntityOf(id, shards), []byte(body(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func entityIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("e%d", i)
+	}
+	return ids
+}
+
+// waitHandled waits until every entity handled want messages.
+func waitHandled(t *testing.T, l *handledLog, ids []string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		l.mu.Lock()
+		done := true
+		for _, id := range ids {
+			if len(l.seen[id]) < want {
+				done = false
+			}
+		}
+		l.mu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not every entity handled %d messages in time", want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDurablePlannedMoves (DESIGN.md 7, planned moves in durable
+// delivery): through a join (rebalance) and a graceful stop, every
+// message, published without Nats-Msg-Id, is handled exactly once, in
+// order per entity, by in-memory entities; on one server, and on a
+// three-server cluster with an R3 stream, where an acknowledgement
+// removes its message a moment after it is confirmed (the source waits
+// for the removal before it reports the shard stopped).
+func TestDurablePlannedMoves(t *testing.T) {
+	t.Run("R1", func(t *testing.T) { testDurablePlannedMoves(t, natstest.URL(natstest.RunServer(t)), 1) })
+	t.Run("R3", func(t *testing.T) { testDurablePlannedMoves(t, natstest.ClusterURLs(natstest.RunCluster(t, 3)), 3) })
+}
+
+func testDurablePlannedMoves(t *testing.T, url string, replicas int) {
+	log := &handledLog{seen: map[string][]string{}}
+	typ := natshard.Type{Name: "d", Shards: 8, Replicas: replicas, Entity: func(_ context.Context, id string) (natshard.Entity, error) {
+		return &counter{id: id, log: log}, nil
+	}}
+	a := durableNode(t, url, "a", typ)
+	if got, _ := a.Type("d"); got.Delivery != natshard.Durable {
+		t.Fatalf("hosted with delivery %q", got.Delivery)
+	}
+	js := natstest.JetStream(t, natstest.Connect(t, url))
+	subjects := protocol.MustSubjects("", "", "d")
+	ids := entityIDs(40)
+	const rounds = 100
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range rounds {
+			publishAll(t, js, subjects, 8, ids, 1, func(int) string { return fmt.Sprint(i) })
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	b := durableNode(t, url, "b", typ) // a join: shards move to b
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if st, _ := b.Stats("d"); st.Delivered > 100 {
+			break // b serves shards, under load
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b handled nothing: no shard moved to it under load")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Stop(context.Background()); err != nil { // a leave: they move back
+		t.Fatal(err)
+	}
+	<-done
+	waitHandled(t, log, ids, rounds)
+	time.Sleep(200 * time.Millisecond) // a duplicate would come now
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, id := range ids {
+		got := log.seen[id]
+		want := make([]string, rounds)
+		for i := range want {
+			want[i] = fmt.Sprint(i)
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("entity %s handled %v, want each of 0..%d once, in order", id, got, rounds-1)
+		}
+	}
+}
+
+// TestDurableCrash (DESIGN.md 7, durable delivery): a region's process
+// dies (its connection closes) while messages flow; nothing that the
+// stream acknowledged is lost, and kv entities apply each message once,
+// though the next owner gets again what the dead one had not
+// acknowledged. Messages carry no Nats-Msg-Id.
+func TestDurableCrash(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	typ := natshard.Type{Name: "kv", Kind: "kv", Shards: 8, Entity: entities.KV(nil)}
+	durableNode(t, url, "a", typ)
+	ncB, err := nats.Connect(url, natshard.ConnectOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	typB := typ
+	typB.Delivery = natshard.Durable
+	b, err := natshard.Start(context.Background(), natshard.Options{Conn: ncB, Region: "b", NoCoordinator: true, Logger: quiet}, typB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	// Wait until b holds shards.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if st, _ := b.Stats("kv"); len(st.Shards) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b got no shard")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	js := natstest.JetStream(t, natstest.Connect(t, url))
+	subjects := protocol.MustSubjects("", "", "kv")
+	ids := entityIDs(40)
+	const rounds = 50
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		publishAll(t, js, subjects, 8, ids, rounds, func(int) string { return `{"op":"incr","key":"n"}` })
+	}()
+	time.Sleep(150 * time.Millisecond)
+	ncB.Close() // b dies: its shards go to a, which gets again what b had not acknowledged
+	<-done
+
+	c := natshard.NewClient(natstest.Connect(t, url))
+	for _, id := range ids {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			data, err := c.Request(ctx, "kv", id, []byte(`{"op":"get","key":"n"}`))
+			cancel()
+			var got struct{ Value json.Number }
+			if err == nil && json.Unmarshal(data, &got) == nil && got.Value == json.Number(fmt.Sprint(rounds)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("entity %s: %s, %v; want n = %d: every increment applied once", id, data, err, rounds)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestDurableRequests: in durable delivery a request is stored, then
+// answered by its entity however late its shard is served, and an
+// entity's error comes back typed; the stream is empty once all were
+// handled.
+func TestDurableRequests(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	typ := natshard.Type{Name: "kv", Kind: "kv", Shards: 4, Delivery: natshard.Durable, Entity: entities.KV(nil)}
+	c := natshard.NewClient(natstest.Connect(t, url))
+	// The type exists, nobody serves it yet: the request is stored and
+	// waits for its answer.
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.EnsureConfig(context.Background(), protocol.TypeConfig{Shards: 4, Kind: "kv", Delivery: protocol.DeliveryDurable}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvstate.OpenStream(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), protocol.MustSubjects("", "", "kv"), kvstate.StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		data, err := c.Request(context.Background(), "kv", "late", []byte(`{"op":"set","key":"k","value":1}`))
+		if err == nil && string(data) != `{"ok":true,"value":1}` {
+			err = fmt.Errorf("answer %s", data)
+		}
+		answered <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-answered:
+		t.Fatalf("answered before any node ran: %v", err)
+	default:
+	}
+	durableNode(t, url, "a", typ)
+	if err := <-answered; err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Request(context.Background(), "kv", "late", []byte(`{"op":"incr","key":"k","by":"x"}`))
+	var ee *natshard.EntityError
+	if !errors.As(err, &ee) {
+		t.Fatalf("entity error: %v", err)
+	}
+	if err := c.Publish(context.Background(), "kv", "late", []byte(`{"op":"incr","key":"k"}`)); err != nil {
+		t.Fatal(err)
+	}
+	data, err := c.Request(context.Background(), "kv", "late", []byte(`{"op":"get","key":"k"}`))
+	if err != nil || string(data) != `{"ok":true,"value":2}` {
+		t.Fatalf("after a publish: %s, %v", data, err)
+	}
+}

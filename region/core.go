@@ -1,0 +1,687 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// Core decides what the region does with its shards: which to bind,
+// pause, release and drop, when to answer the coordinator and what. It
+// takes events (the coordinator's commands, the outcome of an epoch check,
+// a replay caught up, entities stopped, a release done, a fence, a new
+// registration, ticks) and returns the actions to carry out, in order. It
+// does no I/O and reads no clock (time is a count of ticks), so the same
+// inputs give the same outputs; its tests are scenarios without NATS
+// (core_test.go). The Agent's driver goroutine owns it; it is not safe
+// for concurrent use.
+//
+// Every command is idempotent: the coordinator resends a command until it
+// gets an answer without error. A command with an epoch newer than any
+// seen is held, with every command after it, until the driver checked
+// that epoch against the coordinator lease (CheckEpoch): a holder of
+// region credentials could otherwise forge a high epoch and make the real
+// coordinator's commands stale.
+type Core struct {
+	cfg CoreConfig
+
+	registered  bool
+	incarnation string
+	maxEpoch    uint64
+	leaving     bool // in the registration: the coordinator moves the shards off
+	going       bool // Leave: the process is stopping; never undrained
+	closed      bool
+
+	shards map[int]*coreShard
+	life   uint64 // counts binds: each bind of a shard is a new life
+
+	checking uint64                    // the epoch being checked; 0: none
+	queued   []CommandIn               // commands waiting for the check
+	binds    map[uint64]protocol.Reply // bind answers waiting for Bound
+	handoffs []*handoffAnswer
+	releases []*releaseAnswer
+	token    uint64 // counts Release actions
+	tick     int
+	out      []Action
+}
+
+// CoreConfig configures a Core.
+type CoreConfig struct {
+	Shards int // the type's shard count
+	// HandOffWait: ticks a HandOff answer waits for the paused shards'
+	// entities to stop before it says Complete=false (default 20).
+	HandOffWait int
+}
+
+// coreShard is a held shard.
+type coreShard struct {
+	mode      mode
+	handoff   uint64 // hold: the marker it replays to; divert: the handoff it is paused for
+	life      uint64
+	stopped   bool   // divert: its entities have stopped
+	releasing uint64 // the token of the Release under way; 0: none
+}
+
+type handoffAnswer struct {
+	id       uint64
+	reply    protocol.Reply
+	wait     map[int]uint64 // shard -> life whose entities must stop
+	deadline int
+}
+
+type releaseAnswer struct {
+	id      uint64
+	reply   protocol.Reply
+	pending map[uint64]bool // Release tokens not done
+	errs    []error
+}
+
+// NewCore returns a core of a region that is registered as incarnation.
+func NewCore(cfg CoreConfig, incarnation string) *Core {
+	if cfg.HandOffWait <= 0 {
+		cfg.HandOffWait = 20
+	}
+	return &Core{cfg: cfg, registered: true, incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
+}
+
+// Event is an input of Core.Step.
+type Event interface{ isEvent() }
+
+// CommandIn: a command of the coordinator arrived; Err says why it could
+// not be decoded or is invalid. ID names the answer.
+type CommandIn struct {
+	ID  uint64
+	Cmd protocol.Command
+	Err error
+}
+
+// EpochChecked: the outcome of a CheckEpoch.
+type EpochChecked struct {
+	Epoch uint64
+	Err   error
+}
+
+// Bound: the subscriptions of a BindShards are flushed (the server knows
+// them); Failed lists the shards that could not be bound, Err says why.
+type Bound struct {
+	ID     uint64
+	Failed []int
+	Err    error
+}
+
+// CaughtUp: the shard's replay reached its end marker and its buffer was
+// purged: it can go live.
+type CaughtUp struct {
+	Shard int
+	Life  uint64
+}
+
+// EntitiesStopped: the entities of the shard's life have all stopped.
+type EntitiesStopped struct {
+	Shard int
+	Life  uint64
+}
+
+// ReleaseDone: a Release action ended.
+type ReleaseDone struct {
+	Token uint64
+	Err   error
+}
+
+// RegistrationWritten: a WriteRegistration action ended.
+type RegistrationWritten struct {
+	ID  uint64
+	Err error
+}
+
+// Fenced: the region must stop serving every shard at once (its
+// connection dropped, its registration was lost or not renewed in time).
+// Incarnation is the one fenced: a fence of an earlier incarnation (one
+// that came after the next registration) changes nothing.
+type Fenced struct {
+	Reason      string
+	Incarnation string
+}
+
+// Registered: the region registered a new incarnation (after a fence).
+type Registered struct{ Incarnation string }
+
+// Leaving: the process is stopping (Agent.Leave): the region marks itself
+// leaving, for good. (Agent.Leave writes the registration itself, then.)
+// Done, when not nil, is closed once the event was taken.
+type Leaving struct{ Done chan struct{} }
+
+// Closing: the region closes.
+type Closing struct{}
+
+func (CommandIn) isEvent()           {}
+func (EpochChecked) isEvent()        {}
+func (Bound) isEvent()               {}
+func (CaughtUp) isEvent()            {}
+func (EntitiesStopped) isEvent()     {}
+func (ReleaseDone) isEvent()         {}
+func (RegistrationWritten) isEvent() {}
+func (Fenced) isEvent()              {}
+func (Registered) isEvent()          {}
+func (Leaving) isEvent()             {}
+func (Closing) isEvent()             {}
+
+// Action is an output of Core: something the driver must do, in order.
+type Action interface{ isAction() }
+
+// Answer: send the reply to command ID. Refused: the command was refused
+// (malformed, stale, for another incarnation...), counted as such. Probe:
+// add the shards' load.
+type Answer struct {
+	ID      uint64
+	Reply   protocol.Reply
+	Refused bool
+	Probe   bool
+}
+
+// CheckEpoch: read the coordinator lease and report whether Epoch is its
+// epoch (EpochChecked).
+type CheckEpoch struct{ Epoch uint64 }
+
+// BindShards: subscribe to each shard and start replaying its buffer up
+// to the end marker Handoffs[i] (holding what arrives), flush, and report
+// Bound; each replay reports CaughtUp when it reached its marker.
+type BindShards struct {
+	ID       uint64
+	Shards   []int
+	Handoffs []uint64
+	Lives    []uint64
+}
+
+// GoLive: deliver what the shard held, in order, and serve it live.
+type GoLive struct {
+	Shard int
+	Life  uint64
+}
+
+// Pause: divert the shard's arrivals to its buffer and stop its entities;
+// report EntitiesStopped.
+type Pause struct {
+	Shard   int
+	Handoff uint64
+	Life    uint64
+}
+
+// Unbind: stop serving the shard at once, in whatever mode: unsubscribe,
+// end its replay, refuse what it held, end its entities' context and stop
+// them; no end marker.
+type Unbind struct {
+	Shard int
+	Life  uint64
+	Why   string
+}
+
+// Release: the source's last step of a handoff (DESIGN.md 6, step 5):
+// when Held, keep diverting for the release grace, then drain the
+// subscription (what it received is buffered) and forget the shard; then,
+// held or not, append the end marker Handoff to the shard's buffer.
+// Report ReleaseDone with Token.
+type Release struct {
+	Token   uint64
+	Shard   int
+	Handoff uint64
+	Held    bool
+}
+
+// WriteRegistration: write the registration (with the leaving mark as it
+// is now) at once; report RegistrationWritten with ID (0: nobody waits).
+type WriteRegistration struct{ ID uint64 }
+
+// Log: say it.
+type Log struct {
+	Level slog.Level
+	Msg   string
+	Args  []any
+}
+
+func (Answer) isAction()            {}
+func (CheckEpoch) isAction()        {}
+func (BindShards) isAction()        {}
+func (GoLive) isAction()            {}
+func (Pause) isAction()             {}
+func (Unbind) isAction()            {}
+func (Release) isAction()           {}
+func (WriteRegistration) isAction() {}
+func (Log) isAction()               {}
+
+// Step takes one event and returns the actions it causes.
+func (c *Core) Step(ev Event) []Action {
+	c.out = nil
+	switch ev := ev.(type) {
+	case CommandIn:
+		c.command(ev)
+	case EpochChecked:
+		c.epochChecked(ev)
+	case Bound:
+		c.bound(ev)
+	case CaughtUp:
+		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
+			s.mode = modeLive
+			c.emit(GoLive(ev))
+		}
+	case EntitiesStopped:
+		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
+			s.stopped = true
+		}
+		c.answerHandoffs()
+	case ReleaseDone:
+		c.releaseDone(ev)
+	case RegistrationWritten:
+		if ev.ID != 0 {
+			r := protocol.Reply{Incarnation: c.incarnation, Epoch: c.maxEpoch, Held: c.held()}
+			if ev.Err != nil {
+				r.Error = ev.Err.Error()
+			}
+			c.emit(Answer{ID: ev.ID, Reply: r})
+		}
+	case Fenced:
+		if c.registered && (ev.Incarnation == "" || ev.Incarnation == c.incarnation) {
+			c.registered = false
+			dropped := c.unbindAll("region fenced")
+			c.log(slog.LevelWarn, "fenced: stopped serving every shard", "reason", ev.Reason, "shards", len(dropped))
+			c.failWaiting(errNotRegistered)
+		}
+	case Registered:
+		c.registered, c.incarnation = true, ev.Incarnation
+	case Leaving:
+		if !c.closed {
+			if !c.leaving {
+				c.log(slog.LevelInfo, "region leaving: waiting for its shards to be handed off")
+			}
+			c.leaving, c.going = true, true
+		}
+	case Closing:
+		if !c.closed {
+			c.closed = true
+			c.unbindAll("region closing")
+			c.failWaiting(ErrClosed)
+		}
+	}
+	return c.out
+}
+
+// Tick advances the core's clock by one tick.
+func (c *Core) Tick() []Action {
+	c.out = nil
+	c.tick++
+	c.answerHandoffs()
+	return c.out
+}
+
+// Held returns the shards the region holds (serving, replaying or
+// handing off), ascending.
+func (c *Core) Held() []int { return c.held() }
+
+// Leaving reports whether the registration carries the leaving mark.
+func (c *Core) Leaving() bool { return c.leaving }
+
+// Epoch is the newest coordinator epoch whose command the region obeyed.
+func (c *Core) Epoch() uint64 { return c.maxEpoch }
+
+// Mode returns how the region holds shard n (modeGone: not at all).
+func (c *Core) Mode(n int) mode {
+	if s := c.shards[n]; s != nil {
+		return s.mode
+	}
+	return modeGone
+}
+
+func (c *Core) emit(a Action) { c.out = append(c.out, a) }
+
+func (c *Core) log(level slog.Level, msg string, args ...any) {
+	c.emit(Log{Level: level, Msg: msg, Args: args})
+}
+
+func (c *Core) held() []int {
+	held := make([]int, 0, len(c.shards))
+	for n := range c.shards {
+		held = append(held, n)
+	}
+	slices.Sort(held)
+	return held
+}
+
+// command takes a command in arrival order: behind an epoch check under
+// way, or behind its own.
+func (c *Core) command(ev CommandIn) {
+	if ev.Err != nil {
+		c.emit(Answer{ID: ev.ID, Reply: protocol.Reply{Incarnation: c.incarnation, Epoch: c.maxEpoch, Error: ev.Err.Error()}, Refused: true})
+		return
+	}
+	if c.checking != 0 {
+		c.queued = append(c.queued, ev)
+		return
+	}
+	if ev.Cmd.Epoch > c.maxEpoch && c.registered && !c.closed {
+		c.checking = ev.Cmd.Epoch
+		c.queued = append(c.queued, ev)
+		c.emit(CheckEpoch{Epoch: ev.Cmd.Epoch})
+		return
+	}
+	c.run(ev, nil)
+}
+
+// epochChecked takes the outcome of the check under way, then the
+// commands that waited for it, in order (one of them may start another).
+func (c *Core) epochChecked(ev EpochChecked) {
+	if ev.Epoch != c.checking {
+		return
+	}
+	c.checking = 0
+	if ev.Err == nil {
+		c.maxEpoch = max(c.maxEpoch, ev.Epoch)
+	}
+	queued := c.queued
+	c.queued = nil
+	for i, q := range queued {
+		if c.checking != 0 {
+			c.queued = append(c.queued, queued[i:]...)
+			return
+		}
+		var epochErr error
+		if ev.Err != nil && q.Cmd.Epoch == ev.Epoch {
+			epochErr = ev.Err
+		}
+		if epochErr == nil && q.Cmd.Epoch > c.maxEpoch && c.registered && !c.closed {
+			c.checking = q.Cmd.Epoch
+			c.queued = append(c.queued, queued[i:]...)
+			c.emit(CheckEpoch{Epoch: q.Cmd.Epoch})
+			return
+		}
+		c.run(q, epochErr)
+	}
+}
+
+// run carries out a command whose epoch is known good (or not: epochErr).
+func (c *Core) run(ev CommandIn, epochErr error) {
+	cmd := ev.Cmd
+	reply := protocol.Reply{Incarnation: c.incarnation}
+	switch {
+	case epochErr != nil:
+		reply.Error = epochErr.Error()
+	case c.closed:
+		reply.Error = "region is closing"
+	case !c.registered:
+		reply.Error = errNotRegistered.Error()
+	case cmd.Epoch < c.maxEpoch:
+		reply.Error = fmt.Sprintf("stale epoch %d: have seen %d", cmd.Epoch, c.maxEpoch)
+	case cmd.Incarnation != c.incarnation:
+		reply.Error = fmt.Sprintf("command for incarnation %s, this is %s", cmd.Incarnation, c.incarnation)
+	}
+	if reply.Error != "" {
+		reply.Epoch = c.maxEpoch
+		c.log(slog.LevelWarn, "refused a command", "kind", cmd.Kind, "epoch", cmd.Epoch, "why", reply.Error)
+		c.emit(Answer{ID: ev.ID, Reply: reply, Refused: true})
+		return
+	}
+	c.maxEpoch = cmd.Epoch
+	reply.Epoch = cmd.Epoch
+	answer := func(err error) {
+		if err != nil {
+			reply.Error = err.Error()
+		}
+		reply.Held = c.held()
+		c.emit(Answer{ID: ev.ID, Reply: reply, Probe: cmd.Kind == protocol.CmdProbe})
+	}
+	switch cmd.Kind {
+	case protocol.CmdProbe:
+		answer(nil)
+	case protocol.CmdBind:
+		c.bind(ev.ID, cmd, &reply, answer)
+	case protocol.CmdDrop:
+		if dropped := c.unbind(cmd.Shards, "dropped by the coordinator"); len(dropped) > 0 {
+			c.log(slog.LevelInfo, "dropped shards", "shards", dropped, "epoch", cmd.Epoch)
+		}
+		answer(nil)
+	case protocol.CmdHandOff:
+		c.handOff(ev.ID, cmd, &reply, answer)
+	case protocol.CmdRelease:
+		c.release(ev.ID, cmd, &reply, answer)
+	case protocol.CmdLeave:
+		if !c.leaving {
+			c.log(slog.LevelInfo, "region leaving, as the coordinator asked")
+		}
+		c.leaving = true
+		c.emit(WriteRegistration{ID: ev.ID})
+	case protocol.CmdUndrain:
+		switch {
+		case c.going:
+			answer(errors.New("undrain refused: the region's process is stopping"))
+		case len(c.shards) > 0:
+			answer(fmt.Errorf("undrain refused: the region still holds shards %v (it is being drained, or its process is stopping); undrain it once it holds none", c.held()))
+		default:
+			if c.leaving {
+				c.log(slog.LevelInfo, "region takes shards again, as the coordinator asked (undrain)")
+			}
+			c.leaving = false
+			c.emit(WriteRegistration{ID: ev.ID})
+		}
+	default:
+		answer(fmt.Errorf("unknown command %s", cmd.Kind))
+	}
+}
+
+// bind binds the command's shards that are not held yet, each to be
+// replayed up to its handoff's end marker; a shard held already (live or
+// replaying) is left as it is. The answer waits for the subscriptions to
+// be flushed (Bound), so that the server knows them before the
+// coordinator hears that they exist. A bind of a shard paused here is
+// refused whole.
+func (c *Core) bind(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {
+	for _, n := range cmd.Shards {
+		if s := c.shards[n]; s != nil && s.mode == modeDivert {
+			answer(fmt.Errorf("bind of shard %d refused: it is paused for a handoff here; release or drop it first", n))
+			return
+		}
+	}
+	b := BindShards{ID: id}
+	for i, n := range cmd.Shards {
+		if _, ok := c.shards[n]; ok {
+			continue
+		}
+		c.life++
+		c.shards[n] = &coreShard{mode: modeHold, handoff: cmd.Handoffs[i], life: c.life}
+		b.Shards = append(b.Shards, n)
+		b.Handoffs = append(b.Handoffs, cmd.Handoffs[i])
+		b.Lives = append(b.Lives, c.life)
+	}
+	if len(b.Shards) == 0 {
+		answer(nil)
+		return
+	}
+	c.binds[id] = *reply
+	c.emit(b)
+	c.log(slog.LevelInfo, "bound shards; replaying their buffers", "shards", b.Shards, "handoffs", b.Handoffs, "epoch", cmd.Epoch)
+}
+
+// bound answers a bind once its subscriptions are flushed; the shards that
+// could not be bound are forgotten.
+func (c *Core) bound(ev Bound) {
+	reply, ok := c.binds[ev.ID]
+	if !ok {
+		return
+	}
+	delete(c.binds, ev.ID)
+	for _, n := range ev.Failed {
+		delete(c.shards, n)
+	}
+	if ev.Err != nil {
+		reply.Error = ev.Err.Error()
+		c.log(slog.LevelWarn, "cannot bind shards; the coordinator will ask again", "shards", ev.Failed, "err", ev.Err)
+	}
+	reply.Held = c.held()
+	c.emit(Answer{ID: ev.ID, Reply: reply})
+}
+
+// handOff pauses the command's live shards (DESIGN.md 6, step 2): from now
+// on their arrivals go to the buffer and their entities stop. The answer
+// says Complete when every entity of the shards has stopped: at once, or
+// when they have, or Complete=false after HandOffWait ticks. A shard that
+// is still replaying is left alone, reported in Replaying, and makes the
+// answer incomplete at once (the coordinator asks again). A shard not held
+// has nothing to stop. A repeated HandOff restarts nothing.
+func (c *Core) handOff(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {
+	wait := map[int]uint64{}
+	var paused, replaying []int
+	for i, n := range cmd.Shards {
+		s := c.shards[n]
+		if s == nil {
+			continue
+		}
+		switch s.mode {
+		case modeHold:
+			replaying = append(replaying, n)
+		case modeLive:
+			s.mode, s.handoff, s.stopped = modeDivert, cmd.Handoffs[i], false
+			c.emit(Pause{Shard: n, Handoff: s.handoff, Life: s.life})
+			paused = append(paused, n)
+		case modeDivert:
+			if s.handoff != cmd.Handoffs[i] {
+				c.log(slog.LevelInfo, "shard already paused under another handoff id", "shard", n, "was", s.handoff, "now", cmd.Handoffs[i])
+				s.handoff = cmd.Handoffs[i]
+			}
+		}
+		if s.mode == modeDivert && !s.stopped {
+			wait[n] = s.life
+		}
+	}
+	if len(paused) > 0 {
+		c.log(slog.LevelInfo, "paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
+	}
+	switch {
+	case len(replaying) > 0:
+		reply.Replaying = replaying
+		answer(nil)
+	case len(wait) == 0:
+		reply.Complete = true
+		answer(nil)
+	default:
+		c.handoffs = append(c.handoffs, &handoffAnswer{id: id, reply: *reply, wait: wait, deadline: c.tick + c.cfg.HandOffWait})
+	}
+}
+
+// answerHandoffs answers the waiting handoffs whose entities have stopped
+// (Complete), or whose wait ran out (not Complete).
+func (c *Core) answerHandoffs() {
+	c.handoffs = slices.DeleteFunc(c.handoffs, func(h *handoffAnswer) bool {
+		for n, life := range h.wait {
+			if s := c.shards[n]; s == nil || s.life != life || s.stopped {
+				delete(h.wait, n) // stopped, or gone (dropped: stopping on its own)
+			}
+		}
+		switch {
+		case len(h.wait) == 0:
+			h.reply.Complete = true
+		case c.tick < h.deadline:
+			return false
+		}
+		h.reply.Held = c.held()
+		c.emit(Answer{ID: h.id, Reply: h.reply})
+		return true
+	})
+}
+
+// failWaiting answers every waiting handoff and bind with err (fenced,
+// closing).
+func (c *Core) failWaiting(err error) {
+	for _, h := range c.handoffs {
+		h.reply.Error = err.Error()
+		h.reply.Held = c.held()
+		c.emit(Answer{ID: h.id, Reply: h.reply})
+	}
+	c.handoffs = nil
+	for _, id := range slices.Sorted(maps.Keys(c.binds)) {
+		reply := c.binds[id]
+		reply.Error = err.Error()
+		reply.Held = c.held()
+		c.emit(Answer{ID: id, Reply: reply})
+	}
+	clear(c.binds)
+}
+
+// release ends the source's part of a handoff (DESIGN.md 6, step 5) for
+// the command's shards. It refuses the whole command, changing nothing,
+// when one of them is live or replaying here (the coordinator releases
+// only a shard it paused). A shard held here is released (Release with
+// Held); a shard not held gets its end marker all the same (harmless when
+// it is already there), so that a new owner never waits for it forever. A
+// repeated Release joins the one under way. The answer waits for them all.
+func (c *Core) release(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {
+	for _, n := range cmd.Shards {
+		if s := c.shards[n]; s != nil && s.mode != modeDivert {
+			answer(fmt.Errorf("release of shard %d refused: it is %s here, not paused for a handoff", n, s.mode))
+			return
+		}
+	}
+	r := &releaseAnswer{id: id, reply: *reply, pending: map[uint64]bool{}}
+	for i, n := range cmd.Shards {
+		s := c.shards[n]
+		if s != nil && s.releasing != 0 {
+			r.pending[s.releasing] = true
+			continue
+		}
+		c.token++
+		r.pending[c.token] = true
+		if s != nil {
+			s.releasing = c.token
+		}
+		c.emit(Release{Token: c.token, Shard: n, Handoff: cmd.Handoffs[i], Held: s != nil})
+	}
+	c.releases = append(c.releases, r)
+}
+
+// releaseDone forgets a released shard and answers the releases that
+// waited for it.
+func (c *Core) releaseDone(ev ReleaseDone) {
+	for n, s := range c.shards {
+		if s.releasing == ev.Token {
+			delete(c.shards, n)
+		}
+	}
+	c.releases = slices.DeleteFunc(c.releases, func(r *releaseAnswer) bool {
+		if !r.pending[ev.Token] {
+			return false
+		}
+		delete(r.pending, ev.Token)
+		if ev.Err != nil {
+			r.errs = append(r.errs, ev.Err)
+		}
+		if len(r.pending) > 0 {
+			return false
+		}
+		if err := errors.Join(r.errs...); err != nil {
+			r.reply.Error = err.Error()
+		}
+		r.reply.Held = c.held()
+		c.emit(Answer{ID: r.id, Reply: r.reply})
+		return true
+	})
+}
+
+// unbind stops serving the shards at once, in whatever mode, and forgets
+// them; no end marker. (A release under way still writes its marker, and
+// answers.) It returns the shards it unbound.
+func (c *Core) unbind(shards []int, why string) []int {
+	var done []int
+	for _, n := range shards {
+		s := c.shards[n]
+		if s == nil {
+			continue
+		}
+		delete(c.shards, n)
+		c.emit(Unbind{Shard: n, Life: s.life, Why: why})
+		done = append(done, n)
+	}
+	return done
+}
+
+func (c *Core) unbindAll(why string) []int { return c.unbind(c.held(), why) }

@@ -1,0 +1,404 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// world drives a Core the way the Agent's driver does, without NATS: it
+// records what the core asks for, answers the way the driver would when a
+// scenario says so, and checks after every step that each command is
+// answered once, and that the core never serves live a shard it did not
+// catch up, nor a shard it paused.
+type world struct {
+	t       *testing.T
+	c       *Core
+	id      uint64
+	answers map[uint64]protocol.Reply // command id -> its answer
+	refused map[uint64]bool
+	acts    []Action // of the last step
+	live    map[int]bool
+}
+
+func newWorld(t *testing.T) *world {
+	return &world{t: t, c: NewCore(CoreConfig{Shards: 8, HandOffWait: 5}, "inc1"), answers: map[uint64]protocol.Reply{}, refused: map[uint64]bool{}, live: map[int]bool{}}
+}
+
+func (w *world) step(ev Event) []Action {
+	w.t.Helper()
+	w.record(w.c.Step(ev))
+	return w.acts
+}
+
+func (w *world) tick() []Action {
+	w.t.Helper()
+	w.record(w.c.Tick())
+	return w.acts
+}
+
+func (w *world) record(acts []Action) {
+	w.t.Helper()
+	w.acts = acts
+	for _, a := range acts {
+		switch a := a.(type) {
+		case Answer:
+			if _, dup := w.answers[a.ID]; dup {
+				w.t.Fatalf("command %d answered twice: %+v", a.ID, a.Reply)
+			}
+			w.answers[a.ID] = a.Reply
+			w.refused[a.ID] = a.Refused
+		case GoLive:
+			if w.live[a.Shard] {
+				w.t.Fatalf("shard %d goes live twice", a.Shard)
+			}
+			w.live[a.Shard] = true
+		case Pause:
+			if !w.live[a.Shard] {
+				w.t.Fatalf("shard %d paused while not live", a.Shard)
+			}
+			w.live[a.Shard] = false
+		case Unbind:
+			w.live[a.Shard] = false
+		}
+	}
+}
+
+// cmd sends a command and returns its id.
+func (w *world) cmd(kind protocol.CommandKind, epoch uint64, shards ...int) uint64 {
+	w.t.Helper()
+	w.id++
+	c := protocol.Command{Kind: kind, Epoch: epoch, Incarnation: w.c.incarnation, Shards: shards}
+	for _, n := range shards {
+		c.Handoffs = append(c.Handoffs, uint64(100+n))
+	}
+	w.step(CommandIn{ID: w.id, Cmd: c})
+	return w.id
+}
+
+// answer returns command id's answer, failing if it has none.
+func (w *world) answer(id uint64) protocol.Reply {
+	w.t.Helper()
+	r, ok := w.answers[id]
+	if !ok {
+		w.t.Fatalf("command %d not answered (last actions %s)", id, describeActions(w.acts))
+	}
+	return r
+}
+
+func (w *world) unanswered(id uint64) {
+	w.t.Helper()
+	if r, ok := w.answers[id]; ok {
+		w.t.Fatalf("command %d answered too early: %+v", id, r)
+	}
+}
+
+// only returns the actions of type T of the last step.
+func only[T Action](acts []Action) []T {
+	var out []T
+	for _, a := range acts {
+		if t, ok := a.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func describeActions(acts []Action) string {
+	var parts []string
+	for _, a := range acts {
+		if _, ok := a.(Log); ok {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%T%+v", a, a))
+	}
+	return strings.Join(parts, " ")
+}
+
+// live brings shards live at epoch e, as a bind whose replays caught up.
+func (w *world) bindLive(e uint64, shards ...int) {
+	w.t.Helper()
+	id := w.cmd(protocol.CmdBind, e, shards...)
+	b := only[BindShards](w.acts)
+	if len(b) != 1 {
+		w.t.Fatalf("bind: %s", describeActions(w.acts))
+	}
+	w.step(Bound{ID: id})
+	for i, n := range b[0].Shards {
+		w.step(CaughtUp{Shard: n, Life: b[0].Lives[i]})
+	}
+}
+
+// TestCoreEpochs (DESIGN.md 4, "every message carries the coordinator
+// epoch"): a newer epoch is checked against the lease before any command
+// is obeyed, commands wait behind the check in order, a forged epoch is
+// refused and changes nothing, and a stale epoch is refused at once.
+func TestCoreEpochs(t *testing.T) {
+	w := newWorld(t)
+	probe := w.cmd(protocol.CmdProbe, 3)
+	if c := only[CheckEpoch](w.acts); len(c) != 1 || c[0].Epoch != 3 {
+		t.Fatalf("epoch 3 not checked: %s", describeActions(w.acts))
+	}
+	bind := w.cmd(protocol.CmdBind, 3, 1) // waits behind the check
+	w.unanswered(probe)
+	w.unanswered(bind)
+	w.step(EpochChecked{Epoch: 3})
+	if r := w.answer(probe); r.Error != "" || r.Epoch != 3 {
+		t.Fatalf("probe after the check: %+v", r)
+	}
+	if b := only[BindShards](w.acts); len(b) != 1 || !slices.Equal(b[0].Shards, []int{1}) {
+		t.Fatalf("bind after the check: %s", describeActions(w.acts))
+	}
+	// A forged epoch: refused, and the real coordinator's commands are not
+	// made stale.
+	forged := w.cmd(protocol.CmdDrop, 1000, 1)
+	after := w.cmd(protocol.CmdDrop, 1000, 1)
+	w.step(EpochChecked{Epoch: 1000, Err: errors.New("epoch 1000 is not the coordinator lease's (3)")})
+	for _, id := range []uint64{forged, after} {
+		if r := w.answer(id); !strings.Contains(r.Error, "not the coordinator lease's") || r.Epoch != 3 || !w.refused[id] {
+			t.Fatalf("forged epoch: %+v", r)
+		}
+	}
+	if len(only[Unbind](w.acts)) != 0 {
+		t.Fatal("a forged drop unbound a shard")
+	}
+	// A stale epoch is refused without a check.
+	stale := w.cmd(protocol.CmdDrop, 2, 1)
+	if r := w.answer(stale); !strings.Contains(r.Error, "stale epoch 2") || len(only[CheckEpoch](w.acts)) != 0 {
+		t.Fatalf("stale epoch: %+v, %s", r, describeActions(w.acts))
+	}
+	// Another incarnation's command is refused.
+	w.id++
+	w.step(CommandIn{ID: w.id, Cmd: protocol.Command{Kind: protocol.CmdDrop, Epoch: 3, Incarnation: "inc0", Shards: []int{1}}})
+	if r := w.answer(w.id); !strings.Contains(r.Error, "incarnation") || r.Incarnation != "inc1" {
+		t.Fatalf("other incarnation: %+v", r)
+	}
+	// A malformed command is refused.
+	w.id++
+	w.step(CommandIn{ID: w.id, Err: errors.New("malformed")})
+	if !w.refused[w.id] {
+		t.Fatal("malformed command not refused")
+	}
+}
+
+// TestCoreBind (DESIGN.md 6, step 4): a bind subscribes the shards not
+// held yet and is answered once the subscriptions are flushed; each shard
+// goes live when its replay caught up; a shard bound again is left as it
+// is; a shard paused here is not bound; shards that failed to bind are
+// forgotten.
+func TestCoreBind(t *testing.T) {
+	w := newWorld(t)
+	w.step(EpochChecked{Epoch: 1}) // nothing waits: ignored
+	w.c.maxEpoch = 1
+	id := w.cmd(protocol.CmdBind, 1, 1, 2)
+	b := only[BindShards](w.acts)
+	if len(b) != 1 || !slices.Equal(b[0].Shards, []int{1, 2}) || !slices.Equal(b[0].Handoffs, []uint64{101, 102}) {
+		t.Fatalf("bind: %s", describeActions(w.acts))
+	}
+	w.unanswered(id)
+	w.step(Bound{ID: id})
+	if r := w.answer(id); r.Error != "" || !slices.Equal(r.Held, []int{1, 2}) {
+		t.Fatalf("bound: %+v", r)
+	}
+	if w.c.Mode(1) != modeHold {
+		t.Fatalf("shard 1 %s before its replay caught up", w.c.Mode(1))
+	}
+	w.step(CaughtUp{Shard: 1, Life: b[0].Lives[0]})
+	if g := only[GoLive](w.acts); len(g) != 1 || g[0].Shard != 1 || w.c.Mode(1) != modeLive {
+		t.Fatalf("caught up: %s", describeActions(w.acts))
+	}
+	// A bind of held shards subscribes nothing and is answered at once.
+	again := w.cmd(protocol.CmdBind, 1, 1, 2)
+	if r := w.answer(again); r.Error != "" || len(only[BindShards](w.acts)) != 0 {
+		t.Fatalf("bind again: %+v %s", r, describeActions(w.acts))
+	}
+	// A stale catch-up (of an earlier life) changes nothing.
+	w.step(CaughtUp{Shard: 2, Life: 99})
+	if w.c.Mode(2) != modeHold {
+		t.Fatal("a catch-up of another life made shard 2 live")
+	}
+	// Failures: the shards that failed are forgotten, the others held.
+	id = w.cmd(protocol.CmdBind, 1, 3, 4)
+	w.step(Bound{ID: id, Failed: []int{4}, Err: errors.New("subscribe shard 4: permissions")})
+	if r := w.answer(id); !strings.Contains(r.Error, "permissions") || !slices.Equal(r.Held, []int{1, 2, 3}) {
+		t.Fatalf("failed bind: %+v", r)
+	}
+	// A paused shard is not bound again: the whole bind is refused.
+	w.step(CaughtUp{Shard: 2, Life: b[0].Lives[1]})
+	w.cmd(protocol.CmdHandOff, 1, 2)
+	id = w.cmd(protocol.CmdBind, 1, 2, 5)
+	if r := w.answer(id); !strings.Contains(r.Error, "paused for a handoff") || len(only[BindShards](w.acts)) != 0 {
+		t.Fatalf("bind of a paused shard: %+v", r)
+	}
+}
+
+// TestCoreHandOff (DESIGN.md 6, step 2): the owner pauses a live shard
+// (diverts it, stops its entities) and says Complete once its entities
+// stopped, or not after HandOffWait; a replaying shard is reported and
+// not paused; a repeated HandOff pauses nothing again; a stop reported
+// for an earlier life of the shard does not complete it.
+func TestCoreHandOff(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 1, 2)
+	id := w.cmd(protocol.CmdHandOff, 1, 1)
+	p := only[Pause](w.acts)
+	if len(p) != 1 || p[0].Shard != 1 || p[0].Handoff != 101 || w.c.Mode(1) != modeDivert {
+		t.Fatalf("handoff: %s", describeActions(w.acts))
+	}
+	w.unanswered(id)
+	again := w.cmd(protocol.CmdHandOff, 1, 1)
+	if len(only[Pause](w.acts)) != 0 {
+		t.Fatal("a repeated handoff paused again")
+	}
+	w.step(EntitiesStopped{Shard: 1, Life: p[0].Life - 1}) // an earlier life
+	w.unanswered(id)
+	w.step(EntitiesStopped{Shard: 1, Life: p[0].Life})
+	for _, i := range []uint64{id, again} {
+		if r := w.answer(i); !r.Complete || r.Error != "" {
+			t.Fatalf("handoff %d after the stop: %+v", i, r)
+		}
+	}
+	// Stopped already: Complete at once.
+	if r := w.answer(w.cmd(protocol.CmdHandOff, 1, 1)); !r.Complete {
+		t.Fatalf("handoff of a stopped shard: %+v", r)
+	}
+	// Entities that do not stop: not Complete after HandOffWait ticks.
+	id = w.cmd(protocol.CmdHandOff, 1, 2)
+	for range 4 {
+		w.tick()
+	}
+	w.unanswered(id)
+	w.tick()
+	if r := w.answer(id); r.Complete || r.Error != "" {
+		t.Fatalf("handoff timed out: %+v", r)
+	}
+	// A replaying shard.
+	bind := w.cmd(protocol.CmdBind, 1, 3)
+	w.step(Bound{ID: bind})
+	id = w.cmd(protocol.CmdHandOff, 1, 3)
+	if r := w.answer(id); r.Complete || !slices.Equal(r.Replaying, []int{3}) || w.c.Mode(3) != modeHold {
+		t.Fatalf("handoff of a replaying shard: %+v", r)
+	}
+}
+
+// TestCoreRelease (DESIGN.md 6, step 5): the source releases only what it
+// paused; a release drains and marks each shard (a shard not held gets its
+// marker all the same), a repeated release joins the one under way, and
+// the answer comes when all are done, with their errors.
+func TestCoreRelease(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 1, 2, 3)
+	if r := w.answer(w.cmd(protocol.CmdRelease, 1, 1)); !strings.Contains(r.Error, "live here") {
+		t.Fatalf("release of a live shard: %+v", r)
+	}
+	w.cmd(protocol.CmdHandOff, 1, 1, 2)
+	id := w.cmd(protocol.CmdRelease, 1, 1, 2, 7)
+	rel := only[Release](w.acts)
+	if len(rel) != 3 || !rel[0].Held || !rel[1].Held || rel[2].Held || rel[2].Shard != 7 {
+		t.Fatalf("release: %s", describeActions(w.acts))
+	}
+	again := w.cmd(protocol.CmdRelease, 1, 1)
+	if len(only[Release](w.acts)) != 0 {
+		t.Fatal("a repeated release released again")
+	}
+	w.step(ReleaseDone{Token: rel[0].Token})
+	if r := w.answer(again); r.Error != "" || slices.Contains(r.Held, 1) {
+		t.Fatalf("joined release: %+v", r)
+	}
+	w.unanswered(id)
+	w.step(ReleaseDone{Token: rel[1].Token, Err: errors.New("end marker of shard 2: timeout")})
+	w.unanswered(id)
+	w.step(ReleaseDone{Token: rel[2].Token})
+	if r := w.answer(id); !strings.Contains(r.Error, "timeout") || !slices.Equal(r.Held, []int{3}) {
+		t.Fatalf("release answered: %+v", r)
+	}
+}
+
+// TestCoreFence (DESIGN.md 6, membership: self-fencing): a fenced region
+// stops serving every shard at once, fails what waited, refuses every
+// command until it registered a new incarnation, which holds nothing.
+func TestCoreFence(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 1, 2)
+	handoff := w.cmd(protocol.CmdHandOff, 1, 1)
+	w.step(Fenced{Reason: "disconnected from NATS"})
+	if u := only[Unbind](w.acts); len(u) != 2 {
+		t.Fatalf("fence: %s", describeActions(w.acts))
+	}
+	if r := w.answer(handoff); r.Error == "" {
+		t.Fatalf("handoff waiting when fenced: %+v", r)
+	}
+	if r := w.answer(w.cmd(protocol.CmdBind, 1, 3)); !strings.Contains(r.Error, errNotRegistered.Error()) || len(only[BindShards](w.acts)) != 0 {
+		t.Fatalf("bind while fenced: %+v", r)
+	}
+	w.step(Fenced{Reason: "again"})
+	if len(w.acts) != 0 {
+		t.Fatalf("a second fence did something: %s", describeActions(w.acts))
+	}
+	w.step(Registered{Incarnation: "inc2"})
+	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || r.Incarnation != "inc2" || len(r.Held) != 0 {
+		t.Fatalf("probe of the new incarnation: %+v", r)
+	}
+}
+
+// TestCoreDrop (DESIGN.md 6: forced reallocation): a drop unbinds the
+// shards at once whatever their mode; dropping a shard not held is a no-op.
+func TestCoreDrop(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 1)
+	w.cmd(protocol.CmdHandOff, 1, 1)
+	bind := w.cmd(protocol.CmdBind, 1, 2)
+	w.step(Bound{ID: bind})
+	id := w.cmd(protocol.CmdDrop, 1, 1, 2, 3)
+	if u := only[Unbind](w.acts); len(u) != 2 || u[0].Shard != 1 || u[1].Shard != 2 {
+		t.Fatalf("drop: %s", describeActions(w.acts))
+	}
+	if r := w.answer(id); len(r.Held) != 0 {
+		t.Fatalf("drop answered: %+v", r)
+	}
+}
+
+// TestCoreLeave (DESIGN.md 6, graceful leave; shardctl drain and
+// undrain): a leave writes the mark and is answered once it is written; an
+// undrain is refused while shards are held and for a stopping process.
+func TestCoreLeave(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	id := w.cmd(protocol.CmdLeave, 1)
+	if wr := only[WriteRegistration](w.acts); len(wr) != 1 || wr[0].ID != id || !w.c.Leaving() {
+		t.Fatalf("leave: %s", describeActions(w.acts))
+	}
+	w.step(RegistrationWritten{ID: id})
+	if r := w.answer(id); r.Error != "" {
+		t.Fatalf("leave answered: %+v", r)
+	}
+	w.bindLive(1, 1)
+	if r := w.answer(w.cmd(protocol.CmdUndrain, 1)); !strings.Contains(r.Error, "still holds shards [1]") || !w.c.Leaving() {
+		t.Fatalf("undrain while holding: %+v", r)
+	}
+	w.cmd(protocol.CmdDrop, 1, 1)
+	id = w.cmd(protocol.CmdUndrain, 1)
+	w.step(RegistrationWritten{ID: id, Err: errors.New("timeout")})
+	if r := w.answer(id); !strings.Contains(r.Error, "timeout") || w.c.Leaving() {
+		t.Fatalf("undrain: %+v", r)
+	}
+	w.step(Leaving{})
+	if !w.c.Leaving() {
+		t.Fatal("Leaving did not mark the region leaving")
+	}
+	if r := w.answer(w.cmd(protocol.CmdUndrain, 1)); !strings.Contains(r.Error, "process is stopping") {
+		t.Fatalf("undrain of a stopping process: %+v", r)
+	}
+	w.step(Closing{})
+	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); !strings.Contains(r.Error, "closing") {
+		t.Fatalf("probe of a closing region: %+v", r)
+	}
+}

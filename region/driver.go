@@ -1,0 +1,313 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
+)
+
+// tickEvery is the period of the core's ticks.
+const tickEvery = 50 * time.Millisecond
+
+// epochCheckTimeout bounds the read of the coordinator lease that checks a
+// new epoch.
+const epochCheckTimeout = 5 * time.Second
+
+// drainTimeout bounds how long a released shard's subscription may take
+// to hand its queued messages to the buffer before it is cut.
+const drainTimeout = 30 * time.Second
+
+// commandIn is a command as the subscription got it, for the driver.
+type commandIn struct {
+	CommandIn
+	msg *nats.Msg
+}
+
+// stopLoop ends the driver (Close).
+type stopLoop struct{}
+
+func (commandIn) isEvent() {}
+func (stopLoop) isEvent()  {}
+
+// post gives an event to the driver. It returns at once when the agent is
+// closing.
+func (a *Agent) post(ev Event) {
+	select {
+	case a.events <- ev:
+	case <-a.loopDone:
+	}
+}
+
+// run is the driver: the only goroutine that touches the core.
+func (a *Agent) run() {
+	defer close(a.loopDone)
+	t := time.NewTicker(tickEvery)
+	defer t.Stop()
+	for {
+		var ev Event
+		if len(a.local) > 0 {
+			ev, a.local = a.local[0], a.local[1:]
+		} else {
+			select {
+			case ev = <-a.events:
+			case <-t.C:
+				a.carryOut(a.core.Tick())
+				continue
+			}
+		}
+		switch e := ev.(type) {
+		case stopLoop:
+			return
+		case commandIn:
+			a.replyTo[e.ID] = e.msg
+			ev = e.CommandIn
+		}
+		a.carryOut(a.core.Step(ev))
+		if l, ok := ev.(Leaving); ok && l.Done != nil {
+			close(l.Done)
+		}
+	}
+}
+
+// carryOut publishes the core's view, then does what it asks, in order.
+func (a *Agent) carryOut(acts []Action) {
+	held := a.core.Held()
+	modes := make(map[int]mode, len(held))
+	for _, n := range held {
+		modes[n] = a.core.Mode(n)
+	}
+	a.mu.Lock()
+	a.held, a.modes, a.leaving, a.epoch = held, modes, a.core.Leaving(), a.core.Epoch()
+	a.mu.Unlock()
+	for _, act := range acts {
+		switch act := act.(type) {
+		case Answer:
+			a.answerCommand(act)
+		case CheckEpoch:
+			a.goDo(func() { a.post(EpochChecked{Epoch: act.Epoch, Err: a.checkEpoch(act.Epoch)}) })
+		case BindShards:
+			a.bindShards(act)
+		case GoLive:
+			if st := a.shard(act.Shard, act.Life); st != nil {
+				st.goLive()
+				if a.cfg.Remember != nil {
+					a.goDo(func() { a.restartRemembered(act.Shard, act.Life) })
+				}
+			}
+		case Pause:
+			st := a.shard(act.Shard, act.Life)
+			if st != nil {
+				st.pause(act.Handoff)
+			}
+			a.reportPause(act.Shard, act.Handoff, a.stopEntities(act.Shard, act.Life, st))
+		case Unbind:
+			a.unbind(act)
+		case Release:
+			a.release(act)
+		case WriteRegistration:
+			a.goDo(func() {
+				// Written even after Close began (the store bounds the
+				// write by its own timeout).
+				err := a.renew(context.WithoutCancel(a.ctx))
+				if act.ID == 0 && err != nil {
+					a.log.Warn("cannot write the registration now; the next renewal will", "err", err)
+				}
+				a.post(RegistrationWritten{ID: act.ID, Err: err})
+			})
+		case Log:
+			a.log.Log(context.Background(), act.Level, act.Msg, act.Args...)
+		}
+	}
+}
+
+// goDo runs f in a goroutine that Close waits for.
+func (a *Agent) goDo(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// shard is the data plane of shard n in its life, nil if it has another.
+func (a *Agent) shard(n int, life uint64) intake {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if st := a.shards[n]; st != nil && st.life() == life {
+		return st
+	}
+	return nil
+}
+
+// answerCommand sends the core's answer to its command.
+func (a *Agent) answerCommand(act Answer) {
+	m := a.replyTo[act.ID]
+	delete(a.replyTo, act.ID)
+	if act.Refused {
+		a.stats.Refused.Add(1)
+	}
+	if act.Probe {
+		act.Reply.Load = a.probeLoad(act.Reply.Held)
+	}
+	if m == nil || m.Reply == "" {
+		return
+	}
+	data, err := protocol.Encode(act.Reply)
+	if err == nil {
+		err = m.Respond(data)
+	}
+	if err != nil {
+		a.log.Debug("cannot answer a command", "err", err)
+	}
+}
+
+// checkEpoch accepts an epoch newer than any the region has seen only if
+// it is the coordinator lease's, read from the stream leader (see Core).
+func (a *Agent) checkEpoch(epoch uint64) error {
+	ctx, cancel := context.WithTimeout(a.ctx, epochCheckTimeout)
+	defer cancel()
+	info, rev, err := a.cfg.Store.Coordinator(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot check epoch %d against the coordinator lease: %w", epoch, err)
+	}
+	current := info.Epoch
+	if current == 0 { // before the lease's first renewal its revision is the epoch
+		current = rev
+	}
+	if epoch != current {
+		return fmt.Errorf("epoch %d is not the coordinator lease's (%d)", epoch, current)
+	}
+	return nil
+}
+
+// bindShards subscribes to each shard and starts its replay, then flushes
+// in a goroutine and reports Bound (durable delivery: bindDurable).
+func (a *Agent) bindShards(act BindShards) {
+	if a.cfg.Stream != nil {
+		a.bindDurable(act)
+		return
+	}
+	var (
+		failed []int
+		errs   []error
+	)
+	for i, n := range act.Shards {
+		if err := a.bind(n, act.Handoffs[i], act.Lives[i]); err != nil {
+			failed = append(failed, n)
+			errs = append(errs, err)
+		}
+	}
+	a.goDo(func() {
+		err := errors.Join(errs...)
+		if ferr := a.cfg.Conn.Flush(); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("flush subscriptions: %w", ferr))
+		}
+		a.post(Bound{ID: act.ID, Failed: failed, Err: err})
+	})
+}
+
+// unbind stops serving the shard at once: its subscription, its replay,
+// what it held (refused), its entities (their context ends first).
+func (a *Agent) unbind(act Unbind) {
+	a.mu.Lock()
+	st := a.shards[act.Shard]
+	if st != nil && st.life() == act.Life {
+		delete(a.shards, act.Shard)
+	} else {
+		st = nil
+	}
+	a.mu.Unlock()
+	if st != nil {
+		st.stop(act.Why)
+	}
+	// The shard may be another region's already: what its entities are
+	// doing is cut short (their context ends), then they stop.
+	a.host.abortShard(act.Shard)
+	a.stopEntities(act.Shard, act.Life, nil)
+}
+
+// release ends the source's part of a handoff for a shard held here (see
+// intake.release), or writes the end marker of one not held (core
+// delivery: its new owner waits for it), and reports ReleaseDone.
+func (a *Agent) release(act Release) {
+	var st intake
+	if act.Held {
+		a.mu.Lock()
+		if st = a.shards[act.Shard]; st != nil {
+			delete(a.shards, act.Shard)
+		}
+		a.mu.Unlock()
+	}
+	a.goDo(func() {
+		var err error
+		switch {
+		case st != nil:
+			err = st.release(a.ctx, act.Handoff)
+		case a.cfg.Stream == nil:
+			err = a.mark(a.ctx, act.Shard, act.Handoff)
+		}
+		if err != nil {
+			a.log.Warn("release: cannot append the end marker; the coordinator will ask again", "err", err)
+		} else {
+			a.log.Info("released shard", "shard", act.Shard, "handoff", act.Handoff)
+		}
+		a.post(ReleaseDone{Token: act.Token, Err: err})
+	})
+}
+
+// stopEntities stops the entities of shard n in the background and
+// reports EntitiesStopped for the shard's life when they all have (and,
+// for a paused shard, its intake settled). A stop under way is joined.
+// The channel it returns is closed once the entities stopped.
+func (a *Agent) stopEntities(n int, life uint64, paused intake) <-chan struct{} {
+	a.mu.Lock()
+	ch, ok := a.stopping[n]
+	if !ok {
+		ch = make(chan struct{})
+		a.stopping[n] = ch
+		a.goDo(func() {
+			// Not bounded by a context: every stop hook is (StopTimeout),
+			// so the shard drains; and ch must mean "stopped".
+			if err := a.host.stopShard(context.Background(), n); err != nil {
+				a.log.Warn("stopping a shard's entities", "shard", n, "err", err)
+			}
+			a.mu.Lock()
+			if a.stopping[n] == ch {
+				delete(a.stopping, n)
+			}
+			a.mu.Unlock()
+			close(ch)
+		})
+	}
+	a.mu.Unlock()
+	a.goDo(func() {
+		<-ch
+		if paused != nil {
+			ctx, cancel := context.WithTimeout(a.ctx, settleWait)
+			if err := paused.settle(ctx); err != nil {
+				a.log.Warn("cannot confirm the acknowledgements of a paused shard; its next owner may handle some messages again", "shard", n, "err", err)
+			}
+			cancel()
+		}
+		a.post(EntitiesStopped{Shard: n, Life: life})
+	})
+	return ch
+}
+
+// probeLoad is the load report of a probe answer: the held shards whose
+// rate is measured.
+func (a *Agent) probeLoad(held []int) []protocol.ShardLoad {
+	loads, measured := a.loads(slices.Clone(held))
+	out := loads[:0]
+	for i, l := range loads {
+		if measured[i] {
+			out = append(out, l)
+		}
+	}
+	return out
+}

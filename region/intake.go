@@ -1,0 +1,409 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/drain"
+	"github.com/natshard/natshard/internal/wait"
+	"github.com/natshard/natshard/protocol"
+)
+
+// intake is how the messages of a held shard reach this region's entities:
+// the data plane of one life of the shard (one bind), which the driver
+// makes and changes as the core decides. There are two:
+//
+//   - shardState (core delivery): a core NATS subscription to the shard's
+//     subjects; a bind replays the shard's handoff buffer up to its end
+//     marker while it holds what arrives; a paused shard appends what
+//     arrives to the buffer; a release drains the subscription and writes
+//     the end marker;
+//   - streamShard (durable delivery): the shard's consumer on the type's
+//     message stream, which a bind replaces (so it starts at the first
+//     message nobody acknowledged); a live shard pulls and acknowledges
+//     each message once its entity handled it; a paused shard stops
+//     pulling and confirms its acknowledgements (settle), so that the next
+//     owner gets exactly what is left.
+//
+// Every method but settle returns at once; none may be called before the
+// bind that made the intake registered it.
+type intake interface {
+	life() uint64
+	// goLive delivers what was held, in order, and serves the shard live.
+	goLive()
+	// pause stops the shard's messages from reaching the entities (for a
+	// handoff: its entities stop next).
+	pause(handoff uint64)
+	// stop ends the shard here at once, in whatever mode (drop, fence,
+	// close): nothing more reaches the entities; what was held is refused.
+	stop(why string)
+	// release ends the source's part of a handoff (the shard is paused
+	// and its entities stopped): core delivery keeps diverting for the
+	// release grace, drains the subscription and appends the end marker.
+	// The agent forgets the intake first.
+	release(ctx context.Context, handoff uint64) error
+	// settle, after a pause and the stop of the shard's entities, waits
+	// until what they handled is acknowledged (durable delivery).
+	settle(ctx context.Context) error
+}
+
+// core delivery: shardState (shards.go, replay.go).
+
+func (st *shardState) life() uint64 { return st.lifeN }
+
+func (st *shardState) goLive() { st.a.goLive(st) }
+
+func (st *shardState) settle(context.Context) error { return nil }
+
+func (st *shardState) release(ctx context.Context, handoff uint64) error {
+	a := st.a
+	if !wait.Sleep(ctx, a.cfg.ReleaseGrace) {
+		return ErrClosed
+	}
+	if err := drain.Subscription(ctx, st.sub, drainTimeout); err != nil && ctx.Err() == nil {
+		a.log.Warn("a released shard's subscription did not drain; cut", "shard", st.n, "err", err)
+	}
+	st.forget()
+	return a.mark(ctx, st.n, handoff)
+}
+
+// mark appends the end marker of a handoff to the shard's buffer.
+func (a *Agent) mark(ctx context.Context, shard int, handoff uint64) error {
+	if _, err := a.cfg.Buffer.Mark(ctx, shard, handoff); err != nil {
+		return fmt.Errorf("end marker of shard %d: %w", shard, err)
+	}
+	return nil
+}
+
+// streamShard is the data plane of a held shard in durable delivery.
+type streamShard struct {
+	a     *Agent
+	n     int
+	lifeN uint64
+	cons  jetstream.Consumer // set by bindDurable before the shard goes live, and by reset; mu guards it after
+
+	mu     sync.Mutex
+	mode   mode
+	it     jetstream.MessagesContext // while live: pulled by pull
+	pulled chan struct{}             // closed when pull returned (or never started)
+	// next is the consumer sequence the next delivery must have (0: any,
+	// after a reset): a gap means a delivery was lost (see deliver).
+	next uint64
+
+	ackMu sync.Mutex
+	gen   uint64        // counts the consumers: acknowledgements of an earlier one are void
+	last  jetstream.Msg // the last message handled, not acknowledged yet (see handled)
+}
+
+func (ss *streamShard) life() uint64 { return ss.lifeN }
+
+// goLive starts pulling.
+func (ss *streamShard) goLive() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.mode != modeHold {
+		return
+	}
+	ss.mode = modeLive
+	ss.pulled = make(chan struct{})
+	ss.a.goDo(ss.pull)
+}
+
+// pull delivers the shard's messages to their entities while the shard is
+// live; a message pulled when it no longer is goes back to the stream
+// (Nak), for the shard's next owner. It returns when its iterator is
+// closed (pause, stop) or the consumer is gone (a new owner replaced it).
+func (ss *streamShard) pull() {
+	defer close(ss.pulled)
+	a := ss.a
+	backoff := retryFirst
+	for {
+		ss.mu.Lock()
+		it, md, cons := ss.it, ss.mode, ss.cons
+		ss.mu.Unlock()
+		if md != modeLive {
+			return
+		}
+		if it == nil {
+			var err error
+			if it, err = cons.Messages(jetstream.PullMaxMessages(pullBatch)); err != nil {
+				a.limit.log(a.log, "pull-failed", "cannot pull a shard's messages; retrying", "shard", ss.n, "err", err)
+				if !wait.Sleep(a.ctx, backoff) {
+					return
+				}
+				backoff = min(backoff*2, retryMax)
+				continue
+			}
+			ss.mu.Lock()
+			if ss.mode != modeLive {
+				ss.mu.Unlock()
+				it.Stop()
+				return
+			}
+			ss.it = it
+			ss.mu.Unlock()
+		}
+		m, err := it.Next()
+		if err == nil && !ss.inOrder(m) {
+			// A delivery was lost: the consumer starts again at the first
+			// message nobody acknowledged, in stream order, before anything
+			// later reaches an entity.
+			it.Stop()
+			if !ss.reset() {
+				return
+			}
+			continue
+		}
+		switch {
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			ss.mu.Lock()
+			again := ss.mode == modeLive && ss.it == it
+			if again {
+				ss.it = nil // closed under us (the connection): a new iterator
+			}
+			ss.mu.Unlock()
+			if !again {
+				return
+			}
+			continue
+		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+			a.log.Warn("the consumer of a shard is gone (another region took the shard): stopped pulling", "shard", ss.n)
+			return
+		case err != nil:
+			a.limit.log(a.log, "pull-failed", "pulling a shard's messages failed; retrying", "shard", ss.n, "err", err)
+			continue
+		}
+		backoff = retryFirst
+		ss.deliver(m)
+	}
+}
+
+// pullBatch is how many messages a live shard's iterator keeps buffered.
+const pullBatch = 256
+
+// inOrder says whether m is the delivery that comes next: each delivery
+// of a consumer has the next consumer sequence. A gap means one was lost
+// on its way (its server died, say): the consumer would redeliver it only
+// after AckWait, after later messages, and an entity that skips what it
+// applied already (by the stream sequence) would then skip it for good.
+func (ss *streamShard) inOrder(m jetstream.Msg) bool {
+	md, err := m.Metadata()
+	if err != nil {
+		return false
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.next != 0 && md.Sequence.Consumer != ss.next {
+		ss.a.log.Warn("a delivery of a shard's consumer was lost; the consumer starts again at the first message not acknowledged",
+			"shard", ss.n, "expected", ss.next, "got", md.Sequence.Consumer)
+		return false
+	}
+	ss.next = md.Sequence.Consumer + 1
+	return true
+}
+
+// reset replaces the shard's consumer (see Stream.ResetConsumer), still
+// live; the messages the entities got from the old one and did not
+// acknowledge come again (an entity that saves the applied sequence skips
+// those it handled). It reports false when the shard is no longer live.
+func (ss *streamShard) reset() bool {
+	a := ss.a
+	ss.ackMu.Lock()
+	ss.gen++
+	ss.last = nil
+	ss.ackMu.Unlock()
+	for backoff := retryFirst; ; backoff = min(backoff*2, retryMax) {
+		ss.mu.Lock()
+		live := ss.mode == modeLive
+		ss.it, ss.next = nil, 0
+		ss.mu.Unlock()
+		if !live {
+			return false
+		}
+		cons, err := a.cfg.Stream.ResetConsumer(a.ctx, ss.n)
+		if err == nil {
+			ss.mu.Lock()
+			ss.cons = cons
+			ss.mu.Unlock()
+			return true
+		}
+		a.limit.log(a.log, "reset-failed", "cannot replace a shard's consumer; retrying", "shard", ss.n, "err", err)
+		if !wait.Sleep(a.ctx, backoff) {
+			return false
+		}
+	}
+}
+
+// deliver gives one pulled message to its entity, if the shard is live.
+func (ss *streamShard) deliver(m jetstream.Msg) {
+	a := ss.a
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.mode != modeLive {
+		_ = m.Nak()
+		return
+	}
+	msg := &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
+	msg.Reply = msg.Header.Get(protocol.HeaderReply)
+	_, id, err := a.cfg.Subjects.ParseEntity(msg.Subject, a.cfg.Shards)
+	if err != nil {
+		a.malformed(msg, err)
+		_ = m.Term()
+		return
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		a.limit.log(a.log, "bad-metadata", "a pulled message has no stream metadata; left to the next owner", "shard", ss.n, "err", err)
+		return
+	}
+	ss.ackMu.Lock()
+	gen := ss.gen
+	ss.ackMu.Unlock()
+	a.host.deliverDurable(ss.n, id, msg, &durableMsg{seq: md.Sequence.Stream, done: func() { ss.handled(m, gen) }})
+	a.stats.Delivered.Add(1)
+}
+
+// handled acknowledges the message that was handled before m and keeps m:
+// the last message handled stays unacknowledged until the next one is
+// handled, or until settle acknowledges it synchronously, which confirms
+// every acknowledgement sent before it (the server takes a connection's
+// acknowledgements of a consumer in order). A message of a consumer that
+// was replaced since (gen) is not acknowledged: the new one delivers it
+// again.
+func (ss *streamShard) handled(m jetstream.Msg, gen uint64) {
+	ss.ackMu.Lock()
+	if gen != ss.gen {
+		ss.ackMu.Unlock()
+		return // of a replaced consumer: the new one delivers it again
+	}
+	prev := ss.last
+	ss.last = m
+	ss.ackMu.Unlock()
+	if prev != nil {
+		_ = prev.Ack()
+	}
+}
+
+// pause stops pulling; what the iterator still had goes back to the
+// stream.
+func (ss *streamShard) pause(uint64) {
+	ss.mu.Lock()
+	ss.mode = modeDivert
+	it := ss.it
+	ss.mu.Unlock()
+	if it != nil {
+		it.Drain()
+	}
+}
+
+// stop ends the shard at once: what is unacknowledged stays in the stream
+// for the next owner.
+func (ss *streamShard) stop(string) {
+	ss.mu.Lock()
+	ss.mode = modeGone
+	it := ss.it
+	ss.mu.Unlock()
+	if it != nil {
+		it.Stop()
+	}
+}
+
+// settle waits until the pulling stopped, then acknowledges the last
+// message handled synchronously and waits until the stream removed it: a
+// barrier after which every message the entities handled is out of the
+// stream, so the next owner gets none of them again. (On a replicated
+// stream the removal follows the confirmed acknowledgement a moment
+// later: kvstate.Stream.WaitRemoved.)
+func (ss *streamShard) settle(ctx context.Context) error {
+	if ss.pulled != nil {
+		select {
+		case <-ss.pulled:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ss.ackMu.Lock()
+	last := ss.last
+	ss.last = nil
+	ss.ackMu.Unlock()
+	if last == nil {
+		return nil
+	}
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = last.DoubleAck(ctx); err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	md, err := last.Metadata()
+	if err != nil {
+		return err
+	}
+	return ss.a.cfg.Stream.WaitRemoved(ctx, md.Sequence.Stream)
+}
+
+// release forgets the shard: in durable delivery its next owner needs no
+// end marker.
+func (ss *streamShard) release(context.Context, uint64) error {
+	ss.mu.Lock()
+	ss.mode = modeGone
+	ss.mu.Unlock()
+	return nil
+}
+
+// bindDurable binds the command's shards in durable delivery: each new
+// owner replaces the shard's consumer (so that it starts at the first
+// message nobody acknowledged), in a goroutine that reports CaughtUp for
+// each shard (once the entities of its previous life here stopped) and
+// then Bound.
+func (a *Agent) bindDurable(act BindShards) {
+	shards := make([]*streamShard, len(act.Shards))
+	priors := make([]<-chan struct{}, len(act.Shards))
+	a.mu.Lock()
+	for i, n := range act.Shards {
+		ss := &streamShard{a: a, n: n, lifeN: act.Lives[i], mode: modeHold}
+		shards[i], priors[i] = ss, a.stopping[n]
+		a.shards[n] = ss
+	}
+	a.mu.Unlock()
+	a.goDo(func() {
+		var (
+			failed []int
+			errs   []error
+		)
+		for i, ss := range shards {
+			cons, err := a.cfg.Stream.ResetConsumer(a.ctx, ss.n)
+			if err != nil {
+				failed = append(failed, ss.n)
+				errs = append(errs, fmt.Errorf("shard %d: %w", ss.n, err))
+				a.mu.Lock()
+				if a.shards[ss.n] == intake(ss) {
+					delete(a.shards, ss.n)
+				}
+				a.mu.Unlock()
+				continue
+			}
+			ss.cons = cons
+			if p := priors[i]; p != nil {
+				select {
+				case <-p:
+				case <-a.ctx.Done():
+					return
+				}
+			}
+			a.post(CaughtUp{Shard: ss.n, Life: ss.lifeN})
+		}
+		a.post(Bound{ID: act.ID, Failed: failed, Err: errors.Join(errs...)})
+	})
+}
+
+// settleWait bounds settle.
+const settleWait = 5 * time.Second

@@ -1,0 +1,243 @@
+package region
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/natshard/natshard/internal/wait"
+	"github.com/natshard/natshard/kvstate"
+)
+
+// Remembered entities (Config.Remember), Akka's remember-entities: the
+// region records the id of each entity it activates before the entity's
+// Factory runs, forgets it when the entity passivates itself
+// (Agent.Passivate), and, once a shard goes live here, starts again
+// every entity the shard remembers, at a bounded rate for the whole
+// region (Config.RestartRate), so that a move, a crash or a full restart
+// brings the entities back without a message, and without a storm of
+// activations.
+//
+// The records are batched: one batch in flight per region, the changes
+// queued meanwhile written next, pipelined. So an activation waits for
+// one store round trip (and the batch before it), and the writes never
+// outnumber the activations and passivations.
+
+// RememberStore keeps the remembered entities (kvstate.Store does).
+type RememberStore interface {
+	// RecordEntities stores the changes, in order.
+	RecordEntities(ctx context.Context, recs []kvstate.EntityRecord) error
+	// RememberedEntities lists the entities shard remembers, every
+	// change recorded before the call included.
+	RememberedEntities(ctx context.Context, shard int) ([]string, error)
+}
+
+// DefaultRestartRate is Config.RestartRate's default: remembered entities
+// started per second by one region.
+const DefaultRestartRate = 1000
+
+const (
+	// recordBatch bounds the changes written in one batch.
+	recordBatch = 1024
+	// recordTimeout bounds a batch's writes.
+	recordTimeout = 10 * time.Second
+	// restartBurst: the restarts of this long at the rate may come at
+	// once.
+	restartBurst = 100 * time.Millisecond
+)
+
+// entityRecorder batches the changes of the remembered entities.
+type entityRecorder struct {
+	store RememberStore
+	a     *Agent
+
+	mu    sync.Mutex
+	queue []recordReq
+	kick  chan struct{} // a change was queued
+}
+
+type recordReq struct {
+	rec  kvstate.EntityRecord
+	done chan error // nil for a forget: nobody waits
+}
+
+func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
+	return &entityRecorder{store: store, a: a, kick: make(chan struct{}, 1)}
+}
+
+// remember records entity id of shard and returns once it is stored.
+func (r *entityRecorder) remember(ctx context.Context, shard int, id string) error {
+	done := make(chan error, 1)
+	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id}, done: done})
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// forget queues the removal of entity id of shard; it does not wait.
+func (r *entityRecorder) forget(shard int, id string) {
+	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}})
+}
+
+func (r *entityRecorder) push(req recordReq) {
+	r.mu.Lock()
+	r.queue = append(r.queue, req)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run writes the queued changes, a batch at a time, until ctx ends; then
+// it fails what waits.
+func (r *entityRecorder) run(ctx context.Context) {
+	defer r.a.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			r.mu.Lock()
+			queue := r.queue
+			r.queue = nil
+			r.mu.Unlock()
+			for _, req := range queue {
+				if req.done != nil {
+					req.done <- ErrClosed
+				}
+			}
+			return
+		case <-r.kick:
+		}
+		for {
+			r.mu.Lock()
+			n := min(len(r.queue), recordBatch)
+			batch := r.queue[:n:n]
+			r.queue = r.queue[n:]
+			r.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			recs := make([]kvstate.EntityRecord, n)
+			for i, req := range batch {
+				recs[i] = req.rec
+			}
+			wctx, cancel := context.WithTimeout(ctx, recordTimeout)
+			err := r.store.RecordEntities(wctx, recs)
+			cancel()
+			forgets := 0
+			for _, req := range batch {
+				if req.done != nil {
+					req.done <- err
+				} else {
+					forgets++
+				}
+			}
+			if err != nil && forgets > 0 {
+				// The entities stay remembered: they are started again
+				// after their shard's next move, and may passivate again.
+				r.a.limit.log(r.a.log, "forget-failed", "cannot forget passivated entities; they stay remembered", "entities", forgets, "err", err)
+			}
+		}
+	}
+}
+
+// pacer spaces the restarts of remembered entities: every per entity,
+// with bursts of at most restartBurst.
+type pacer struct {
+	every time.Duration
+	// now and sleep are the clock (nil: time.Now and wait.Sleep).
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) bool
+
+	mu   sync.Mutex
+	next time.Time
+}
+
+// wait returns when the next restart may go, false when ctx ended first.
+func (p *pacer) wait(ctx context.Context) bool {
+	now, sleep := time.Now, wait.Sleep
+	if p.now != nil {
+		now, sleep = p.now, p.sleep
+	}
+	p.mu.Lock()
+	t := now()
+	if p.next.Before(t.Add(-restartBurst)) {
+		p.next = t.Add(-restartBurst)
+	}
+	at := p.next
+	p.next = p.next.Add(p.every)
+	p.mu.Unlock()
+	if d := at.Sub(t); d > 0 {
+		return sleep(ctx, d)
+	}
+	return ctx.Err() == nil
+}
+
+// restartRemembered starts the remembered entities of shard n, live here
+// in its life life, at the region's rate, until they are all started or
+// the shard is no longer live here.
+func (a *Agent) restartRemembered(n int, life uint64) {
+	began := time.Now()
+	var ids []string
+	for backoff := retryFirst; ; backoff = min(2*backoff, retryMax) {
+		ctx, cancel := context.WithTimeout(a.ctx, recordTimeout)
+		var err error
+		ids, err = a.cfg.Remember.RememberedEntities(ctx, n)
+		cancel()
+		if err == nil {
+			break
+		}
+		if a.ctx.Err() != nil || !a.liveIn(n, life) {
+			return
+		}
+		a.limit.log(a.log, "remembered-list-failed", "cannot list the remembered entities of a shard; retrying", "shard", n, "err", err)
+		if !wait.Sleep(a.ctx, backoff) {
+			return
+		}
+	}
+	started := 0
+	for _, id := range ids {
+		if !a.pace.wait(a.ctx) || !a.startRemembered(n, life, id) {
+			break
+		}
+		started++
+	}
+	if len(ids) > 0 {
+		a.log.Info("started remembered entities", "shard", n, "entities", started, "of", len(ids), "took", time.Since(began).String())
+	}
+}
+
+// liveIn reports whether shard n is live here in its life life.
+func (a *Agent) liveIn(n int, life uint64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.shards[n]
+	return st != nil && st.life() == life && a.modes[n] == modeLive
+}
+
+// startRemembered starts entity id of shard n unless it is active, if the
+// shard is still live here in its life life (checked under a.mu, which
+// the driver takes to publish a pause before it stops the shard's
+// entities: a start is either stopped with them or not made).
+func (a *Agent) startRemembered(n int, life uint64, id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.shards[n]
+	if st == nil || st.life() != life || a.modes[n] != modeLive {
+		return false
+	}
+	if a.host.start(n, id) {
+		a.stats.Restarted.Add(1)
+	}
+	return true
+}
+
+// Passivate stops entity id of shard once the message it handles is done
+// (an entity calls it about itself, through natshard's Env.Passivate),
+// and, with Config.Remember, forgets it: it is not started again after a
+// move. The messages queued after it, and those that come later, go to a
+// new incarnation (Akka's Passivate).
+func (a *Agent) Passivate(shard int, id string) { a.host.passivate(shard, id) }

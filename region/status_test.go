@@ -1,0 +1,213 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// TestHostCounts: the host counts activations, messages handled and
+// failed (an error, a panic, a factory that fails), passivations and
+// refusals of a stopping shard; the counts of a shard survive its stop,
+// and no count ever goes down.
+func TestHostCounts(t *testing.T) {
+	block := make(chan struct{})
+	f := &testFactory{
+		handle: func(_ int, m *Message) ([]byte, error) {
+			switch string(m.Data) {
+			case "slow":
+				<-block
+			case "fail":
+				return nil, errors.New("asked to fail")
+			case "panic":
+				panic("asked to panic")
+			}
+			return m.Data, nil
+		},
+		fail: func(call int) error {
+			if call == 1 {
+				return errors.New("first activation fails")
+			}
+			return nil
+		},
+	}
+	clock := newFakeClock()
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
+	// Shard 0: a's first activation fails, then 3 messages, one failing;
+	// b panics (its incarnation is dropped), then handles one more.
+	for _, m := range []*nats.Msg{req("a", "x"), req("a", "ok"), req("a", "fail"), req("a", "ok"), req("b", "panic"), req("b", "ok")} {
+		h.deliver(0, m.Subject[len("shard.t.0."):], m)
+		rec.next(t)
+	}
+	eventually(t, "quiet", func() bool { return quiet(h) })
+	want := handledCounts{handled: 6, failed: 3}
+	if got := h.counts(); got != want {
+		t.Fatalf("counts %+v, want %+v", got, want)
+	}
+	if got := h.activations.Load(); got != 3 { // a (second try), b, b after the panic
+		t.Fatalf("activations %d, want 3", got)
+	}
+	// Passivation of both.
+	clock.Advance(2 * time.Minute)
+	if n := h.passivateIdle(); n != 2 {
+		t.Fatalf("passivateIdle started %d stops, want 2", n)
+	}
+	eventually(t, "passivations", func() bool { return h.passivations.Load() == 2 })
+	// Shard 1: one message, then the shard stops: its counts move to the
+	// host's, and a delivery to it meanwhile is refused and counted.
+	h.deliver(1, "c", req("c", "ok"))
+	rec.next(t)
+	h.deliver(1, "c", req("c", "slow"))
+	done := make(chan error, 1)
+	go func() { done <- h.stopShard(context.Background(), 1) }()
+	eventually(t, "the shard closing", func() bool {
+		h.mu.RLock()
+		se := h.shards[1]
+		h.mu.RUnlock()
+		se.mu.Lock()
+		defer se.mu.Unlock()
+		return se.closing
+	})
+	h.deliver(1, "c", req("c", "refused"))
+	if r := rec.next(t); !errors.Is(r.err, errShardNotServed) {
+		t.Fatalf("delivery to a stopping shard answered %+v", r)
+	}
+	close(block)
+	rec.next(t)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	want = handledCounts{handled: 8, failed: 3}
+	if got := h.counts(); got != want {
+		t.Fatalf("after the shard's stop: counts %+v, want %+v", got, want)
+	}
+	if got := h.refusedStopping.Load(); got != 1 {
+		t.Fatalf("refused while stopping %d, want 1", got)
+	}
+	if got := h.passivations.Load(); got != 2 {
+		t.Fatalf("a shard's stop counted as passivation: %d", got)
+	}
+}
+
+// TestHostCountsNeverGoDown reads the counts while shards are stopped and
+// started again under load: each read is at least the one before.
+func TestHostCountsNeverGoDown(t *testing.T) {
+	f := &testFactory{}
+	rec := &recorder{ch: make(chan captured, 1<<16)}
+	h := newTestHost(t, f.factory, rec, nil)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			h.deliver(i%4, "e", pub("e", "x"))
+			if i%500 == 0 {
+				_ = h.stopShard(context.Background(), i%4)
+			}
+		}
+	})
+	var last handledCounts
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for reads := 0; time.Now().Before(deadline) || reads < 100; reads++ {
+		c := h.counts()
+		if c.handled < last.handled {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("handled went down from %d to %d", last.handled, c.handled)
+		}
+		last = c
+	}
+	close(stop)
+	wg.Wait()
+	if last.handled == 0 {
+		t.Fatal("nothing was handled")
+	}
+}
+
+// TestHostTrace: the trace hook runs only for messages with headers; its
+// context reaches the factory and Handle, and its end function gets the
+// outcome.
+func TestHostTrace(t *testing.T) {
+	type key struct{}
+	var (
+		mu    sync.Mutex
+		seen  []string // what the entity saw in its contexts
+		ended []error
+	)
+	factory := func(ctx context.Context, id string) (Entity, error) {
+		mu.Lock()
+		seen = append(seen, "factory:"+str(ctx.Value(key{})))
+		mu.Unlock()
+		return &ctxEntity{fn: func(ctx context.Context, m *Message) ([]byte, error) {
+			mu.Lock()
+			seen = append(seen, string(m.Data)+":"+str(ctx.Value(key{})))
+			mu.Unlock()
+			if string(m.Data) == "fail" {
+				return nil, errors.New("failed")
+			}
+			return nil, nil
+		}}, nil
+	}
+	rec := newRecorder()
+	h := newTestHost(t, factory, rec, func(c *hostConfig) {
+		c.Trace = func(ctx context.Context, m *nats.Msg) (context.Context, func(error)) {
+			return context.WithValue(ctx, key{}, m.Header.Get("traceparent")), func(err error) {
+				mu.Lock()
+				ended = append(ended, err)
+				mu.Unlock()
+			}
+		}
+	})
+	traced := func(data, tp string) *nats.Msg {
+		m := req("a", data)
+		m.Header = nats.Header{"traceparent": []string{tp}}
+		return m
+	}
+	h.deliver(0, "a", traced("one", "tp1"))
+	rec.next(t)
+	h.deliver(0, "a", req("a", "plain"))
+	rec.next(t)
+	h.deliver(0, "a", traced("fail", "tp2"))
+	rec.next(t)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"factory:tp1", "one:tp1", "plain:", "fail:tp2"}; !equal(seen, want) {
+		t.Fatalf("contexts seen %q, want %q", seen, want)
+	}
+	if len(ended) != 2 || ended[0] != nil || ended[1] == nil || ended[1].Error() != "failed" {
+		t.Fatalf("end functions got %v, want [nil failed]", ended)
+	}
+}
+
+type ctxEntity struct {
+	fn func(ctx context.Context, m *Message) ([]byte, error)
+}
+
+func (e *ctxEntity) Handle(ctx context.Context, m *Message) ([]byte, error) { return e.fn(ctx, m) }
+func (e *ctxEntity) Stop(context.Context) error                             { return nil }
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

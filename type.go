@@ -1,0 +1,307 @@
+package natshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
+	"github.com/natshard/natshard/strategies"
+)
+
+// Entity is one addressable object of a type. The node calls Handle with
+// one message at a time, in arrival order, from whichever goroutine runs
+// the entity at that moment; different entities run concurrently. Stop is
+// called once, after the last Handle, when the entity is passivated (idle)
+// or its shard leaves the process: the place to persist state that was not
+// saved as it changed.
+//
+// Handle's context ends when the entity's shard is dropped from this
+// process or the process is fenced (the shard may be served elsewhere
+// already), or the node closes. A non-nil error from Handle is sent to a
+// requester as an error reply (the Natshard-Error header; a Client returns
+// an *EntityError) with the returned bytes, or {"ok":false,"error":...}
+// when they are nil.
+type Entity = region.Entity
+
+// Message is a message delivered to an entity: its id and shard, the
+// subject it was sent to, the reply subject of a request (empty for a
+// plain publish), the headers and the payload. It is valid during Handle.
+type Message = region.Message
+
+// Factory activates the entity id of a type on its first message (or its
+// first after passivation). It may load state: EnvFrom(ctx) gives the
+// entity's environment, LoadState its persisted state. ctx is the
+// entity's (see Entity). An error is answered to the message that caused
+// the activation, and the next message tries again.
+type Factory = func(ctx context.Context, id string) (Entity, error)
+
+// Delivery is how messages reach a type's entities (Type.Delivery).
+type Delivery string
+
+// Delivery modes.
+const (
+	Core    Delivery = protocol.DeliveryCore
+	Durable Delivery = protocol.DeliveryDurable
+)
+
+// Type is an entity type hosted by a Node: its name, its entities, and its
+// knobs. A zero field means the value the type stores (for the shard
+// count, the strategy and the kind) or else the default (Default*); every
+// process of a type must agree on what the type stores, and a process that
+// disagrees refuses to start.
+type Type struct {
+	// Name of the type: its subjects are shard.<Name>.<shard>.<id>, its
+	// state is in the KV bucket natshard_<Name>.
+	Name string
+	// Entity is the factory of the type's entities. Required.
+	Entity Factory
+	// Kind names what the entities are, so that a process hosting other
+	// entities under the same type name cannot join it and answer in
+	// their place; stored with the type. The default is Name. shardd's
+	// built-in kinds are "kv", "echo" and "trace".
+	Kind string
+	// Shards is the shard count, stored: DefaultShards for a new type.
+	Shards int
+	// Strategy is the allocation strategy's spec (strategies.Parse, for
+	// example "consistent-hashing:virtual-nodes=100"), stored:
+	// DefaultStrategy for a new type.
+	Strategy string
+	// Delivery is how messages reach the type's entities, stored: Core
+	// (core NATS; a crash loses what was in flight: Akka's semantics) for
+	// a new type, or Durable (every message is stored in the type's
+	// JetStream stream before any entity gets it, and leaves it once its
+	// entity handled it: a crash or a lost NATS server loses nothing that
+	// the stream acknowledged). docs/PROTOCOL.md, "Durable delivery".
+	Delivery Delivery
+	// Replicas of the type's KV bucket and buffer stream when they are
+	// created (3 on a NATS cluster); DefaultReplicas by default. Existing
+	// ones are used as they are.
+	Replicas int
+	// IdleTimeout passivates entities idle this long; Off never.
+	IdleTimeout time.Duration
+	// HandOffTimeout: how long a region may take to pause a shard before
+	// the coordinator reallocates it.
+	HandOffTimeout time.Duration
+	// RebalanceInterval between the strategy's rounds; Off runs none (moves
+	// then happen on membership changes and shardctl's requests).
+	RebalanceInterval time.Duration
+	// MaxMoves bounds the moves of live shards in flight.
+	MaxMoves int
+	// BufferSize bounds the messages buffered per shard while it moves;
+	// beyond it they are refused visibly.
+	BufferSize int
+	// MinRegions: no shard is allocated before this many regions
+	// registered.
+	MinRegions int
+	// Remember, stored: the ids of the active entities are recorded, and
+	// a shard's new owner starts them again without a message, after a
+	// move, a crash or a full restart (Akka's remember-entities). A
+	// remembered entity is never passivated for idleness (IdleTimeout
+	// must be 0 or Off); it stops when it calls Env.Passivate, and is
+	// then forgotten. Its first activation waits for the record (one KV
+	// write, batched with the region's others). false means what the
+	// type stores.
+	Remember bool
+	// RestartRate: remembered entities this process starts per second,
+	// over all of the type's shards it takes (DefaultRestartRate), so that
+	// a restart brings them back without a storm.
+	RestartRate int
+	// BucketBytes, BufferBytes and StreamBytes bound, in bytes, the
+	// type's KV bucket (leases, registrations, the shard table and entity
+	// state), its handoff buffer stream and its durable message stream
+	// when they are created (each a JetStream MaxBytes, which the store
+	// reserves: a server refuses to create a stream whose limit does not
+	// fit in its max_file_store); DefaultBucketBytes, DefaultBufferBytes
+	// and DefaultStreamBytes by default, negative for no limit. Existing
+	// ones keep theirs. With the limits, a type whose buffer or message
+	// stream fills up refuses those messages and keeps renewing its
+	// leases, and entity state that fills the bucket is refused before
+	// the bucket's last bytes, kept for the leases and the table
+	// (docs/OPERATIONS.md, "Storage").
+	BucketBytes int64
+	BufferBytes int64
+	StreamBytes int64
+}
+
+// withDefaults returns t with every zero field that is not stored set to
+// its default, and the stored ones (Shards, Strategy) set to their
+// default for a new type. Kind defaults to Name.
+func (t Type) withDefaults() Type {
+	if t.Kind == "" {
+		t.Kind = t.Name
+	}
+	if t.Shards == 0 {
+		t.Shards = DefaultShards
+	}
+	if t.Strategy == "" {
+		t.Strategy = DefaultStrategy
+	}
+	if t.Delivery == "" {
+		t.Delivery = Core
+	}
+	return t.withLocalDefaults()
+}
+
+// withLocalDefaults sets the defaults of the fields that the type does not
+// store.
+func (t Type) withLocalDefaults() Type {
+	if t.Replicas == 0 {
+		t.Replicas = DefaultReplicas
+	}
+	if t.IdleTimeout == 0 && !t.Remember {
+		t.IdleTimeout = DefaultIdleTimeout
+	}
+	if t.HandOffTimeout == 0 {
+		t.HandOffTimeout = DefaultHandOffTimeout
+	}
+	if t.RebalanceInterval == 0 {
+		t.RebalanceInterval = DefaultRebalanceInterval
+	}
+	if t.MaxMoves == 0 {
+		t.MaxMoves = DefaultMaxMoves
+	}
+	if t.BufferSize == 0 {
+		t.BufferSize = DefaultBufferSize
+	}
+	if t.MinRegions == 0 {
+		t.MinRegions = DefaultMinRegions
+	}
+	if t.RestartRate == 0 {
+		t.RestartRate = DefaultRestartRate
+	}
+	if t.Remember {
+		t.IdleTimeout = Off
+	}
+	if t.BucketBytes == 0 {
+		t.BucketBytes = DefaultBucketBytes
+	}
+	if t.BufferBytes == 0 {
+		t.BufferBytes = DefaultBufferBytes
+	}
+	if t.StreamBytes == 0 {
+		t.StreamBytes = DefaultStreamBytes
+	}
+	return t
+}
+
+// Defaults returns t as a new type would be hosted: every zero field set
+// to its default (Kind to Name). A type that exists already keeps its
+// stored shard count, strategy and kind instead; Node.Type tells what a
+// node applies.
+func (t Type) Defaults() Type { return t.withDefaults() }
+
+// validate checks t and names the field at fault. It canonicalises the
+// strategy spec.
+func (t *Type) validate() error {
+	var errs []error
+	if err := protocol.ValidateName("Name", t.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if t.Kind != "" {
+		if err := protocol.ValidateName("Kind", t.Kind); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if t.Shards < 0 || t.Shards > protocol.MaxShards {
+		errs = append(errs, fmt.Errorf("Shards: %d is out of range 1..%d (0: stored, or %d)", t.Shards, protocol.MaxShards, DefaultShards))
+	}
+	if t.Strategy != "" {
+		if _, canonical, err := strategies.Parse(t.Strategy); err != nil {
+			errs = append(errs, fmt.Errorf("Strategy: %w", err))
+		} else {
+			t.Strategy = canonical
+		}
+	}
+	if t.Delivery != "" && t.Delivery != Core && t.Delivery != Durable {
+		errs = append(errs, fmt.Errorf("Delivery: %q is neither %q nor %q", t.Delivery, Core, Durable))
+	}
+	if t.Replicas < 0 || t.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("Replicas: %d is out of range 1..5", t.Replicas))
+	}
+	if t.IdleTimeout < Off {
+		errs = append(errs, fmt.Errorf("IdleTimeout: %s is negative (Off never passivates)", t.IdleTimeout))
+	}
+	if t.HandOffTimeout != 0 && t.HandOffTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("HandOffTimeout: %s is shorter than 1s", t.HandOffTimeout))
+	}
+	if t.RebalanceInterval < Off {
+		errs = append(errs, fmt.Errorf("RebalanceInterval: %s is negative (Off runs no round)", t.RebalanceInterval))
+	}
+	if t.MaxMoves < 0 {
+		errs = append(errs, fmt.Errorf("MaxMoves: %d is negative", t.MaxMoves))
+	}
+	if t.BufferSize < 0 {
+		errs = append(errs, fmt.Errorf("BufferSize: %d is negative", t.BufferSize))
+	}
+	if t.MinRegions < 0 {
+		errs = append(errs, fmt.Errorf("MinRegions: %d is negative", t.MinRegions))
+	}
+	if t.RestartRate < 0 {
+		errs = append(errs, fmt.Errorf("RestartRate: %d is negative", t.RestartRate))
+	}
+	if t.Remember && t.IdleTimeout > 0 {
+		errs = append(errs, fmt.Errorf("IdleTimeout: %s with Remember: remembered entities are not passivated for idleness (they would be started again); leave it 0 or Off, and have an entity that is done call Env.Passivate", t.IdleTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("type %q: %w", t.Name, err)
+	}
+	return nil
+}
+
+// configure agrees on the type's stored configuration: a new type stores
+// t's (with the defaults); an existing one must match what t gives, and
+// gives what t leaves zero. It returns t with the stored values. A bucket
+// just created on a cluster may still elect its leader: what is only
+// unavailable is retried for a while.
+func (t Type) configure(ctx context.Context, store *kvstate.Store, retry func(attempt int, err error) bool) (Type, error) {
+	for attempt := 1; ; attempt++ {
+		got, err := t.ensureConfig(ctx, store)
+		if err == nil || !errors.Is(err, kvstate.ErrUnavailable) || !retry(attempt, err) {
+			return got, err
+		}
+	}
+}
+
+func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store) (Type, error) {
+	if t.Kind == "" {
+		t.Kind = t.Name
+	}
+	want := protocol.TypeConfig{Shards: t.Shards, Strategy: t.Strategy, Kind: t.Kind, Delivery: string(t.Delivery), Remember: t.Remember}
+	stored, err := store.Config(ctx)
+	switch {
+	case errors.Is(err, kvstate.ErrNotFound):
+		d := t.withDefaults()
+		want = protocol.TypeConfig{Shards: d.Shards, Strategy: d.Strategy, Kind: d.Kind, Delivery: string(d.Delivery), Remember: d.Remember}
+	case err != nil:
+		return t, fmt.Errorf("type %q: read its stored configuration: %w", t.Name, err)
+	case want.Shards == 0:
+		want.Shards = stored.Shards
+	}
+	got, err := store.EnsureConfig(ctx, want)
+	if errors.Is(err, kvstate.ErrConfigMismatch) {
+		switch {
+		case got.Shards != want.Shards:
+			return t, fmt.Errorf("type %q: %d shards disagree with the %d stored for the type; the shard count of a type cannot change while it has data (%w)", t.Name, want.Shards, got.Shards, err)
+		case want.Delivery != "" && got.DeliveryOf() != want.Delivery:
+			return t, fmt.Errorf("type %q: this process is configured with delivery %q, the type's is %q; every process of a type must deliver the same way (%w)", t.Name, want.Delivery, got.DeliveryOf(), err)
+		case got.Kind != want.Kind:
+			return t, fmt.Errorf("type %q: this process hosts entity kind %q, the type's entities are of kind %q; every process of a type must host the same kind (%w)", t.Name, want.Kind, got.Kind, err)
+		case want.Remember && !got.Remember:
+			return t, fmt.Errorf("type %q: this process remembers the entities (Remember), the type was made without; every process of a type must agree (%w)", t.Name, err)
+		default:
+			return t, fmt.Errorf("type %q: strategy %q disagrees with the type's stored strategy %q; every process of a type must use the same strategy (%w)", t.Name, want.Strategy, got.Strategy, err)
+		}
+	}
+	if err != nil {
+		return t, fmt.Errorf("type %q: store its configuration: %w", t.Name, err)
+	}
+	t.Shards, t.Strategy, t.Delivery, t.Remember = got.Shards, got.Strategy, Delivery(got.DeliveryOf()), got.Remember
+	if t.Strategy == "" {
+		t.Strategy = DefaultStrategy // a bucket from before strategies were stored
+	}
+	return t.withDefaults(), nil
+}
