@@ -451,7 +451,7 @@ func (c *Core) commandDone(ev CommandDone) {
 			if rec.State == protocol.StateBinding && rec.Handoff == h && rec.Region == s.Region && !c.steps[sh].bound {
 				c.steps[sh].bound = true
 				if rec.Source == "" {
-					c.out = append(c.out, Unpark{Shard: sh, Handoff: h})
+					c.out = append(c.out, Unpark{Shard: sh, Handoff: h, Live: slices.Contains(ev.Reply.Live, sh)})
 				} else {
 					c.sendRelease(sh)
 				}

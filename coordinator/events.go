@@ -106,10 +106,15 @@ type Park struct {
 }
 
 // Unpark: keep diverting for the grace period, unsubscribe, append the end
-// marker Handoff, then report Unparked.
+// marker Handoff, then report Unparked. Live: the new owner was serving the
+// shard live already when it confirmed the bind (a coordinator that took
+// over parked a shard whose owner had gone live under its predecessor), so
+// what was diverted is a copy of what it handled: the buffer is purged
+// instead of marked, or the shard's next owner would replay the copies.
 type Unpark struct {
 	Shard   int
 	Handoff uint64
+	Live    bool
 }
 
 // Mark: append the end marker Handoff to the shard's buffer (its source

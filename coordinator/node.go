@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"math"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -439,7 +440,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			}
 		case Unpark:
 			if l.cfg.Durable {
-				go l.post(ctx, Unparked(a)) // no end marker: the new owner waits for none
+				go l.post(ctx, Unparked{Shard: a.Shard, Handoff: a.Handoff}) // no end marker: the new owner waits for none
 				continue
 			}
 			unparks = append(unparks, a)
@@ -474,17 +475,43 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 // unpark ends the parking of shards whose new owner is replaying their
 // buffer: after the grace period (so that the owner's subscription is known
 // to every server of a cluster), it unsubscribes and appends the end
-// markers, then reports each shard Unparked.
+// markers, then reports each shard Unparked. The buffer of a shard whose
+// owner was live already (Unpark.Live) is purged instead.
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
 	wait.Sleep(ctx, l.cfg.ReleaseGrace)
 	for _, u := range us {
 		l.parker.unsubscribe(u.Shard, u.Handoff)
 	}
 	for _, u := range us {
-		if l.markRetrying(ctx, u.Shard, u.Handoff) {
-			l.post(ctx, Unparked(u))
+		done := false
+		if u.Live {
+			done = l.purgeRetrying(ctx, u.Shard)
+		} else {
+			done = l.markRetrying(ctx, u.Shard, u.Handoff)
+		}
+		if done {
+			l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
 		}
 	}
+}
+
+// purgeRetrying empties a shard's buffer once the appends of its parking
+// are acknowledged: everything in it is a copy of what its live owner
+// handled (the owner purged up to its own end marker before it went live).
+func (l *leader) purgeRetrying(ctx context.Context, shard int) bool {
+	for ctx.Err() == nil {
+		err := l.cfg.Buffer.Flush(ctx)
+		if err == nil {
+			err = l.cfg.Buffer.Purge(ctx, shard, math.MaxUint64)
+		}
+		if err == nil {
+			l.log.Info("purged a parked shard's buffer: its owner was live already", "shard", shard)
+			return true
+		}
+		l.log.Warn("cannot purge a parked shard's buffer; retrying", "shard", shard, "err", err)
+		wait.Sleep(ctx, 500*time.Millisecond)
+	}
+	return false
 }
 
 // mark appends an end marker for a source that died.

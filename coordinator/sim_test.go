@@ -95,8 +95,15 @@ func (s *sim) run(acts []Action) {
 			about = []int{a.Shard}
 		case Unpark:
 			delete(s.parked, a.Shard)
-			s.mark(a.Shard, a.Handoff)
-			ev = Unparked(a)
+			if a.Live {
+				// The buffer is purged: right only if its owner was live.
+				if o := s.regions[s.c.Table()[a.Shard].Region]; o == nil || o.modes[a.Shard] != "live" {
+					s.t.Errorf("shard %d: buffer purged on unpark, but its owner is not live", a.Shard)
+				}
+			} else {
+				s.mark(a.Shard, a.Handoff)
+			}
+			ev = Unparked{Shard: a.Shard, Handoff: a.Handoff}
 			about = []int{a.Shard}
 		case Mark:
 			s.mark(a.Shard, a.Handoff)
@@ -158,6 +165,9 @@ func (s *sim) answer(send Send) Event {
 	for i, sh := range cmd.Shards {
 		switch cmd.Kind {
 		case protocol.CmdBind:
+			if r.modes[sh] == "live" {
+				reply.Live = append(reply.Live, sh)
+			}
 			if r.modes[sh] == "" {
 				r.modes[sh], r.holdFor[sh] = "hold", cmd.Handoffs[i]
 				if slices.Contains(s.markers[sh], cmd.Handoffs[i]) {

@@ -140,6 +140,11 @@ type Reply struct {
 	// them once live, when asked again; the coordinator restarts their
 	// handoff timeout meanwhile, since the region is busy, not stuck.
 	Replaying []int `msgpack:"r,omitempty"`
+	// Live answers bind: the command's shards this region served live
+	// already (bound by an earlier command). A coordinator that parked
+	// such a shard meanwhile discards what it diverted, since the owner
+	// received it too. Regions older than this field send none.
+	Live []int `msgpack:"v,omitempty"`
 	// Load answers probe: the measured load of the held shards whose
 	// message rate has been measured (see ShardLoad). Regions older than
 	// load reports send none; the coordinator then knows no load.

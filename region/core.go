@@ -485,7 +485,10 @@ func (c *Core) bind(id uint64, cmd protocol.Command, reply *protocol.Reply, answ
 	}
 	b := BindShards{ID: id}
 	for i, n := range cmd.Shards {
-		if _, ok := c.shards[n]; ok {
+		if s, ok := c.shards[n]; ok {
+			if s.mode == modeLive {
+				reply.Live = append(reply.Live, n)
+			}
 			continue
 		}
 		c.life++

@@ -1,0 +1,170 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/protocol"
+)
+
+// TestTakeoverOfLiveBinding: a coordinator that takes over finds a shard
+// recorded as binding from parking (its predecessor stepped down before
+// it recorded the shard active) while the shard's new owner is already
+// live. The new coordinator parks the shard again until the owner confirms
+// the bind, so the buffer collects copies of messages the owner handles
+// live. Those copies must go: the shard's next move replays the buffer
+// from its start, and would hand them to the next owner a second time, out
+// of order. The test publishes numbered messages with a Nats-Msg-Id all
+// along, moves the shard afterwards, and checks that every message was
+// handled once, in order.
+func TestTakeoverOfLiveBinding(t *testing.T) {
+	nc, store, buffer, subjects := openType(t)
+	ctx := context.Background()
+	rec := &recorder{got: map[string][]string{}}
+	openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
+
+	runCoordinator := func(name string) (stop func()) {
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name}).Run(cctx)
+		}()
+		return func() { cancel(); <-done }
+	}
+	const x = 3
+	row := func(st protocol.Status) protocol.ShardView { return st.Table[x] }
+	waitShard := func(what, state, region string) {
+		t.Helper()
+		waitFor(t, what, func() error {
+			st, err := status(nc, subjects)
+			if err != nil {
+				return err
+			}
+			if r := row(st); r.State != state || r.Region != region {
+				return fmt.Errorf("shard %d %s on %q", x, r.State, r.Region)
+			}
+			return nil
+		})
+	}
+
+	stop := runCoordinator("c1")
+	waitShard("shard active on r1", "active", "r1")
+	stop()
+
+	// The row c1's successor finds: binding to r1 from parking, under a
+	// handoff id that r1 has not seen (the predecessor parked the shard
+	// and sent the bind; r1 went live; the activation was never written).
+	rows, err := store.Shards(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live protocol.ShardRecord
+	for _, r := range rows {
+		if r.Shard == x {
+			live = r
+		}
+	}
+	lease, err := store.AcquireCoordinator(ctx, protocol.CoordinatorInfo{Region: "forger"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	binding := live
+	binding.State, binding.Source, binding.SourceIncarnation = protocol.StateBinding, "", ""
+	binding.Handoff, binding.Epoch = live.Order+1000, lease.Revision
+	if _, err := store.PutShard(ctx, lease, binding); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+
+	// Numbered messages to one entity of shard x, all along.
+	id := entityOf(x)
+	pubStop := make(chan struct{})
+	var pubWG sync.WaitGroup
+	var sent int
+	pubWG.Go(func() {
+		for ; ; sent++ {
+			select {
+			case <-pubStop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			m := nats.NewMsg(subjects.Entity(x, id))
+			m.Data = []byte(strconv.Itoa(sent))
+			m.Header.Set(protocol.HeaderMsgID, strconv.Itoa(sent))
+			if err := nc.PublishMsg(m); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	time.Sleep(100 * time.Millisecond)
+
+	stop = runCoordinator("c2")
+	defer stop()
+	waitShard("shard active on r1 again", "active", "r1")
+	time.Sleep(200 * time.Millisecond)
+
+	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
+	body, _ := json.Marshal(protocol.MoveRequest{Shard: x, Region: "r2"})
+	waitFor(t, "move accepted", func() error {
+		m, err := nc.Request(subjects.Admin(protocol.AdminMove), body, time.Second)
+		if err != nil {
+			return err
+		}
+		var ans protocol.AdminError
+		if err := json.Unmarshal(m.Data, &ans); err != nil {
+			return err
+		}
+		if ans.Error != "" {
+			return fmt.Errorf("%s", ans.Error)
+		}
+		return nil
+	})
+	waitShard("shard active on r2", "active", "r2")
+	time.Sleep(200 * time.Millisecond)
+	close(pubStop)
+	pubWG.Wait()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	waitFor(t, "the last message handled", func() error {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		got := rec.got[id]
+		if len(got) == 0 || got[len(got)-1] != strconv.Itoa(sent-1) {
+			return fmt.Errorf("%d handled, last message %d not yet", len(got), sent-1)
+		}
+		return nil
+	})
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	prev := -1
+	for _, s := range rec.got[id] {
+		v, _ := strconv.Atoi(s)
+		if v <= prev {
+			t.Fatalf("message %d handled after %d: handled twice or out of order (%d messages sent)", v, prev, sent)
+		}
+		prev = v
+	}
+	t.Logf("%d messages sent, %d handled once each, in order", sent, len(rec.got[id]))
+}
+
+// entityOf is an entity id in shard sh.
+func entityOf(sh int) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("e%d", i); protocol.ShardOf(id, shards) == sh {
+			return id
+		}
+	}
+}
