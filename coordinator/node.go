@@ -2,12 +2,12 @@ package coordinator
 
 import (
 	"context"
-	"math"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
