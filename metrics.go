@@ -63,7 +63,8 @@ var (
 	mDupes     = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their Nats-Msg-Id was delivered since the shard was bound.", prometheus.CounterValue, nil}
 
 	mActivations  = metricDesc{"natshard_entity_activations_total", "Entities activated (their factory returned one).", prometheus.CounterValue, nil}
-	mPassivations = metricDesc{"natshard_entity_passivations_total", "Entities passivated: idle (stopped after the idle timeout), or at their own request (Env.Passivate).", prometheus.CounterValue, nil}
+	mPassivations = metricDesc{"natshard_entity_passivations_total", "Entities passivated: idle (stopped after the idle timeout), beyond the active-entity limit (the least recently used), or at their own request (Env.Passivate).", prometheus.CounterValue, nil}
+	mOverLimit    = metricDesc{"natshard_entity_passivations_over_limit_total", "Of the passivations, those of the least recently used entities while the region held more than its active-entity limit (MaxActive).", prometheus.CounterValue, nil}
 	mRestarts     = metricDesc{"natshard_entity_restarts_total", "Remembered entities started again without a message, after their shard came to this region (Type.Remember).", prometheus.CounterValue, nil}
 	mActive       = metricDesc{"natshard_entities_active", "Entities held by the region.", prometheus.GaugeValue, nil}
 
@@ -91,7 +92,7 @@ var (
 	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message stream (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
 
 	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes,
-		mActivations, mPassivations, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mRegionRenewFails, mCommandsRefused,
+		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mRegionRenewFails, mCommandsRefused,
 		mStreamMsgs}
 	coordinatorMetrics = []metricDesc{mLeader, mEpoch, mTerms, mCoordRenewFails, mTable, mStarted, mCompleted, mTimedOut, mForced,
 		mRounds, mRoundMoves, mParked, mParkRefused}
@@ -217,7 +218,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 	}{
 		{mDelivered, s.Delivered.Load()}, {mHandled, e.Handled}, {mFailed, e.Failed},
 		{mBuffered, s.Buffered.Load()}, {mReplayed, s.Replayed.Load()}, {mHeld, s.Held.Load()},
-		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations},
+		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
 		{mRestarts, s.Restarted.Load()},
 		{mFenced, s.Fenced.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
 	} {

@@ -382,7 +382,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		cfg := region.Config{
 			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards,
 			ID: n.opts.Region, Version: n.opts.Version, Factory: h.factory,
-			IdleTimeout: t.IdleTimeout, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
+			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
 			MaxHeld: t.BufferSize, Logger: log, Trace: h.traceMessage,
 		}
 		if t.Remember {
@@ -655,7 +655,8 @@ type Stats struct {
 	Handled         uint64 // messages whose handling ended (Handle returned or panicked, or activation failed)
 	Failed          uint64 // of those, ended in an error
 	Activations     uint64 // entities activated
-	Passivations    uint64 // entities passivated: idle, or at their request (Env.Passivate)
+	Passivations    uint64 // entities passivated: idle, beyond Type.MaxActive, or at their request (Env.Passivate)
+	OverLimit       uint64 // of those, passivated because the region held more than Type.MaxActive
 	Restarted       uint64 // remembered entities started again without a message (Type.Remember)
 	Fenced          uint64 // times the region fenced itself
 	RenewalsFailed  uint64 // registration renewals that failed
@@ -677,7 +678,7 @@ func (n *Node) Stats(name string) (Stats, bool) {
 			Buffered: s.Buffered.Load(), BufferFailed: s.BufferFailed.Load(), Replayed: s.Replayed.Load(),
 			Held: s.Held.Load(), HeldOverflow: s.HeldOverflow.Load(), DuplicatesSkipped: s.DuplicatesSkipped.Load(),
 			CommandsRefused: s.Refused.Load(), BufferFull: s.BufferFull.Load(), RefusedStopping: e.RefusedStopping,
-			Handled: e.Handled, Failed: e.Failed, Activations: e.Activations, Passivations: e.Passivations,
+			Handled: e.Handled, Failed: e.Failed, Activations: e.Activations, Passivations: e.Passivations, OverLimit: e.OverLimit,
 			Restarted: s.Restarted.Load(), Fenced: s.Fenced.Load(), RenewalsFailed: s.RenewalsFailed.Load(),
 		}, true
 	}

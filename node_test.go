@@ -384,3 +384,41 @@ func TestStateStore(t *testing.T) {
 		t.Fatal("StateStore of a type the node does not host")
 	}
 }
+
+// TestMaxActive: a region with Type.MaxActive holds at most that many
+// idle entities; the least recently used go, their passivations are
+// counted, and a passivated entity comes back on its next message.
+func TestMaxActive(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	n := mustStartOn(t, url, "a", natshard.Type{Name: "t", Shards: 4, MaxActive: 50, Entity: newEnvEntity})
+	c := natshard.NewClient(natstest.Connect(t, url))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 200 {
+		if _, err := c.Request(ctx, "t", fmt.Sprintf("e%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st natshard.Stats
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, _ = n.Stats("t")
+		if st.Entities <= 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d entities active with MaxActive 50", st.Entities)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.OverLimit < 150 || st.Passivations < st.OverLimit || st.Activations != 200 {
+		t.Fatalf("activations %d, passivations %d, over the limit %d: want 200 activations and at least 150 passivated for the limit", st.Activations, st.Passivations, st.OverLimit)
+	}
+	// e0 was used first: passivated; a message brings it back.
+	if data, err := c.Request(ctx, "t", "e0", []byte("again")); err != nil || !strings.HasSuffix(string(data), "again") {
+		t.Fatalf("e0 after its passivation: %q %v", data, err)
+	}
+	if st, _ = n.Stats("t"); st.Activations != 201 {
+		t.Fatalf("activations %d after e0's return, want 201", st.Activations)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -404,26 +405,37 @@ func TestMetricsRegistered(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// An answer is sent before its message counts as handled: gather
+	// until the last one does.
 	names := natshard.MetricNames()
+	var mfs []*dto.MetricFamily
 	var handled float64
 	regions := map[string]bool{}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if mfs, err = reg.Gather(); err != nil {
+			t.Fatal(err)
+		}
+		handled, regions = 0, map[string]bool{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "region" {
+						regions[l.GetValue()] = true
+					}
+				}
+				if mf.GetName() == "natshard_messages_handled_total" {
+					handled += m.GetCounter().GetValue()
+				}
+			}
+		}
+		if handled == 10 || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, mf := range mfs {
 		if !slices.Contains(names, mf.GetName()) {
 			t.Errorf("exported %s, which MetricNames does not list", mf.GetName())
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "region" {
-					regions[l.GetValue()] = true
-				}
-			}
-			if mf.GetName() == "natshard_messages_handled_total" {
-				handled += m.GetCounter().GetValue()
-			}
 		}
 	}
 	if handled != 10 || !regions["a"] || !regions["b"] {

@@ -83,6 +83,12 @@ type Type struct {
 	Replicas int
 	// IdleTimeout passivates entities idle this long; Off never.
 	IdleTimeout time.Duration
+	// MaxActive caps the entities active in this process's region of the
+	// type: beyond it, the least recently used idle entities are
+	// passivated, within 100 ms (Akka's active-entity limit, with LRU).
+	// 0 means no limit. Not stored: each process sets its own. Ignored
+	// with Remember, whose entities are never passivated but on request.
+	MaxActive int
 	// HandOffTimeout: how long a region may take to pause a shard before
 	// the coordinator reallocates it.
 	HandOffTimeout time.Duration
@@ -231,6 +237,9 @@ func (t *Type) validate() error {
 	if t.RebalanceInterval < Off {
 		errs = append(errs, fmt.Errorf("RebalanceInterval: %s is negative (Off runs no round)", t.RebalanceInterval))
 	}
+	if t.MaxActive < 0 {
+		errs = append(errs, fmt.Errorf("MaxActive: %d is negative (0: no limit)", t.MaxActive))
+	}
 	if t.MaxMoves < 0 {
 		errs = append(errs, fmt.Errorf("MaxMoves: %d is negative", t.MaxMoves))
 	}
@@ -242,6 +251,9 @@ func (t *Type) validate() error {
 	}
 	if t.RestartRate < 0 {
 		errs = append(errs, fmt.Errorf("RestartRate: %d is negative", t.RestartRate))
+	}
+	if t.Remember && t.MaxActive > 0 {
+		errs = append(errs, fmt.Errorf("MaxActive: %d with Remember: remembered entities are passivated only at their own request (Env.Passivate); leave it 0", t.MaxActive))
 	}
 	if t.Remember && t.IdleTimeout > 0 {
 		errs = append(errs, fmt.Errorf("IdleTimeout: %s with Remember: remembered entities are not passivated for idleness (they would be started again); leave it 0 or Off, and have an entity that is done call Env.Passivate", t.IdleTimeout))

@@ -239,7 +239,7 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		MaxBytes:             max(opts.MaxBytes, -1),
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		stream, err = own.Stream(ctx, b.name)
+		stream, err = lookupStream(ctx, own, b.name)
 		if err == nil && !slices.Contains(stream.CachedInfo().Config.Subjects, subjects.BufferAll()) {
 			return nil, fmt.Errorf("%w: stream %s has subjects %q, not %q",
 				ErrConfigMismatch, b.name, stream.CachedInfo().Config.Subjects, subjects.BufferAll())

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -211,6 +212,10 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 	}
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, bucket)
+		for create && errors.Is(err, jetstream.ErrBucketNotFound) && settling(ctx) {
+			// Another process is creating it (see lookupStream).
+			kv, err = js.KeyValue(ctx, bucket)
+		}
 		if err == nil {
 			err = checkBucket(ctx, kv)
 		}
@@ -228,11 +233,29 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 	return s, nil
 }
 
+// lookupStream returns the stream name, which exists: this process
+// created it, or another's create won the race with its own. On a cluster
+// a stream just created may still be "not found" for a moment where the
+// lookup is answered (a shardd of three started at once on a fresh
+// cluster failed so: TestThreeShardd/cluster), so that is retried until
+// ctx ends.
+func lookupStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, name)
+	for errors.Is(err, jetstream.ErrStreamNotFound) && settling(ctx) {
+		st, err = js.Stream(ctx, name)
+	}
+	return st, err
+}
+
+// settling waits a little before the next lookup of something another
+// process has just created; false when ctx ended.
+func settling(ctx context.Context) bool { return wait.Sleep(ctx, 50*time.Millisecond) }
+
 // openBudget reads the bucket's byte limit and size, and sets up its
 // budget (none without a limit, with a warning) and its log.
 func (s *Store) openBudget(ctx context.Context) error {
 	stream := "KV_" + s.bucket
-	st, err := s.js.Stream(ctx, stream)
+	st, err := lookupStream(ctx, s.js, stream)
 	if err != nil {
 		return err
 	}

@@ -133,7 +133,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		AllowRollup:       true,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		remind, err = js.Stream(ctx, s.reminders)
+		remind, err = lookupStream(ctx, js, s.reminders)
 	}
 	if err != nil {
 		return nil, translate(fmt.Errorf("open reminder stream %s: %w", s.reminders, err), ErrConflict)
@@ -158,7 +158,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		}},
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		stream, err = js.Stream(ctx, s.name)
+		stream, err = lookupStream(ctx, js, s.name)
 		if err == nil {
 			cfg := stream.CachedInfo().Config
 			if !slices.Contains(cfg.Subjects, subjects.AllData()) || cfg.Retention != jetstream.WorkQueuePolicy {

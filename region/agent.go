@@ -53,6 +53,10 @@ type Config struct {
 	// IdleTimeout passivates entities idle this long (default 120s;
 	// negative: never).
 	IdleTimeout time.Duration
+	// MaxActive caps the entities active in the region: beyond it, the
+	// least recently used idle entities are passivated (within
+	// limitEvery). 0 means no limit. Ignored with Remember, as IdleTimeout.
+	MaxActive int
 	// LeaseTTL of the registration; renewed every LeaseTTL/4, and soon
 	// again after a failure (package renewal). The region stops serving
 	// when it could not renew for 3/4 of it (self-fencing).
@@ -226,7 +230,11 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if idle < 0 || cfg.Remember != nil {
 		idle = 0
 	}
-	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	maxActive := cfg.MaxActive
+	if maxActive < 0 || cfg.Remember != nil {
+		maxActive = 0
+	}
+	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
 	if cfg.Remember != nil {
 		if cfg.RestartRate <= 0 {
 			cfg.RestartRate = DefaultRestartRate
@@ -429,21 +437,38 @@ func (a *Agent) leaseLoop(ctx context.Context) {
 	}
 }
 
+// limitEvery: how often the region checks its entities against MaxActive.
+const limitEvery = 100 * time.Millisecond
+
+// passivationLoop passivates idle entities (every IdleTimeout/10, within
+// 100 ms..10 s) and those beyond MaxActive (every limitEvery).
 func (a *Agent) passivationLoop(ctx context.Context) {
 	defer a.wg.Done()
-	if a.cfg.IdleTimeout <= 0 {
+	var idle, limit <-chan time.Time
+	if a.host.idleTimeout > 0 {
+		t := time.NewTicker(min(max(a.host.idleTimeout/10, 100*time.Millisecond), 10*time.Second))
+		defer t.Stop()
+		idle = t.C
+	}
+	if a.host.maxActive > 0 {
+		t := time.NewTicker(limitEvery)
+		defer t.Stop()
+		limit = t.C
+	}
+	if idle == nil && limit == nil {
 		return
 	}
-	every := min(max(a.cfg.IdleTimeout/10, 100*time.Millisecond), 10*time.Second)
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-idle:
 			if n := a.host.passivateIdle(); n > 0 {
 				a.log.Debug("passivated idle entities", "count", n)
+			}
+		case <-limit:
+			if n := a.host.passivateOverLimit(); n > 0 {
+				a.log.Debug("passivated the least recently used entities beyond the limit", "count", n, "max_active", a.host.maxActive)
 			}
 		}
 	}

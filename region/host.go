@@ -1,6 +1,7 @@
 package region
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,9 @@ type hostConfig struct {
 	Context context.Context
 	// IdleTimeout: passivateIdle stops entities idle this long; 0 means never.
 	IdleTimeout time.Duration
+	// MaxActive: passivateOverLimit stops the least recently used idle
+	// entities beyond this many; 0 means no limit.
+	MaxActive int
 	// StopTimeout bounds each Stop call; 0 means defaultStopTimeout.
 	StopTimeout time.Duration
 	// Logger; nil means slog.Default().
@@ -126,6 +130,7 @@ type hostConfig struct {
 type host struct {
 	factory     Factory
 	idleTimeout time.Duration
+	maxActive   int
 	stopTimeout time.Duration
 	log         *slog.Logger
 	clock       func() time.Time
@@ -144,7 +149,8 @@ type host struct {
 
 	// Counters of rare events (status.go).
 	activations     atomic.Uint64 // entities created by the Factory
-	passivations    atomic.Uint64 // idle entities stopped
+	passivations    atomic.Uint64 // idle entities stopped (for idleness or the limit)
+	overLimit       atomic.Uint64 // of those, stopped because the region held more than MaxActive
 	refusedStopping atomic.Uint64 // messages refused because their shard was being stopped
 }
 
@@ -195,6 +201,7 @@ func newHost(cfg hostConfig) *host {
 	h := &host{
 		factory:     cfg.Factory,
 		idleTimeout: cfg.IdleTimeout,
+		maxActive:   cfg.MaxActive,
 		stopTimeout: cfg.StopTimeout,
 		log:         cfg.Logger,
 		clock:       cfg.Now,
@@ -706,6 +713,7 @@ type stopItem struct {
 	id    string
 	c     *cell
 	idle  bool // a passivation
+	limit bool // a passivation for MaxActive
 }
 
 // runStops stops the queued cells with a bounded number of workers. It
@@ -749,6 +757,9 @@ func (h *host) stopCell(it stopItem) {
 		h.stopEntity(it.shard, it.id, ent)
 		if it.idle {
 			h.passivations.Add(1)
+		}
+		if it.limit {
+			h.overLimit.Add(1)
 		}
 	}
 
@@ -798,6 +809,70 @@ func (h *host) passivateIdle() int {
 			items = append(items, stopItem{se: se, shard: n, id: id, c: c, idle: true})
 		}
 		se.mu.Unlock()
+	}
+	h.runStops(items)
+	return len(items)
+}
+
+// passivateOverLimit starts stopping the least recently used idle entities
+// (empty mailbox, no goroutine running them) until the host holds no more
+// than MaxActive, counting those being stopped already, and returns how
+// many it started. A busy entity is never chosen, so the host holds more
+// than MaxActive while more than MaxActive are busy. A message that
+// arrives before the Stop hook has begun cancels the passivation (the
+// entity was used again). It does nothing when MaxActive is 0. The driver
+// calls it often: under the limit it costs a lock per shard; over it, a
+// sort of the idle entities by their last activity.
+func (h *host) passivateOverLimit() int {
+	if h.maxActive <= 0 {
+		return 0
+	}
+	shards := h.snapshot()
+	total := 0
+	for _, se := range shards {
+		se.mu.Lock()
+		total += len(se.cells)
+		se.mu.Unlock()
+	}
+	if total <= h.maxActive {
+		return 0
+	}
+	type candidate struct {
+		item stopItem
+		last int64
+	}
+	var cands []candidate
+	excess := total - h.maxActive
+	for n, se := range shards {
+		se.mu.Lock()
+		for id, c := range se.cells {
+			switch {
+			case c.stop != stopNone || se.closing:
+				excess-- // on its way out already
+			case !c.running && len(c.mailbox) == 0 && c.entity != nil:
+				cands = append(cands, candidate{stopItem{se: se, shard: n, id: id, c: c, idle: true, limit: true}, c.lastActive})
+			}
+		}
+		se.mu.Unlock()
+	}
+	if excess <= 0 || len(cands) == 0 {
+		return 0
+	}
+	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(a.last, b.last) })
+	items := make([]stopItem, 0, min(excess, len(cands)))
+	for _, cd := range cands {
+		if len(items) == excess {
+			break
+		}
+		it := cd.item
+		it.se.mu.Lock()
+		// Chosen outside the lock: take it only if it is still idle.
+		if !it.se.closing && it.se.cells[it.id] == it.c && !it.c.running && len(it.c.mailbox) == 0 && it.c.entity != nil && it.c.stop == stopNone {
+			it.c.running = true
+			it.c.stop = stopQueued
+			items = append(items, it)
+		}
+		it.se.mu.Unlock()
 	}
 	h.runStops(items)
 	return len(items)

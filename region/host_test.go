@@ -1109,3 +1109,96 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	}
 	rec.none(t)
 }
+
+// TestHostActiveLimitLRU: beyond MaxActive, the least recently used idle
+// entities are passivated; a busy one never is, and one used again since
+// keeps its place.
+func TestHostActiveLimitLRU(t *testing.T) {
+	clock := newFakeClock()
+	block := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var stopped []int // incarnations, in the order their Stop ran
+	f := &testFactory{
+		handle: func(_ int, m *Message) ([]byte, error) {
+			if m.EntityID == "busy" {
+				entered <- struct{}{}
+				<-block
+			}
+			return nil, nil
+		},
+		stop: func(inc int) error { mu.Lock(); stopped = append(stopped, inc); mu.Unlock(); return nil },
+	}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+		c.MaxActive = 3
+		c.Now = clock.Now
+	})
+	// Busy first (the least recently used of all), then e1..e5, one
+	// second apart, in two shards; e1 is used again last.
+	h.deliver(0, "busy", req("busy", ""))
+	<-entered
+	for i := 1; i <= 5; i++ {
+		clock.Advance(time.Second)
+		id := fmt.Sprintf("e%d", i)
+		h.deliver(i%2, id, req(id, ""))
+		rec.next(t)
+	}
+	clock.Advance(time.Second)
+	h.deliver(1, "e1", req("e1", ""))
+	rec.next(t)
+	eventually(t, "idle", func() bool { return h.active() == 6 && f.calls.Load() == 6 })
+	eventually(t, "only busy runs", func() bool {
+		n := 0
+		for _, se := range h.snapshot() {
+			se.mu.Lock()
+			for _, c := range se.cells {
+				if c.running {
+					n++
+				}
+			}
+			se.mu.Unlock()
+		}
+		return n == 1
+	})
+
+	// 6 held, limit 3: the three least recently used idle ones go (e2, e3,
+	// e4), not busy (older, but busy), not e1 (used again).
+	if n := h.passivateOverLimit(); n != 3 {
+		t.Fatalf("passivateOverLimit = %d, want 3", n)
+	}
+	eventually(t, "three stopped", func() bool { return h.active() == 3 })
+	got := append(h.shardEntities(0), h.shardEntities(1)...)
+	slices.Sort(got)
+	if want := []string{"busy", "e1", "e5"}; !slices.Equal(got, want) {
+		t.Fatalf("entities left %v, want %v", got, want)
+	}
+	if n := h.passivateOverLimit(); n != 0 {
+		t.Fatalf("at the limit, passivateOverLimit = %d", n)
+	}
+	if c := h.overLimit.Load(); c != 3 {
+		t.Fatalf("overLimit = %d, want 3", c)
+	}
+	mu.Lock()
+	if len(stopped) != 3 {
+		t.Fatalf("Stop ran for incarnations %v, want 3 of them", stopped)
+	}
+	mu.Unlock()
+	close(block)
+	rec.next(t)
+}
+
+// TestHostActiveLimitOff: without MaxActive nothing is passivated for it.
+func TestHostActiveLimitOff(t *testing.T) {
+	f := &testFactory{}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	for i := range 10 {
+		id := fmt.Sprintf("e%d", i)
+		h.deliver(0, id, req(id, ""))
+		rec.next(t)
+	}
+	if n := h.passivateOverLimit(); n != 0 || h.active() != 10 {
+		t.Fatalf("passivateOverLimit = %d, active = %d, with no limit", n, h.active())
+	}
+}

@@ -49,7 +49,8 @@ func (a *Agent) Status() Status {
 type EntityCounts struct {
 	Active       int    // entities held (created, being created or stopped)
 	Activations  uint64 // entities created by the Factory
-	Passivations uint64 // idle entities stopped (IdleTimeout)
+	Passivations uint64 // idle entities stopped (IdleTimeout or MaxActive)
+	OverLimit    uint64 // of those, stopped because the region held more than MaxActive
 	// Handled: messages whose handling ended (Handle returned or
 	// panicked, or the entity could not be created); Failed: of those,
 	// the ones answered with an error.
@@ -64,7 +65,7 @@ func (a *Agent) EntityCounts() EntityCounts {
 	h := a.host
 	c := h.counts()
 	return EntityCounts{
-		Active: h.active(), Activations: h.activations.Load(), Passivations: h.passivations.Load(),
+		Active: h.active(), Activations: h.activations.Load(), Passivations: h.passivations.Load(), OverLimit: h.overLimit.Load(),
 		Handled: c.handled, Failed: c.failed, RefusedStopping: h.refusedStopping.Load(),
 	}
 }

@@ -42,6 +42,7 @@ type config struct {
 	MinRegions    int
 	Replicas      int
 	IdleTimeout   time.Duration
+	MaxActive     int
 	Remember      bool // --remember: remembered entities
 	RestartRate   int
 	LeaseTTL      time.Duration
@@ -134,6 +135,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", natshard.DefaultMinRegions), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
 	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", natshard.DefaultReplicas), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", natshard.DefaultIdleTimeout), "passivate entities idle this long; 0 never (and never with --remember) [NATSHARD_IDLE_TIMEOUT]")
+	fs.IntVar(&c.MaxActive, "max-active", envInt("NATSHARD_MAX_ACTIVE", 0), "passivate the least recently used idle entities beyond this many in this region; 0 no limit [NATSHARD_MAX_ACTIVE]")
 	fs.BoolVar(&c.Remember, "remember", envBool("NATSHARD_REMEMBER"), "remember the active entities, stored per type: a shard's new owner starts them again without a message, after a move, a crash or a full restart; they are never passivated for idleness (an http app's entity ends with Natshard-Passivate) [NATSHARD_REMEMBER]")
 	fs.IntVar(&c.RestartRate, "restart-rate", envInt("NATSHARD_RESTART_RATE", natshard.DefaultRestartRate), "remembered entities this process starts per second [NATSHARD_RESTART_RATE]")
 	c.LeaseTTL = auto
@@ -202,6 +204,9 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		} else if c.IdleTimeout > 0 {
 			return c, fmt.Errorf("--idle-timeout: %s with --remember: remembered entities are not passivated for idleness (they would be started again); leave it out", c.IdleTimeout)
 		}
+		if c.MaxActive > 0 {
+			return c, fmt.Errorf("--max-active: %d with --remember: remembered entities are passivated only at their own request; leave it out", c.MaxActive)
+		}
 	}
 	return c, c.Validate()
 }
@@ -247,6 +252,9 @@ func (c *config) Validate() error {
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--idle-timeout: %s is negative", c.IdleTimeout))
+	}
+	if c.MaxActive < 0 {
+		errs = append(errs, fmt.Errorf("--max-active: %d is negative (0: no limit)", c.MaxActive))
 	}
 	if c.LeaseTTL != auto && (c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
