@@ -238,7 +238,7 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		MaxAge:               bufferMaxAge,
 		MaxBytes:             max(opts.MaxBytes, -1),
 	})
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		stream, err = lookupStream(ctx, own, b.name)
 		if err == nil && !slices.Contains(stream.CachedInfo().Config.Subjects, subjects.BufferAll()) {
 			return nil, fmt.Errorf("%w: stream %s has subjects %q, not %q",

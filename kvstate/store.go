@@ -210,6 +210,10 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 			MaxBytes:       max(opts.MaxBytes, 0),
 		})
 	}
+	if create && errors.Is(err, jetstream.ErrStreamNotFound) {
+		// A create racing another process's on a cluster (lookupStream).
+		err = jetstream.ErrBucketExists
+	}
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, bucket)
 		for create && errors.Is(err, jetstream.ErrBucketNotFound) && settling(ctx) {
@@ -235,10 +239,10 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 
 // lookupStream returns the stream name, which exists: this process
 // created it, or another's create won the race with its own. On a cluster
-// a stream just created may still be "not found" for a moment where the
-// lookup is answered (a shardd of three started at once on a fresh
-// cluster failed so: TestThreeShardd/cluster), so that is retried until
-// ctx ends.
+// a stream just created may still be "not found" for a moment, to a lookup
+// or to a racing create (a shardd of three started at once on a fresh
+// cluster failed so, in TestThreeShardd/cluster and TestFullRestart), so
+// that is retried until ctx ends (the store's timeout).
 func lookupStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, name)
 	for errors.Is(err, jetstream.ErrStreamNotFound) && settling(ctx) {

@@ -132,7 +132,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
 	})
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		remind, err = lookupStream(ctx, js, s.reminders)
 	}
 	if err != nil {
@@ -157,7 +157,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: subjects.AllFired(), Destination: subjects.AllData()}},
 		}},
 	})
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		stream, err = lookupStream(ctx, js, s.name)
 		if err == nil {
 			cfg := stream.CachedInfo().Config
