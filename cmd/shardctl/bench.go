@@ -31,7 +31,7 @@ type benchConfig struct {
 	Shards   int
 	Kind     string
 	Entities int
-	Msgs     int
+	Msgs     int // 0: defaultMsgs of each delivery mode
 	Size     int
 	Pubs     int
 	Window   int
@@ -99,7 +99,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Shards, "shards", protocol.DefaultShards, "shards of the bench type")
 	fs.StringVar(&c.Kind, "kind", "echo", "entities: echo (answer the payload) or kv (persistent documents: set per message, get per request)")
 	fs.IntVar(&c.Entities, "entities", 1000, "entities the messages go to, round-robin")
-	fs.IntVar(&c.Msgs, "msgs", 300_000, "messages per throughput run")
+	fs.IntVar(&c.Msgs, "msgs", 0, fmt.Sprintf("messages per throughput run (default %d in core delivery, %d in durable)", defaultMsgs[natshard.Core], defaultMsgs[natshard.Durable]))
 	fs.IntVar(&c.Size, "size", 128, "payload bytes")
 	fs.IntVar(&c.Pubs, "pubs", 2, "publishers, each on a connection of its own")
 	fs.IntVar(&c.Window, "window", 20_000, "most messages published and not yet received (flow control, both sides)")
@@ -151,6 +151,20 @@ func (c benchConfig) deliveries() []natshard.Delivery {
 	return []natshard.Delivery{natshard.Core}
 }
 
+// defaultMsgs is --msgs's default per delivery mode: JetStream stores
+// each message of durable delivery on disk, which here is about 20 times
+// slower than core NATS, so that each mode's default run stays well
+// under a minute.
+var defaultMsgs = map[natshard.Delivery]int{natshard.Core: 300_000, natshard.Durable: 30_000}
+
+// msgsFor is the messages per throughput run of delivery d.
+func (c benchConfig) msgsFor(d natshard.Delivery) int {
+	if c.Msgs != 0 {
+		return c.Msgs
+	}
+	return defaultMsgs[d]
+}
+
 // typeOf is the name of the bench's type of delivery d: --type for core
 // delivery, <type>-durable for durable (a type's delivery is stored with
 // it, and both may run on one server).
@@ -187,8 +201,8 @@ func (c benchConfig) validate() error {
 		return bad("--entities must be at least 1")
 	case c.Pubs < 1 || c.Pubs > 256:
 		return bad("--pubs must be 1..256, not %d", c.Pubs)
-	case c.Msgs < c.Pubs:
-		return bad("--msgs (%d) must be at least --pubs (%d)", c.Msgs, c.Pubs)
+	case c.msgsFor(natshard.Core) < c.Pubs || c.msgsFor(natshard.Durable) < c.Pubs:
+		return bad("--msgs (%d) must be at least --pubs (%d)", min(c.msgsFor(natshard.Core), c.msgsFor(natshard.Durable)), c.Pubs)
 	case c.Size < 1 || c.Size > 1<<20:
 		return bad("--size must be 1..%d bytes, not %d", 1<<20, c.Size)
 	case c.Kind == "kv" && c.Size < minKVSize:
@@ -335,7 +349,7 @@ func newBenchResult(c benchConfig) *benchResult {
 	}
 	return &benchResult{
 		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
-			Msgs: c.Msgs, Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Delivery: c.Delivery},
+			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Delivery: c.Delivery},
 		Machine: machine(),
 	}
 }
@@ -349,6 +363,7 @@ func newBenchResult(c benchConfig) *benchResult {
 // "raw" raw JetStream; a latency sample is the time from a publish to the
 // entity's (or raw consumer's) handling of the message, one at a time.
 type durableResult struct {
+	Msgs     int    `json:"msgs"` // per throughput run
 	Type     string `json:"type"`
 	Stream   string `json:"stream"`     // the type's message stream
 	Raw      string `json:"raw_stream"` // raw JetStream's
@@ -475,7 +490,8 @@ func (r *benchResult) print(out io.Writer) error {
 		}
 	}
 	if d := r.Durable; d != nil {
-		fmt.Fprintf(out, "\ndurable delivery: type %s, streams %s and %s (%s, %d replicas), publishes acknowledged\n", d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
+		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s (%s storage, replicas %d), publishes acknowledged\n",
+			d.Msgs, d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
 		rows := throughputRows(d.Throughput)
 		t := d.Throughput
 		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})

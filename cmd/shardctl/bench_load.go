@@ -91,6 +91,7 @@ const rawPullBatch = 256
 // consumer per shard on a stream of raw subjects.
 func newBench(ctx context.Context, sys *benchSystem, prog *progress) (*bench, error) {
 	b := &bench{ctx: ctx, cfg: sys.cfg, sys: sys, prog: prog}
+	b.cfg.Msgs = b.cfg.msgsFor(sys.delivery)
 	if err := b.open(); err != nil {
 		b.close()
 		return nil, err
@@ -328,7 +329,7 @@ func (b *bench) runCore(res *benchResult) error {
 // runDurable runs the workloads of durable delivery into res.Durable.
 func (b *bench) runDurable(res *benchResult) error {
 	d := &durableResult{
-		Type: b.sys.typ, Stream: kvstate.MessageStream(b.sys.typ), Raw: b.rawStream.Name,
+		Msgs: b.cfg.Msgs, Type: b.sys.typ, Stream: kvstate.MessageStream(b.sys.typ), Raw: b.rawStream.Name,
 		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas,
 	}
 	if err := b.rounds(&d.Throughput); err != nil {
