@@ -497,7 +497,7 @@ func (r *benchResult) print(out io.Writer) error {
 		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})
 		rows = append(rows, latencyRows(d.Latency, "publish to handled", "messages")...)
 		if d.CoreRatio > 0 {
-			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.2f (durable/core natshard)", d.CoreRatio)})
+			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.3f (durable/core natshard)", d.CoreRatio)})
 		}
 		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM", "RATIO/DIFF"}, rows); err != nil {
 			return err
