@@ -151,10 +151,10 @@ func (c benchConfig) deliveries() []natshard.Delivery {
 	return []natshard.Delivery{natshard.Core}
 }
 
-// defaultMsgs is --msgs's default per delivery mode: JetStream stores
-// each message of durable delivery on disk, which here is about 20 times
-// slower than core NATS, so that each mode's default run stays well
-// under a minute.
+// defaultMsgs is --msgs's default per delivery mode, so that each mode's
+// default run stays well under a minute: JetStream stores each message
+// of durable delivery on disk and acknowledges it, which handles about
+// 1/60 of core NATS's messages per second on docs/BENCHMARKS.md's machine.
 var defaultMsgs = map[natshard.Delivery]int{natshard.Core: 300_000, natshard.Durable: 30_000}
 
 // msgsFor is the messages per throughput run of delivery d.

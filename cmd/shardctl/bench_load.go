@@ -70,6 +70,7 @@ type bench struct {
 	reqJS   jetstream.JetStream
 	acked   atomic.Int64
 	pubErrs atomic.Int64
+	lastErr atomic.Pointer[error] // the last publish that failed
 	// raw JetStream: its stream (a copy of the type's message stream's
 	// configuration), deleted by close, and one pull consumer per shard
 	// (a copy of the type's), each read by a goroutine of rawPulls.
@@ -114,7 +115,10 @@ func (b *bench) open() error {
 		if b.durable() {
 			js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(b.ackWindow()),
 				jetstream.WithPublishAsyncAckHandler(func(jetstream.JetStream, *nats.Msg, *jetstream.PubAck) { b.acked.Add(1) }),
-				jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { b.pubErrs.Add(1) }))
+				jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
+					b.pubErrs.Add(1)
+					b.lastErr.Store(&err)
+				}))
 			if err != nil {
 				return err
 			}
@@ -199,15 +203,11 @@ func (b *bench) openRawStream() (jetstream.ConsumerConfig, error) {
 	if err != nil {
 		return jetstream.ConsumerConfig{}, fmt.Errorf("the message stream of type %s: %w", b.sys.typ, err)
 	}
-	var consumer *jetstream.ConsumerInfo
-	infos := nat.ListConsumers(ctx)
-	for info := range infos.Info() {
-		if consumer == nil {
-			consumer = info
-		}
-	}
-	if consumer == nil {
-		return jetstream.ConsumerConfig{}, fmt.Errorf("the message stream of type %s has no consumer (%v)", b.sys.typ, infos.Err())
+	// Every shard has its consumer once the system settled; their names
+	// are the protocol's (docs/PROTOCOL.md, "Durable delivery").
+	consumer, err := nat.Consumer(ctx, shardConsumer(0))
+	if err != nil {
+		return jetstream.ConsumerConfig{}, fmt.Errorf("the consumer of shard 0 of type %s: %w", b.sys.typ, err)
 	}
 	sc := nat.CachedInfo().Config
 	sc.Name = rawPrefix + "_" + b.sys.typ
@@ -221,8 +221,12 @@ func (b *bench) openRawStream() (jetstream.ConsumerConfig, error) {
 		return jetstream.ConsumerConfig{}, fmt.Errorf("raw JetStream stream %s: %w", sc.Name, err)
 	}
 	b.rawStream = sc
-	return consumer.Config, nil
+	return consumer.CachedInfo().Config, nil
 }
+
+// shardConsumer is the name of the consumer of shard n of a type's
+// message stream, and of raw JetStream's.
+func shardConsumer(n int) string { return "shard-" + strconv.Itoa(n) }
 
 // pullRaw creates raw JetStream's consumers of shards on nc, configured
 // as the type's (cfg) but for the raw subjects, and reads each in a
@@ -236,7 +240,7 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 	defer cancel()
 	for _, shard := range shards {
 		cc := cfg
-		cc.Name, cc.Durable = "", "shard-"+strconv.Itoa(shard)
+		cc.Name, cc.Durable = "", shardConsumer(shard)
 		cc.Description = "shardctl bench: raw JetStream, shard " + strconv.Itoa(shard)
 		cc.FilterSubject, cc.FilterSubjects = b.rawShard(shard), nil
 		cons, err := js.CreateConsumer(ctx, b.rawStream.Name, cc)
@@ -375,6 +379,9 @@ func (b *bench) rounds(t *throughputResult) error {
 				side.Errors += b.sys.failed.Load() - failed
 			}
 			if err != nil {
+				if n := side.PublishErrors; n > 0 {
+					err = fmt.Errorf("%w (%d publishes failed, the last with: %v)", err, n, *b.lastErr.Load())
+				}
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			side.RoundsPerSec = append(side.RoundsPerSec, rate)
