@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -30,12 +31,13 @@ type benchConfig struct {
 	Shards   int
 	Kind     string
 	Entities int
-	Msgs     int
+	Msgs     int // 0: defaultMsgs of each delivery mode
 	Size     int
 	Pubs     int
 	Window   int
 	Rounds   int
 	Requests int
+	Delivery string // core, durable or both
 
 	Handoff         bool
 	HandoffEntities int
@@ -88,7 +90,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs := flag.NewFlagSet("shardctl bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.NATS, "nats", c.NATS, "use this NATS server (JetStream enabled) instead of an embedded one")
-	fs.StringVar(&c.Type, "type", c.Type, "entity type of the bench (with --nats: bench-<random> unless given; it must not exist, and is deleted at the end)")
+	fs.StringVar(&c.Type, "type", c.Type, "entity type of the bench (with --nats: bench-<random> unless given; it must not exist, and is deleted at the end); the durable run's is <type>-durable")
 	fs.StringVar(&c.DataPrefix, "data-prefix", c.DataPrefix, "subject prefix of the data plane (default shard)")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", c.ControlPrefix, "subject prefix of the control plane (default $SHARD)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on each request")
@@ -97,12 +99,13 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Shards, "shards", protocol.DefaultShards, "shards of the bench type")
 	fs.StringVar(&c.Kind, "kind", "echo", "entities: echo (answer the payload) or kv (persistent documents: set per message, get per request)")
 	fs.IntVar(&c.Entities, "entities", 1000, "entities the messages go to, round-robin")
-	fs.IntVar(&c.Msgs, "msgs", 300_000, "messages per throughput run")
+	fs.IntVar(&c.Msgs, "msgs", 0, fmt.Sprintf("messages per throughput run (default %d in core delivery, %d in durable)", defaultMsgs[natshard.Core], defaultMsgs[natshard.Durable]))
 	fs.IntVar(&c.Size, "size", 128, "payload bytes")
 	fs.IntVar(&c.Pubs, "pubs", 2, "publishers, each on a connection of its own")
 	fs.IntVar(&c.Window, "window", 20_000, "most messages published and not yet received (flow control, both sides)")
 	fs.IntVar(&c.Rounds, "rounds", 5, "throughput runs per side, raw and natshard alternating; the median is reported")
-	fs.IntVar(&c.Requests, "requests", 5000, "requests per side for the latency run (0: none)")
+	fs.IntVar(&c.Requests, "requests", 5000, "requests per side for the latency run; durable: messages published one at a time, publish to handled (0: none)")
+	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
 	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
@@ -130,6 +133,48 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	return c, c.validate()
 }
 
+// Values of --delivery.
+const (
+	deliveryCore    = "core"
+	deliveryDurable = "durable"
+	deliveryBoth    = "both"
+)
+
+// deliveries lists the delivery modes to measure, in the order they run.
+func (c benchConfig) deliveries() []natshard.Delivery {
+	switch c.Delivery {
+	case deliveryDurable:
+		return []natshard.Delivery{natshard.Durable}
+	case deliveryBoth:
+		return []natshard.Delivery{natshard.Core, natshard.Durable}
+	}
+	return []natshard.Delivery{natshard.Core}
+}
+
+// defaultMsgs is --msgs's default per delivery mode, so that each mode's
+// default run stays well under a minute: JetStream stores each message
+// of durable delivery on disk and acknowledges it, which handles about
+// 1/60 of core NATS's messages per second on docs/BENCHMARKS.md's machine.
+var defaultMsgs = map[natshard.Delivery]int{natshard.Core: 300_000, natshard.Durable: 30_000}
+
+// msgsFor is the messages per throughput run of delivery d.
+func (c benchConfig) msgsFor(d natshard.Delivery) int {
+	if c.Msgs != 0 {
+		return c.Msgs
+	}
+	return defaultMsgs[d]
+}
+
+// typeOf is the name of the bench's type of delivery d: --type for core
+// delivery, <type>-durable for durable (a type's delivery is stored with
+// it, and both may run on one server).
+func (c benchConfig) typeOf(d natshard.Delivery) string {
+	if d == natshard.Durable {
+		return c.Type + "-durable"
+	}
+	return c.Type
+}
+
 // minKVSize is the smallest kv payload: {"op":"set","key":"v","value":""}.
 const minKVSize = 34
 
@@ -138,8 +183,10 @@ func (c benchConfig) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
 	}
-	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, c.Type); err != nil {
-		return bad("%v", err)
+	for _, d := range c.deliveries() {
+		if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, c.typeOf(d)); err != nil {
+			return bad("%v", err)
+		}
 	}
 	switch {
 	case c.Timeout <= 0:
@@ -154,8 +201,8 @@ func (c benchConfig) validate() error {
 		return bad("--entities must be at least 1")
 	case c.Pubs < 1 || c.Pubs > 256:
 		return bad("--pubs must be 1..256, not %d", c.Pubs)
-	case c.Msgs < c.Pubs:
-		return bad("--msgs (%d) must be at least --pubs (%d)", c.Msgs, c.Pubs)
+	case c.msgsFor(natshard.Core) < c.Pubs || c.msgsFor(natshard.Durable) < c.Pubs:
+		return bad("--msgs (%d) must be at least --pubs (%d)", min(c.msgsFor(natshard.Core), c.msgsFor(natshard.Durable)), c.Pubs)
 	case c.Size < 1 || c.Size > 1<<20:
 		return bad("--size must be 1..%d bytes, not %d", 1<<20, c.Size)
 	case c.Kind == "kv" && c.Size < minKVSize:
@@ -166,6 +213,10 @@ func (c benchConfig) validate() error {
 		return bad("--rounds must be at least 1")
 	case c.Requests < 0:
 		return bad("--requests must be 0 or more")
+	case c.Delivery != deliveryCore && c.Delivery != deliveryDurable && c.Delivery != deliveryBoth:
+		return bad("--delivery must be core, durable or both, not %q", c.Delivery)
+	case (c.Handoff || c.Failover) && c.Delivery == deliveryDurable:
+		return bad("--handoff and --failover measure core delivery: use --delivery core or both")
 	case (c.Handoff || c.Failover) && c.Regions < 2:
 		return bad("--handoff and --failover need --regions 2 or more")
 	case c.HandoffEntities < 1 || c.Moves < 1 || c.Kills < 1:
@@ -184,34 +235,48 @@ func runBench(ctx context.Context, global *flag.FlagSet, args []string, stdout, 
 	}
 	start := time.Now()
 	prog := newProgress(stderr, cfg.Progress)
-	prog.note("starting NATS, %d regions and a coordinator", cfg.Regions)
-	sys, err := startBenchSystem(ctx, cfg)
+	defer prog.clear()
+	if cfg.NATS == "" {
+		prog.note("starting NATS")
+	}
+	srv, err := openBenchServer(cfg)
 	if err != nil {
-		prog.clear()
 		return err
 	}
-	defer sys.close()
-	b, err := newBench(ctx, sys, prog)
-	if err != nil {
-		prog.clear()
-		return err
-	}
-	if cfg.CPUProfile != "" {
+	defer srv.close()
+	var prof *os.File
+	defer func() {
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
+	}()
+	// profile starts the CPU profile once, before the first measured run.
+	profile := func() error {
+		if cfg.CPUProfile == "" || prof != nil {
+			return nil
+		}
 		f, err := os.Create(cfg.CPUProfile)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
 			return err
 		}
-		defer pprof.StopCPUProfile()
+		prof = f
+		return nil
 	}
-	res, err := b.run()
+	res := newBenchResult(cfg)
+	for _, d := range cfg.deliveries() {
+		if err := measure(ctx, cfg, srv, d, prog, profile, res); err != nil {
+			return err
+		}
+	}
+	if du := res.Durable; du != nil && res.Throughput.Natshard.MsgsPerSec > 0 {
+		du.CoreRatio = du.Throughput.Natshard.MsgsPerSec / res.Throughput.Natshard.MsgsPerSec
+	}
 	prog.clear()
-	if err != nil {
-		return err
-	}
 	res.Seconds = time.Since(start).Seconds()
 	if cfg.MemProfile != "" {
 		if err := writeAllocProfile(cfg.MemProfile); err != nil {
@@ -222,6 +287,29 @@ func runBench(ctx context.Context, global *flag.FlagSet, args []string, stdout, 
 		return writeJSON(stdout, res)
 	}
 	return res.print(stdout)
+}
+
+// measure runs the workloads of delivery d on a system of its own on srv,
+// which it closes at the end, and fills res with the figures.
+func measure(ctx context.Context, cfg benchConfig, srv *benchServer, d natshard.Delivery, prog *progress, profile func() error, res *benchResult) error {
+	prog.note("starting %d regions and a coordinator of %s delivery", cfg.Regions, d)
+	sys, err := startBenchSystem(ctx, cfg, srv, cfg.typeOf(d), d)
+	if err != nil {
+		return err
+	}
+	defer sys.close()
+	b, err := newBench(ctx, sys, prog)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	if err := profile(); err != nil {
+		return err
+	}
+	if d == natshard.Durable {
+		return b.runDurable(res)
+	}
+	return b.runCore(res)
 }
 
 func writeAllocProfile(path string) error {
@@ -237,18 +325,58 @@ func writeAllocProfile(path string) error {
 }
 
 // benchResult is what shardctl bench prints; --json prints it as is.
+// Ratio, Throughput, Latency, Handoff and Failover are core delivery's
+// (absent with --delivery durable), Durable the durable run's.
 type benchResult struct {
 	// Ratio is natshard's throughput over raw NATS's, in the same run:
 	// the median over the rounds of each round's ratio.
-	Ratio      float64          `json:"ratio"`
+	Ratio      float64          `json:"ratio,omitzero"`
 	Config     benchConfigView  `json:"config"`
 	Machine    machineView      `json:"machine"`
-	Throughput throughputResult `json:"throughput"`
+	Throughput throughputResult `json:"throughput,omitzero"`
 	Latency    *latencyResult   `json:"latency,omitempty"`
 	Handoff    *handoffResult   `json:"handoff,omitempty"`
 	Failover   *failoverResult  `json:"failover,omitempty"`
+	Durable    *durableResult   `json:"durable,omitempty"`
 	Seconds    float64          `json:"seconds"`
 	Notes      []string         `json:"notes,omitempty"`
+}
+
+func newBenchResult(c benchConfig) *benchResult {
+	server := "embedded"
+	if c.NATS != "" {
+		server = c.NATS
+	}
+	return &benchResult{
+		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
+			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Delivery: c.Delivery},
+		Machine: machine(),
+	}
+}
+
+// durableResult is the durable run: the same workload sent to a type of
+// durable delivery through JetStream (each publish acknowledged, at most
+// --window of them in flight), beside raw JetStream: a stream of the
+// same configuration, the same publishers, and per shard a pull consumer
+// configured as the type's, on one connection per region, that acks each
+// message. In Throughput and Latency, "natshard" is the durable type and
+// "raw" raw JetStream; a latency sample is the time from a publish to the
+// entity's (or raw consumer's) handling of the message, one at a time.
+type durableResult struct {
+	Msgs     int    `json:"msgs"` // per throughput run
+	Type     string `json:"type"`
+	Stream   string `json:"stream"`     // the type's message stream
+	Raw      string `json:"raw_stream"` // raw JetStream's
+	Storage  string `json:"storage"`    // of both streams
+	Replicas int    `json:"replicas"`   // of both streams and their consumers
+	// Ratio is the durable type's throughput over raw JetStream's: the
+	// median of the rounds' ratios (Throughput.Ratio).
+	Ratio float64 `json:"ratio"`
+	// CoreRatio is the durable type's median msgs/s over core delivery's,
+	// when both ran (--delivery both).
+	CoreRatio  float64          `json:"core_ratio,omitempty"`
+	Throughput throughputResult `json:"throughput"`
+	Latency    *latencyResult   `json:"latency,omitempty"`
 }
 
 type benchConfigView struct {
@@ -264,6 +392,7 @@ type benchConfigView struct {
 	Window   int    `json:"window"`
 	Rounds   int    `json:"rounds"`
 	Requests int    `json:"requests"`
+	Delivery string `json:"delivery"`
 }
 
 type machineView struct {
@@ -300,6 +429,10 @@ type throughputSide struct {
 	// rounds: steadier than msgs/s when other jobs share the machine.
 	// 0 where it is not measured (not unix).
 	CPUPerMsgUS float64 `json:"cpu_us_per_msg"`
+	// Acked and PublishErrors count the publishes JetStream acknowledged
+	// and those it refused or that failed (durable run only).
+	Acked         int64 `json:"acked,omitempty"`
+	PublishErrors int64 `json:"publish_errors,omitempty"`
 }
 
 type latencyResult struct {
@@ -342,29 +475,33 @@ func machine() machineView {
 	return machineView{Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(), NATSServer: server.VERSION}
 }
 
-// print writes the summary table.
+// print writes the summary tables.
 func (r *benchResult) print(out io.Writer) error {
 	c := r.Config
 	fmt.Fprintf(out, "natshard bench: %d regions, %d shards, %d %s entities, %d publishers, %d msgs x %d B, %d rounds; NATS %s\n",
 		c.Regions, c.Shards, c.Entities, c.Kind, c.Pubs, c.Msgs, c.Size, c.Rounds, c.Server)
-	fmt.Fprintf(out, "machine: %s, %d CPUs, %s, nats-server %s\n\n", r.Machine.OS, r.Machine.CPUs, r.Machine.Go, r.Machine.NATSServer)
-	t := r.Throughput
-	rows := [][]any{
-		{"msgs/s (median)", fmt.Sprintf("%.0f", t.Natshard.MsgsPerSec), fmt.Sprintf("%.0f", t.Raw.MsgsPerSec), fmt.Sprintf("x%.2f (median of rounds)", t.Ratio)},
-		{"msgs/s (rounds)", joinRates(t.Natshard.RoundsPerSec, "%.0f"), joinRates(t.Raw.RoundsPerSec, "%.0f"), joinRates(t.RoundsRatio, "%.2f")},
-		{"CPU us/msg (median)", fmt.Sprintf("%.2f", t.Natshard.CPUPerMsgUS), fmt.Sprintf("%.2f", t.Raw.CPUPerMsgUS), fmt.Sprintf("x%.2f (raw/natshard)", t.CPURatio)},
-		{"received/sent", fmt.Sprintf("%d/%d", t.Natshard.Received, t.Natshard.Sent), fmt.Sprintf("%d/%d", t.Raw.Received, t.Raw.Sent), ""},
+	fmt.Fprintf(out, "machine: %s, %d CPUs, %s, nats-server %s\n", r.Machine.OS, r.Machine.CPUs, r.Machine.Go, r.Machine.NATSServer)
+	if len(r.Throughput.RoundsRatio) > 0 {
+		fmt.Fprintln(out)
+		rows := throughputRows(r.Throughput)
+		rows = append(rows, latencyRows(r.Latency, "request", "requests")...)
+		if err := table(out, []string{"", "NATSHARD", "RAW NATS", "RATIO/DIFF"}, rows); err != nil {
+			return err
+		}
 	}
-	if l := r.Latency; l != nil {
-		rows = append(rows,
-			[]any{"request p50", us(l.Natshard.P50US), us(l.Raw.P50US), fmt.Sprintf("%+.0f us", l.P50DiffUS)},
-			[]any{"request p99", us(l.Natshard.P99US), us(l.Raw.P99US), fmt.Sprintf("%+.0f us", l.Natshard.P99US-l.Raw.P99US)},
-			[]any{"request p99.9", us(l.Natshard.P999US), us(l.Raw.P999US), fmt.Sprintf("%+.0f us", l.Natshard.P999US-l.Raw.P999US)},
-			[]any{"requests (errors)", fmt.Sprintf("%d (%d)", l.Natshard.Count, l.Natshard.Errors), fmt.Sprintf("%d (%d)", l.Raw.Count, l.Raw.Errors), ""},
-		)
-	}
-	if err := table(out, []string{"", "NATSHARD", "RAW NATS", "RATIO/DIFF"}, rows); err != nil {
-		return err
+	if d := r.Durable; d != nil {
+		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s (%s storage, replicas %d), publishes acknowledged\n",
+			d.Msgs, d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
+		rows := throughputRows(d.Throughput)
+		t := d.Throughput
+		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})
+		rows = append(rows, latencyRows(d.Latency, "publish to handled", "messages")...)
+		if d.CoreRatio > 0 {
+			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.3f (durable/core natshard)", d.CoreRatio)})
+		}
+		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM", "RATIO/DIFF"}, rows); err != nil {
+			return err
+		}
 	}
 	if h := r.Handoff; h != nil {
 		fmt.Fprintf(out, "\nhandoff of a shard with %d active entities under %.0f msg/s, %d moves: decision to the new owner's first message p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
@@ -379,6 +516,30 @@ func (r *benchResult) print(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "\n%.1f s in all\n", r.Seconds)
 	return nil
+}
+
+// throughputRows are the rows of a table of t: natshard, raw, ratio.
+func throughputRows(t throughputResult) [][]any {
+	return [][]any{
+		{"msgs/s (median)", fmt.Sprintf("%.0f", t.Natshard.MsgsPerSec), fmt.Sprintf("%.0f", t.Raw.MsgsPerSec), fmt.Sprintf("x%.2f (median of rounds)", t.Ratio)},
+		{"msgs/s (rounds)", joinRates(t.Natshard.RoundsPerSec, "%.0f"), joinRates(t.Raw.RoundsPerSec, "%.0f"), joinRates(t.RoundsRatio, "%.2f")},
+		{"CPU us/msg (median)", fmt.Sprintf("%.2f", t.Natshard.CPUPerMsgUS), fmt.Sprintf("%.2f", t.Raw.CPUPerMsgUS), fmt.Sprintf("x%.2f (raw/natshard)", t.CPURatio)},
+		{"received/sent", fmt.Sprintf("%d/%d", t.Natshard.Received, t.Natshard.Sent), fmt.Sprintf("%d/%d", t.Raw.Received, t.Raw.Sent), ""},
+	}
+}
+
+// latencyRows are the rows of a table of l (none for nil): what names a
+// sample, count what they are.
+func latencyRows(l *latencyResult, what, count string) [][]any {
+	if l == nil {
+		return nil
+	}
+	return [][]any{
+		{what + " p50", us(l.Natshard.P50US), us(l.Raw.P50US), fmt.Sprintf("%+.0f us", l.P50DiffUS)},
+		{what + " p99", us(l.Natshard.P99US), us(l.Raw.P99US), fmt.Sprintf("%+.0f us", l.Natshard.P99US-l.Raw.P99US)},
+		{what + " p99.9", us(l.Natshard.P999US), us(l.Raw.P999US), fmt.Sprintf("%+.0f us", l.Natshard.P999US-l.Raw.P999US)},
+		{count + " (errors)", fmt.Sprintf("%d (%d)", l.Natshard.Count, l.Natshard.Errors), fmt.Sprintf("%d (%d)", l.Raw.Count, l.Raw.Errors), ""},
+	}
 }
 
 func us(v float64) string { return fmt.Sprintf("%.0f us", v) }

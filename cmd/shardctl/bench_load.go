@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -53,55 +56,113 @@ type bench struct {
 
 	pubs      []*nats.Conn // publishers, for both sides
 	requester *nats.Conn   // latency and handoff requests, for both sides
-	raw       recvCounter  // what the raw subscribers received
+	raw       recvCounter  // what the raw subscribers (or consumers) received
 	ids       []string     // entity ids
 	natSubj   []string     // natshard subject of each entity
 	rawSubj   []string     // raw subject of each entity: same depth, another prefix
 	payload   []byte       // throughput payload
 	reqBody   []byte       // latency request
+
+	// Durable delivery only: the publishers' JetStream contexts (at most
+	// ackWindow publishes each waiting for their acknowledgement) and the
+	// requester's; what they had acknowledged and what failed.
+	pubJS   []jetstream.JetStream
+	reqJS   jetstream.JetStream
+	acked   atomic.Int64
+	pubErrs atomic.Int64
+	lastErr atomic.Pointer[error] // the last publish that failed
+	// raw JetStream: its stream (a copy of the type's message stream's
+	// configuration), deleted by close, and one pull consumer per shard
+	// (a copy of the type's), each read by a goroutine of rawPulls.
+	rawStream jetstream.StreamConfig
+	rawIters  []jetstream.MessagesContext
+	rawPulls  sync.WaitGroup
 }
 
 // rawPrefix is the first token of the raw NATS side's subjects.
 const rawPrefix = "rawbench"
 
+// rawPullBatch is what each raw consumer's iterator keeps buffered: as a
+// region's (region.pullBatch).
+const rawPullBatch = 256
+
 // newBench opens the publishers and the raw side: one subscriber
 // connection per region, each subscribed to the same shards (raw
-// subjects) as its region.
+// subjects) as its region; with durable delivery, each pulling from a
+// consumer per shard on a stream of raw subjects.
 func newBench(ctx context.Context, sys *benchSystem, prog *progress) (*bench, error) {
-	cfg := sys.cfg
-	b := &bench{ctx: ctx, cfg: cfg, sys: sys, prog: prog}
+	b := &bench{ctx: ctx, cfg: sys.cfg, sys: sys, prog: prog}
+	b.cfg.Msgs = b.cfg.msgsFor(sys.delivery)
+	if err := b.open(); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *bench) durable() bool { return b.sys.delivery == natshard.Durable }
+
+func (b *bench) open() error {
+	cfg, sys := b.cfg, b.sys
 	b.raw.reset(0)
 	sys.handled.reset(0)
 	for i := range cfg.Pubs {
 		nc, err := sys.connect("pub-" + strconv.Itoa(i))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		b.pubs = append(b.pubs, nc)
+		if b.durable() {
+			js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(b.ackWindow()),
+				jetstream.WithPublishAsyncAckHandler(func(jetstream.JetStream, *nats.Msg, *jetstream.PubAck) { b.acked.Add(1) }),
+				jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
+					b.pubErrs.Add(1)
+					b.lastErr.Store(&err)
+				}))
+			if err != nil {
+				return err
+			}
+			b.pubJS = append(b.pubJS, js)
+		}
 	}
 	var err error
 	if b.requester, err = sys.connect("requester"); err != nil {
-		return nil, err
+		return err
+	}
+	var consumer jetstream.ConsumerConfig
+	if b.durable() {
+		if b.reqJS, err = jetstream.New(b.requester); err != nil {
+			return err
+		}
+		if consumer, err = b.openRawStream(); err != nil {
+			return err
+		}
 	}
 	st, err := sys.status()
 	if err != nil {
-		return nil, fmt.Errorf("coordinator status: %w", err)
+		return fmt.Errorf("coordinator status: %w", err)
 	}
 	own := owners(st)
 	for _, id := range sys.regionIDs() {
 		nc, err := sys.connect("raw-" + id)
 		if err != nil {
-			return nil, err
+			return err
+		}
+		if b.durable() {
+			if err := b.pullRaw(nc, consumer, own[id]); err != nil {
+				return err
+			}
+			continue
 		}
 		for _, shard := range own[id] {
 			sub, err := nc.Subscribe(b.rawShard(shard), b.onRaw)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			_ = sub.SetPendingLimits(-1, -1) // as a region's shard subscriptions
 		}
 		if err := nc.Flush(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for i := range cfg.Entities {
@@ -120,15 +181,114 @@ func newBench(ctx context.Context, sys *benchSystem, prog *progress) (*bench, er
 		b.payload = fmt.Appendf(nil, `{"op":"set","key":"v","value":"%s"}`, strings.Repeat("x", cfg.Size-minKVSize))
 		b.reqBody = []byte(`{"op":"get","key":"v"}`)
 	}
-	return b, nil
+	return nil
+}
+
+// ackWindow is how many publishes each publisher may have waiting for
+// their acknowledgement: the --window shared among the publishers.
+func (b *bench) ackWindow() int {
+	return (b.cfg.Window + b.cfg.Pubs - 1) / b.cfg.Pubs
+}
+
+// openRawStream creates raw JetStream's stream, a copy of the
+// configuration of the type's message stream on the raw subjects
+// (without the type's source of fired reminders, which is idle in the
+// bench), and returns the configuration of the type's shard consumers
+// (read from one of them) for the raw ones.
+func (b *bench) openRawStream() (jetstream.ConsumerConfig, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
+	defer cancel()
+	js := b.sys.js
+	nat, err := js.Stream(ctx, kvstate.MessageStream(b.sys.typ))
+	if err != nil {
+		return jetstream.ConsumerConfig{}, fmt.Errorf("the message stream of type %s: %w", b.sys.typ, err)
+	}
+	// Every shard has its consumer once the system settled; their names
+	// are the protocol's (docs/PROTOCOL.md, "Durable delivery").
+	consumer, err := nat.Consumer(ctx, shardConsumer(0))
+	if err != nil {
+		return jetstream.ConsumerConfig{}, fmt.Errorf("the consumer of shard 0 of type %s: %w", b.sys.typ, err)
+	}
+	sc := nat.CachedInfo().Config
+	sc.Name = rawPrefix + "_" + b.sys.typ
+	sc.Description = "shardctl bench: raw JetStream beside type " + b.sys.typ
+	sc.Subjects = []string{rawPrefix + "." + b.sys.typ + ".>"}
+	sc.Sources = nil
+	if _, err := js.Stream(ctx, sc.Name); err == nil {
+		return jetstream.ConsumerConfig{}, fmt.Errorf("%w: stream %s exists on %s already; pass another --type", errUsage, sc.Name, b.sys.url)
+	}
+	if _, err := js.CreateStream(ctx, sc); err != nil {
+		return jetstream.ConsumerConfig{}, fmt.Errorf("raw JetStream stream %s: %w", sc.Name, err)
+	}
+	b.rawStream = sc
+	return consumer.CachedInfo().Config, nil
+}
+
+// shardConsumer is the name of the consumer of shard n of a type's
+// message stream, and of raw JetStream's.
+func shardConsumer(n int) string { return "shard-" + strconv.Itoa(n) }
+
+// pullRaw creates raw JetStream's consumers of shards on nc, configured
+// as the type's (cfg) but for the raw subjects, and reads each in a
+// goroutine of its own as a region reads its shards': pull, count, ack.
+func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []int) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
+	defer cancel()
+	for _, shard := range shards {
+		cc := cfg
+		cc.Name, cc.Durable = "", shardConsumer(shard)
+		cc.Description = "shardctl bench: raw JetStream, shard " + strconv.Itoa(shard)
+		cc.FilterSubject, cc.FilterSubjects = b.rawShard(shard), nil
+		cons, err := js.CreateConsumer(ctx, b.rawStream.Name, cc)
+		if err != nil {
+			return fmt.Errorf("raw JetStream consumer of shard %d: %w", shard, err)
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(rawPullBatch))
+		if err != nil {
+			return err
+		}
+		b.rawIters = append(b.rawIters, it)
+		b.rawPulls.Go(func() {
+			for {
+				m, err := it.Next()
+				switch {
+				case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+					return
+				case err != nil:
+					continue
+				}
+				b.raw.add()
+				_ = m.Ack()
+			}
+		})
+	}
+	return nil
+}
+
+// close stops raw JetStream's consumers and deletes its stream. The
+// connections are the system's.
+func (b *bench) close() {
+	for _, it := range b.rawIters {
+		it.Stop()
+	}
+	b.rawPulls.Wait()
+	if b.rawStream.Name != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
+		_ = b.sys.js.DeleteStream(ctx, b.rawStream.Name)
+		cancel()
+	}
 }
 
 func (b *bench) rawShard(shard int) string {
-	return rawPrefix + "." + b.cfg.Type + "." + strconv.Itoa(shard) + ".>"
+	return rawPrefix + "." + b.sys.typ + "." + strconv.Itoa(shard) + ".>"
 }
 
 func (b *bench) rawEntity(shard int, id string) string {
-	return rawPrefix + "." + b.cfg.Type + "." + strconv.Itoa(shard) + "." + id
+	return rawPrefix + "." + b.sys.typ + "." + strconv.Itoa(shard) + "." + id
 }
 
 // onRaw is the raw side's subscriber and responder.
@@ -139,39 +299,90 @@ func (b *bench) onRaw(m *nats.Msg) {
 	b.raw.add()
 }
 
-// run runs every workload asked for.
-func (b *bench) run() (*benchResult, error) {
-	server := "embedded"
-	if b.cfg.NATS != "" {
-		server = b.cfg.NATS
+// runCore runs the workloads of core delivery into res.
+func (b *bench) runCore(res *benchResult) error {
+	if err := b.rounds(&res.Throughput); err != nil {
+		return err
 	}
+	res.Ratio = res.Throughput.Ratio
 	c := b.cfg
-	res := &benchResult{
-		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
-			Msgs: c.Msgs, Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests},
-		Machine: machine(),
+	if c.Requests > 0 {
+		l, err := b.latency("request latency", "requests", b.request)
+		if err != nil {
+			return err
+		}
+		res.Latency = l
 	}
-	t := &res.Throughput
+	if c.Handoff {
+		h, err := b.handoff()
+		if err != nil {
+			return fmt.Errorf("handoff run: %w", err)
+		}
+		res.Handoff = h
+	}
+	if c.Failover {
+		f, err := b.failover()
+		if err != nil {
+			return fmt.Errorf("failover run: %w", err)
+		}
+		res.Failover = f
+	}
+	return nil
+}
+
+// runDurable runs the workloads of durable delivery into res.Durable.
+func (b *bench) runDurable(res *benchResult) error {
+	d := &durableResult{
+		Msgs: b.cfg.Msgs, Type: b.sys.typ, Stream: kvstate.MessageStream(b.sys.typ), Raw: b.rawStream.Name,
+		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas,
+	}
+	if err := b.rounds(&d.Throughput); err != nil {
+		return err
+	}
+	d.Ratio = d.Throughput.Ratio
+	if b.cfg.Requests > 0 {
+		l, err := b.latency("publish-to-handled latency", "messages", b.publishHandled)
+		if err != nil {
+			return err
+		}
+		d.Latency = l
+	}
+	res.Durable = d
+	return nil
+}
+
+// rounds runs cfg.Rounds throughput runs of each side into t.
+func (b *bench) rounds(t *throughputResult) error {
+	c := b.cfg
+	natName, rawName := "natshard", "raw NATS"
+	if b.durable() {
+		natName, rawName = "natshard durable", "raw JetStream"
+	}
 	var natCPU, rawCPU, cpuRatios []float64
 	for round := range c.Rounds {
 		// Alternate which side goes first, so that neither always runs
 		// on a warmer (or busier) machine.
 		sides := []bool{round%2 == 1, round%2 == 0} // natshard?
 		for _, nat := range sides {
-			side, counter, subjects, name := &t.Raw, &b.raw, b.rawSubj, "raw NATS"
+			side, counter, subjects, name := &t.Raw, &b.raw, b.rawSubj, rawName
 			if nat {
-				side, counter, subjects, name = &t.Natshard, &b.sys.handled, b.natSubj, "natshard"
+				side, counter, subjects, name = &t.Natshard, &b.sys.handled, b.natSubj, natName
 			}
 			label := fmt.Sprintf("throughput %s %d/%d", name, round+1, c.Rounds)
-			failed := b.sys.failed.Load()
+			failed, acked, pubErrs := b.sys.failed.Load(), b.acked.Load(), b.pubErrs.Load()
 			rate, cpu, received, err := b.throughput(label, subjects, counter)
 			side.Sent += int64(c.Msgs)
 			side.Received += received
+			side.Acked += b.acked.Load() - acked
+			side.PublishErrors += b.pubErrs.Load() - pubErrs
 			if nat {
 				side.Errors += b.sys.failed.Load() - failed
 			}
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", label, err)
+				if n := side.PublishErrors; n > 0 {
+					err = fmt.Errorf("%w (%d publishes failed, the last with: %v)", err, n, *b.lastErr.Load())
+				}
+				return fmt.Errorf("%s: %w", label, err)
 			}
 			side.RoundsPerSec = append(side.RoundsPerSec, rate)
 			if nat {
@@ -189,29 +400,7 @@ func (b *bench) run() (*benchResult, error) {
 	t.Natshard.MsgsPerSec = median(t.Natshard.RoundsPerSec)
 	t.Raw.MsgsPerSec = median(t.Raw.RoundsPerSec)
 	t.Ratio = median(t.RoundsRatio)
-	res.Ratio = t.Ratio
-	if c.Requests > 0 {
-		l, err := b.latency()
-		if err != nil {
-			return nil, err
-		}
-		res.Latency = l
-	}
-	if c.Handoff {
-		h, err := b.handoff()
-		if err != nil {
-			return nil, fmt.Errorf("handoff run: %w", err)
-		}
-		res.Handoff = h
-	}
-	if c.Failover {
-		f, err := b.failover()
-		if err != nil {
-			return nil, fmt.Errorf("failover run: %w", err)
-		}
-		res.Failover = f
-	}
-	return res, nil
+	return nil
 }
 
 // throughput publishes cfg.Msgs messages to subjects, entity i%E for
@@ -219,7 +408,9 @@ func (b *bench) run() (*benchResult, error) {
 // returns the messages/s counted at the receiving side (from the first
 // publish to the last message received) and the process's CPU time per
 // message in microseconds. Publishers stop while window messages are
-// published and not yet received.
+// published and not yet received. With durable delivery they publish
+// through JetStream (see send) and end once every publish is
+// acknowledged.
 func (b *bench) throughput(label string, subjects []string, counter *recvCounter) (rate, cpuUS float64, received int64, err error) {
 	total := int64(b.cfg.Msgs)
 	done := counter.reset(total)
@@ -229,11 +420,11 @@ func (b *bench) throughput(label string, subjects []string, counter *recvCounter
 	defer b.prog.clear()
 	start, cpu0 := since0(), processCPU()
 	errs := make(chan error, len(b.pubs))
-	for p, nc := range b.pubs {
+	for p := range b.pubs {
 		go func() {
 			const batch = 64
 			for i := p; i < b.cfg.Msgs; i += len(b.pubs) {
-				if err := nc.Publish(subjects[i%len(subjects)], b.payload); err != nil {
+				if err := b.send(p, subjects[i%len(subjects)]); err != nil {
 					errs <- err
 					return
 				}
@@ -244,7 +435,7 @@ func (b *bench) throughput(label string, subjects []string, counter *recvCounter
 					}
 				}
 			}
-			errs <- nc.Flush()
+			errs <- b.sent(p)
 		}()
 	}
 	for range b.pubs {
@@ -270,39 +461,87 @@ func (b *bench) throughput(label string, subjects []string, counter *recvCounter
 	}
 }
 
-// maxLatencyErrors ends a latency run whose requests fail.
+// send publishes the payload to subject from publisher p: a core
+// publish, or with durable delivery a JetStream publish whose
+// acknowledgement comes later (it waits while the publisher has
+// ackWindow publishes unacknowledged).
+func (b *bench) send(p int, subject string) error {
+	if !b.durable() {
+		return b.pubs[p].Publish(subject, b.payload)
+	}
+	var stalled time.Time
+	for {
+		_, err := b.pubJS[p].PublishAsync(subject, b.payload)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			return err
+		}
+		// No acknowledgement came for 200 ms (nats.go's stall wait): wait
+		// on while some come.
+		if stalled.IsZero() {
+			stalled = time.Now()
+		} else if time.Since(stalled) > 10*time.Second {
+			return fmt.Errorf("%w: %d publishes unacknowledged for 10 s", err, b.pubJS[p].PublishAsyncPending())
+		}
+		if b.ctx.Err() != nil {
+			return b.ctx.Err()
+		}
+	}
+}
+
+// sent returns once what publisher p sent is on its way: flushed, or
+// with durable delivery acknowledged (or failed: pubErrs counts those).
+func (b *bench) sent(p int) error {
+	if !b.durable() {
+		return b.pubs[p].Flush()
+	}
+	js := b.pubJS[p]
+	last, lastAt := js.PublishAsyncPending(), time.Now()
+	for {
+		select {
+		case <-js.PublishAsyncComplete():
+			return nil
+		case <-b.ctx.Done():
+			return b.ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if n := js.PublishAsyncPending(); n != last {
+			last, lastAt = n, time.Now()
+		} else if time.Since(lastAt) > 10*time.Second {
+			return fmt.Errorf("%d publishes unacknowledged for 10 s", n)
+		}
+	}
+}
+
+// maxLatencyErrors ends a latency run whose samples fail.
 const maxLatencyErrors = 20
 
-// latency sends cfg.Requests requests to each side from one requester,
-// one at a time, alternating blocks of 50 between the sides so that both
-// see the same noise, after a warm-up block each.
-func (b *bench) latency() (*latencyResult, error) {
+// latency takes cfg.Requests samples of each side, one at a time,
+// alternating blocks of 50 between the sides so that both see the same
+// noise, after a warm-up block each. sample sends to subject (natshard's
+// when nat) and returns the time it took; what names the samples in
+// errors.
+func (b *bench) latency(label, what string, sample func(nat bool, subject string) (time.Duration, error)) (*latencyResult, error) {
 	const block = 50
 	var nat, raw []time.Duration
 	var natErr, rawErr int
 	n := b.cfg.Requests
 	var k int
 	var asked atomic.Int64 // for the progress bar
-	b.prog.phase("request latency", int64(2*n+2*block), asked.Load)
+	b.prog.phase(label, int64(2*n+2*block), asked.Load)
 	defer b.prog.clear()
-	ask := func(subject string, lat *[]time.Duration, errs *int, count int, keep bool) error {
+	ask := func(isNat bool, subject string, lat *[]time.Duration, errs *int, count int, keep bool) error {
 		for range count {
-			t0 := time.Now()
-			m, err := b.requester.Request(subject, b.reqBody, b.cfg.Timeout)
-			d := time.Since(t0)
+			d, err := sample(isNat, subject)
 			asked.Add(1)
 			if b.ctx.Err() != nil {
 				return b.ctx.Err()
-			}
-			if err == nil && m.Header.Get(protocol.HeaderError) != "" {
-				err = errors.New(m.Header.Get(protocol.HeaderError))
 			}
 			if !keep {
 				continue
 			}
 			if err != nil {
 				if *errs++; *errs == maxLatencyErrors {
-					return fmt.Errorf("latency run: %d requests to %s and others failed, the last with: %w", *errs, subject, err)
+					return fmt.Errorf("latency run: %d %s to %s and others failed, the last with: %w", *errs, what, subject, err)
 				}
 				continue
 			}
@@ -315,19 +554,71 @@ func (b *bench) latency() (*latencyResult, error) {
 		count := min(block, n+block-i)
 		e := k % len(b.ids)
 		k++
-		if err := ask(b.natSubj[e], &nat, &natErr, count, keep); err != nil {
+		if err := ask(true, b.natSubj[e], &nat, &natErr, count, keep); err != nil {
 			return nil, err
 		}
-		if err := ask(b.rawSubj[e], &raw, &rawErr, count, keep); err != nil {
+		if err := ask(false, b.rawSubj[e], &raw, &rawErr, count, keep); err != nil {
 			return nil, err
 		}
 	}
 	l := &latencyResult{Natshard: latencyOf(nat, natErr), Raw: latencyOf(raw, rawErr)}
 	l.P50DiffUS = l.Natshard.P50US - l.Raw.P50US
 	if len(nat) == 0 || len(raw) == 0 {
-		return l, fmt.Errorf("latency run: every request failed (natshard %d errors, raw %d errors)", natErr, rawErr)
+		return l, fmt.Errorf("latency run: every sample failed (natshard %d errors, raw %d errors)", natErr, rawErr)
 	}
 	return l, nil
+}
+
+// request is a sample of core delivery's latency: a request and its
+// answer.
+func (b *bench) request(_ bool, subject string) (time.Duration, error) {
+	t0 := time.Now()
+	m, err := b.requester.Request(subject, b.reqBody, b.cfg.Timeout)
+	d := time.Since(t0)
+	if err == nil && m.Header.Get(protocol.HeaderError) != "" {
+		err = errors.New(m.Header.Get(protocol.HeaderError))
+	}
+	return d, err
+}
+
+// publishHandled is a sample of durable delivery's latency: a JetStream
+// publish of the payload to subject, to the moment its entity (or raw
+// consumer) handled it; it returns once the publish is acknowledged too.
+func (b *bench) publishHandled(nat bool, subject string) (time.Duration, error) {
+	counter := &b.raw
+	if nat {
+		counter = &b.sys.handled
+	}
+	failed := b.sys.failed.Load()
+	done := counter.reset(1)
+	t0 := since0()
+	paf, err := b.reqJS.PublishAsync(subject, b.payload)
+	if err != nil {
+		return 0, err
+	}
+	timeout := time.NewTimer(b.cfg.Timeout)
+	defer timeout.Stop()
+	select {
+	case <-done:
+	case <-timeout.C:
+		return 0, fmt.Errorf("not handled %v after its publish", b.cfg.Timeout)
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	}
+	d := time.Duration(counter.end.Load() - t0)
+	select {
+	case <-paf.Ok():
+	case err := <-paf.Err():
+		return 0, err
+	case <-timeout.C:
+		return 0, fmt.Errorf("handled, but not acknowledged %v after its publish", b.cfg.Timeout)
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	}
+	if b.sys.failed.Load() != failed {
+		return 0, errors.New("the entity failed to handle it")
+	}
+	return d, nil
 }
 
 func latencyOf(d []time.Duration, errs int) latencySide {

@@ -22,15 +22,45 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// benchSystem is what shardctl bench measures: a NATS server (embedded,
-// or the one given with --nats), regions hosting echo or kv entities and
-// one coordinator, all in this process, each a natshard node on a
-// connection of its own, as separate shardd processes would be.
+// benchServer is the NATS server the bench runs on: embedded, or the one
+// given with --nats. Each delivery mode measured gets a benchSystem of
+// its own on it, one after the other.
+type benchServer struct {
+	url string
+	srv *server.Server // nil with --nats
+	dir string         // the embedded server's store
+}
+
+// openBenchServer starts the embedded server, unless cfg.NATS names one.
+func openBenchServer(cfg benchConfig) (*benchServer, error) {
+	if cfg.NATS != "" {
+		return &benchServer{url: cfg.NATS}, nil
+	}
+	srv, dir, err := startBenchServer()
+	if err != nil {
+		return nil, err
+	}
+	return &benchServer{url: srv.ClientURL(), srv: srv, dir: dir}, nil
+}
+
+// close shuts the embedded server down and removes its store.
+func (s *benchServer) close() {
+	if s.srv != nil {
+		s.srv.Shutdown()
+		s.srv.WaitForShutdown()
+		os.RemoveAll(s.dir)
+	}
+}
+
+// benchSystem is what shardctl bench measures: regions hosting echo or kv
+// entities of one type and one coordinator, all in this process, each a
+// natshard node on a connection of its own, as separate shardd processes
+// would be.
 type benchSystem struct {
 	cfg      benchConfig
 	url      string
-	srv      *server.Server // nil with --nats
-	dir      string         // the embedded server's store
+	typ      string            // the type's name
+	delivery natshard.Delivery // the type's delivery mode
 	subjects protocol.Subjects
 	log      *slog.Logger
 	admin    *nats.Conn
@@ -103,25 +133,18 @@ func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error
 
 func (e *probed) Stop(ctx context.Context) error { return e.inner.Stop(ctx) }
 
-// startBenchSystem starts the server (unless cfg.NATS is set), the type,
-// cfg.Regions regions and a coordinator, and waits until every shard is
-// active and served live.
-func startBenchSystem(ctx context.Context, cfg benchConfig) (s *benchSystem, err error) {
-	s = &benchSystem{cfg: cfg, regions: map[string]*benchRegion{}, log: slog.New(slog.DiscardHandler)}
+// startBenchSystem creates the type typ of the given delivery on srv,
+// starts cfg.Regions regions and a coordinator, and waits until every
+// shard is active and served live.
+func startBenchSystem(ctx context.Context, cfg benchConfig, srv *benchServer, typ string, delivery natshard.Delivery) (s *benchSystem, err error) {
+	s = &benchSystem{cfg: cfg, url: srv.url, typ: typ, delivery: delivery, regions: map[string]*benchRegion{}, log: slog.New(slog.DiscardHandler)}
 	defer func() {
 		if err != nil {
 			s.close()
 			s = nil
 		}
 	}()
-	s.url = cfg.NATS
-	if s.url == "" {
-		if s.srv, s.dir, err = startBenchServer(); err != nil {
-			return s, err
-		}
-		s.url = s.srv.ClientURL()
-	}
-	if s.subjects, err = protocol.NewSubjects(cfg.DataPrefix, cfg.ControlPrefix, cfg.Type); err != nil {
+	if s.subjects, err = protocol.NewSubjects(cfg.DataPrefix, cfg.ControlPrefix, typ); err != nil {
 		return s, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if s.admin, err = s.connect("admin"); err != nil {
@@ -132,12 +155,12 @@ func startBenchSystem(ctx context.Context, cfg benchConfig) (s *benchSystem, err
 	}
 	if cfg.NATS != "" {
 		// Never touch a type that exists: the bench deletes what it made.
-		if _, err := s.js.KeyValue(ctx, kvstate.BucketName(cfg.Type)); err == nil {
-			return s, fmt.Errorf("%w: type %q exists on %s already; pass another --type", errUsage, cfg.Type, s.url)
+		if _, err := s.js.KeyValue(ctx, kvstate.BucketName(typ)); err == nil {
+			return s, fmt.Errorf("%w: type %q exists on %s already; pass another --type", errUsage, typ, s.url)
 		}
 	}
-	if _, err := kvstate.Open(ctx, s.js, cfg.Type, kvstate.Options{}); err != nil {
-		return s, fmt.Errorf("open the bench type %q: %w", cfg.Type, err)
+	if _, err := kvstate.Open(ctx, s.js, typ, kvstate.Options{}); err != nil {
+		return s, fmt.Errorf("open the bench type %q: %w", typ, err)
 	}
 	s.created = true
 	for range cfg.Regions {
@@ -196,7 +219,7 @@ func (s *benchSystem) connect(name string) (*nats.Conn, error) {
 // never rebalanced but when asked (waitBalanced asks).
 func (s *benchSystem) benchType(entity natshard.Factory) natshard.Type {
 	return natshard.Type{
-		Name: s.cfg.Type, Kind: s.cfg.Kind, Entity: entity, Shards: s.cfg.Shards,
+		Name: s.typ, Kind: s.cfg.Kind, Entity: entity, Shards: s.cfg.Shards, Delivery: s.delivery,
 		MinRegions: s.cfg.Regions, RebalanceInterval: natshard.Off,
 	}
 }
@@ -284,8 +307,8 @@ func (s *benchSystem) startCoordinator(ctx context.Context) error {
 	return nil
 }
 
-// close stops everything and, on a server given with --nats, deletes the
-// type's bucket and buffer stream.
+// close stops the nodes and, on a server given with --nats, deletes the
+// type's bucket and streams. The server stays (benchServer.close).
 func (s *benchSystem) close() {
 	for _, id := range s.regionIDs() {
 		r := s.region(id)
@@ -299,8 +322,12 @@ func (s *benchSystem) close() {
 	}
 	if s.cfg.NATS != "" && s.created {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
-		_ = s.js.DeleteKeyValue(ctx, kvstate.BucketName(s.cfg.Type))
-		_ = s.js.DeleteStream(ctx, kvstate.BufferStream(s.cfg.Type))
+		_ = s.js.DeleteKeyValue(ctx, kvstate.BucketName(s.typ))
+		_ = s.js.DeleteStream(ctx, kvstate.BufferStream(s.typ))
+		if s.delivery == natshard.Durable {
+			_ = s.js.DeleteStream(ctx, kvstate.MessageStream(s.typ))
+			_ = s.js.DeleteStream(ctx, kvstate.ReminderStream(s.typ))
+		}
 		cancel()
 	}
 	s.mu.Lock()
@@ -309,11 +336,6 @@ func (s *benchSystem) close() {
 	s.mu.Unlock()
 	for _, nc := range conns {
 		nc.Close()
-	}
-	if s.srv != nil {
-		s.srv.Shutdown()
-		s.srv.WaitForShutdown()
-		os.RemoveAll(s.dir)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -14,16 +15,28 @@ import (
 // bench runs shardctl with args and decodes its JSON output.
 func benchJSON(t *testing.T, args ...string) benchResult {
 	t.Helper()
+	res, _ := benchJSONRaw(t, args...)
+	return res
+}
+
+// benchJSONRaw is benchJSON that also returns the JSON as generic
+// values, to check the field names.
+func benchJSONRaw(t *testing.T, args ...string) (benchResult, map[string]any) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("shardctl %v: %v\n%s", args, err, stderr.String())
 	}
 	var res benchResult
+	var raw map[string]any
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		t.Fatalf("shardctl %v printed no JSON: %v\n%s", args, err, stdout.String())
 	}
-	return res
+	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	return res, raw
 }
 
 // checkCounts checks what must hold whatever the machine's speed: every
@@ -89,6 +102,118 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// checkDurable checks the durable run's figures whatever the machine's
+// speed: every message published was acknowledged and handled on each
+// side, the rates, ratios and percentiles are positive and finite.
+func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
+	t.Helper()
+	if d == nil {
+		t.Fatal("no durable run")
+	}
+	sane := func(name string, v float64) {
+		if v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			t.Errorf("durable %s = %v, want positive and finite", name, v)
+		}
+	}
+	tp := d.Throughput
+	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw} {
+		if want := int64(msgs * rounds); side.Sent != want || side.Received != want || side.Acked != want || side.PublishErrors != 0 || side.Errors != 0 {
+			t.Errorf("durable %s: sent %d, received %d, acked %d, publish errors %d, errors %d; want %d sent, received and acked",
+				name, side.Sent, side.Received, side.Acked, side.PublishErrors, side.Errors, want)
+		}
+		if len(side.RoundsPerSec) != rounds {
+			t.Errorf("durable %s: %d rounds, want %d", name, len(side.RoundsPerSec), rounds)
+		}
+		sane(name+" msgs/s", side.MsgsPerSec)
+		for _, r := range side.RoundsPerSec {
+			sane(name+" round msgs/s", r)
+		}
+		if side.CPUPerMsgUS < 0 || math.IsInf(side.CPUPerMsgUS, 0) || math.IsNaN(side.CPUPerMsgUS) {
+			t.Errorf("durable %s: CPU per message %v", name, side.CPUPerMsgUS)
+		}
+	}
+	sane("ratio", d.Ratio)
+	if d.Ratio != tp.Ratio || len(tp.RoundsRatio) != rounds {
+		t.Errorf("durable ratio %v, throughput ratio %v, rounds %v", d.Ratio, tp.Ratio, tp.RoundsRatio)
+	}
+	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != 1 || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream {
+		t.Errorf("durable run %+v", d)
+	}
+	l := d.Latency
+	if l == nil {
+		t.Fatal("no durable latency run")
+	}
+	for name, side := range map[string]latencySide{"natshard": l.Natshard, "raw": l.Raw} {
+		if side.Count != samples || side.Errors != 0 || side.P50US <= 0 || side.P50US > side.P99US || side.P99US > side.P999US || side.P999US > side.MaxUS || math.IsInf(side.MaxUS, 0) {
+			t.Errorf("durable %s latency: %+v, want %d samples and ordered percentiles", name, side, samples)
+		}
+	}
+}
+
+// TestBenchDurable runs both delivery modes in one run against a NATS
+// server of the test, checks the durable figures and their JSON names,
+// and that nothing of the bench is left on the server; then durable
+// delivery alone, whose JSON has no core figures.
+func TestBenchDurable(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	res, raw := benchJSONRaw(t, "--nats", url, "bench", "--json", "--delivery", "both", "--shards", "8", "--entities", "20",
+		"--msgs", "400", "--pubs", "2", "--rounds", "2", "--requests", "40", "--window", "50")
+	checkCounts(t, res, 400, 2, 40)
+	checkDurable(t, res.Durable, 400, 2, 40)
+	if c := res.Durable.CoreRatio; c <= 0 || math.IsInf(c, 0) {
+		t.Errorf("durable against core: %v", c)
+	}
+	if res.Config.Delivery != "both" || res.Durable.Type != res.Config.Type+"-durable" {
+		t.Errorf("config %+v, durable type %q", res.Config, res.Durable.Type)
+	}
+	// The new fields, by their JSON names.
+	d, _ := raw["durable"].(map[string]any)
+	for _, k := range []string{"msgs", "type", "stream", "raw_stream", "storage", "replicas", "ratio", "core_ratio", "throughput", "latency"} {
+		if _, ok := d[k]; !ok {
+			t.Errorf("durable has no %q: %v", k, d)
+		}
+	}
+	dt, _ := d["throughput"].(map[string]any)
+	for _, side := range []string{"natshard", "raw"} {
+		s, _ := dt[side].(map[string]any)
+		for _, k := range []string{"msgs_per_sec", "rounds_msgs_per_sec", "cpu_us_per_msg", "acked", "sent", "received"} {
+			if _, ok := s[k]; !ok {
+				t.Errorf("durable throughput %s has no %q: %v", side, k, s)
+			}
+		}
+	}
+	if _, ok := raw["throughput"].(map[string]any)["natshard"].(map[string]any)["acked"]; ok {
+		t.Error("core throughput has acked")
+	}
+	// Nothing of either type is left on the server.
+	nc := natstest.Connect(t, url)
+	js := natstest.JetStream(t, nc)
+	ctx := context.Background()
+	for _, typ := range []string{res.Config.Type, res.Durable.Type} {
+		if _, err := js.KeyValue(ctx, kvstate.BucketName(typ)); err == nil {
+			t.Errorf("bucket of type %s left on the server", typ)
+		}
+	}
+	for _, name := range []string{kvstate.BufferStream(res.Config.Type), kvstate.BufferStream(res.Durable.Type), res.Durable.Stream,
+		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw} {
+		if _, err := js.Stream(ctx, name); err == nil {
+			t.Errorf("stream %s left on the server", name)
+		}
+	}
+
+	res, raw = benchJSONRaw(t, "bench", "--json", "--delivery", "durable", "--kind", "kv", "--shards", "4", "--entities", "10",
+		"--msgs", "200", "--rounds", "1", "--requests", "20")
+	checkDurable(t, res.Durable, 200, 1, 20)
+	for _, k := range []string{"ratio", "throughput", "latency"} {
+		if _, ok := raw[k]; ok {
+			t.Errorf("durable delivery alone printed the core field %q", k)
+		}
+	}
+	if res.Durable.CoreRatio != 0 || res.Config.Msgs != 200 || res.Durable.Type != "bench-durable" {
+		t.Errorf("durable alone: core ratio %v, config %+v, type %q", res.Durable.CoreRatio, res.Config, res.Durable.Type)
+	}
+}
+
 // TestBenchKV: kv entities persist each message; the counts hold too.
 func TestBenchKV(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
@@ -117,6 +242,26 @@ func TestBenchTable(t *testing.T) {
 	}
 }
 
+func TestBenchTableDurable(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--delivery", "durable", "--shards", "4", "--entities", "4", "--msgs", "100", "--rounds", "1", "--requests", "10", "--progress"},
+		func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"durable delivery: 100 msgs per round", "NATSHARD DURABLE", "RAW JETSTREAM", "100/100", "acked (publish errors)", "100 (0)", "publish to handled p99.9", "messages (errors)"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if strings.Contains(stdout.String(), "RAW NATS") {
+		t.Errorf("durable delivery alone printed core's table:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "throughput raw JetStream 1/1") {
+		t.Errorf("--progress drew no durable bar on stderr: %q", stderr.String())
+	}
+}
+
 func TestBenchFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -136,6 +281,10 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--handoff", "--regions", "1"}, "need --regions 2 or more"},
 		{[]string{"bench", "--failover", "--kills", "0"}, "--kills must be at least 1"},
 		{[]string{"bench", "--rate", "0"}, "--rate must be positive"},
+		{[]string{"bench", "--delivery", "jetstream"}, "--delivery must be core, durable or both"},
+		{[]string{"bench", "--delivery", "durable", "--handoff"}, "--handoff and --failover measure core delivery"},
+		{[]string{"bench", "--delivery", "both", "--msgs", "-1"}, "--msgs (-1) must be at least --pubs (2)"},
+		{[]string{"bench", "--delivery", "durable", "--type", strings.Repeat("t", 60)}, "longer than 64"},
 		{[]string{"--timeout", "0s", "bench"}, "--timeout must be positive"},
 		{[]string{"bench", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"bench", "--type", "a b"}, "invalid name"},

@@ -198,12 +198,15 @@ shardctl rebalance --wait`,
 			long: authHelp, examples: authExamples,
 		},
 		{
-			name: "bench", args: "[flags]", short: "throughput and latency through entities beside raw NATS", group: "Set up and measure", local: localBench,
+			name: "bench", args: "[flags]", short: "throughput and latency through entities beside raw NATS or JetStream", group: "Set up and measure", local: localBench,
 			long: `Runs, in one process, an embedded NATS server (or uses --nats), regions
 and a coordinator, and prints messages/s and request latency through
 entities beside the same workload on raw NATS, with the ratio.
+--delivery durable (or both) does the same with a type of durable
+delivery, publishing through JetStream, beside raw JetStream.
 --handoff and --failover add handoffs under load and region crashes.`,
 			examples: `shardctl bench
+shardctl bench --delivery both --json
 shardctl bench --handoff --failover --json`,
 		},
 		{
