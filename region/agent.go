@@ -276,7 +276,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	go a.passivationLoop(a.ctx)
 	if a.recorder != nil {
 		a.wg.Add(1)
-		go a.recorder.run(a.ctx)
+		go a.recorder.run(a.recorder.ctx)
 	}
 	go a.run()
 	a.log.Info("region registered", "incarnation", a.incarnation)
@@ -561,6 +561,9 @@ func (a *Agent) Close(ctx context.Context) error {
 	<-a.loopDone
 	a.cancel()
 	err := a.host.stopAll(ctx)
+	if a.recorder != nil {
+		a.recorder.stop() // after the entities' forgets
+	}
 	a.wg.Wait()
 	// The lease loop has ended: no renewal races the release.
 	a.renewMu.Lock()

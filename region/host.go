@@ -172,6 +172,12 @@ type shardEntities struct {
 	// handled counts the messages the shard's entities finished (see
 	// status.go), under the lock each entity's goroutine takes anyway.
 	handled handledCounts
+	// forgotten: the remembered entities that passivated themselves
+	// before the restart of the shard's remembered entities ended
+	// (restarted); start skips them, since the list it works from may
+	// have been read before they were forgotten.
+	forgotten map[string]struct{}
+	restarted bool
 }
 
 // Stop states of a cell.
@@ -311,7 +317,8 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 func (h *host) start(shard int, id string) bool {
 	se := h.shardFor(shard)
 	se.mu.Lock()
-	if se.closing || se.cells[id] != nil {
+	_, forgotten := se.forgotten[id]
+	if se.closing || se.cells[id] != nil || forgotten {
 		se.mu.Unlock()
 		return false
 	}
@@ -321,6 +328,19 @@ func (h *host) start(shard int, id string) bool {
 	se.mu.Unlock()
 	go h.run(se, shard, id, c)
 	return true
+}
+
+// restartsDone: the restart of shard's remembered entities ended; the
+// entities that passivate themselves from now on need not be kept.
+func (h *host) restartsDone(shard int) {
+	h.mu.RLock()
+	se := h.shards[shard]
+	h.mu.RUnlock()
+	if se != nil {
+		se.mu.Lock()
+		se.restarted, se.forgotten = true, nil
+		se.mu.Unlock()
+	}
 }
 
 // passivate asks entity id of shard to stop once the message it handles
@@ -442,6 +462,12 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 			// incarnation handles the messages queued or to come.
 			forget := c.remembered && h.forget != nil
 			c.passivate, c.remembered = false, false
+			if forget && !se.restarted {
+				if se.forgotten == nil {
+					se.forgotten = make(map[string]struct{})
+				}
+				se.forgotten[id] = struct{}{}
+			}
 			se.mu.Unlock()
 			h.stopEntity(shard, id, ent)
 			h.passivations.Add(1)

@@ -50,6 +50,8 @@ const (
 type entityRecorder struct {
 	store RememberStore
 	a     *Agent
+	ctx   context.Context // of run
+	stop  context.CancelFunc
 
 	mu    sync.Mutex
 	queue []recordReq
@@ -58,11 +60,15 @@ type entityRecorder struct {
 
 type recordReq struct {
 	rec  kvstate.EntityRecord
-	done chan error // nil for a forget: nobody waits
+	done chan error
 }
 
 func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
-	return &entityRecorder{store: store, a: a, kick: make(chan struct{}, 1)}
+	r := &entityRecorder{store: store, a: a, kick: make(chan struct{}, 1)}
+	// Its own context, ended by Agent.Close once the entities have
+	// stopped: the forgets of entities stopping in Close are written.
+	r.ctx, r.stop = context.WithCancel(context.Background())
+	return r
 }
 
 // remember records entity id of shard and returns once it is stored.
@@ -77,9 +83,19 @@ func (r *entityRecorder) remember(ctx context.Context, shard int, id string) err
 	}
 }
 
-// forget queues the removal of entity id of shard; it does not wait.
+// forget removes entity id of shard from the record and returns once that
+// is stored (or failed: the entity then stays remembered, and is started
+// again by its shard's next owner). It runs on the entity's goroutine,
+// which its shard's stop waits for: so a shard's next owner, which reads
+// the record when it takes the shard, does not start an entity that
+// passivated itself just before the move (or the process's Close).
 func (r *entityRecorder) forget(shard int, id string) {
-	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}})
+	done := make(chan error, 1)
+	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done})
+	select {
+	case <-done:
+	case <-r.ctx.Done():
+	}
 }
 
 func (r *entityRecorder) push(req recordReq) {
@@ -104,9 +120,7 @@ func (r *entityRecorder) run(ctx context.Context) {
 			r.queue = nil
 			r.mu.Unlock()
 			for _, req := range queue {
-				if req.done != nil {
-					req.done <- ErrClosed
-				}
+				req.done <- ErrClosed
 			}
 			return
 		case <-r.kick:
@@ -129,9 +143,8 @@ func (r *entityRecorder) run(ctx context.Context) {
 			cancel()
 			forgets := 0
 			for _, req := range batch {
-				if req.done != nil {
-					req.done <- err
-				} else {
+				req.done <- err
+				if req.rec.Forget {
 					forgets++
 				}
 			}
@@ -180,6 +193,7 @@ func (p *pacer) wait(ctx context.Context) bool {
 // in its life life, at the region's rate, until they are all started or
 // the shard is no longer live here.
 func (a *Agent) restartRemembered(n int, life uint64) {
+	defer a.host.restartsDone(n)
 	began := time.Now()
 	var ids []string
 	for backoff := retryFirst; ; backoff = min(2*backoff, retryMax) {
