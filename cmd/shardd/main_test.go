@@ -417,13 +417,26 @@ func TestRunHTTP(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
-	code, body := get("/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d", code)
-	}
-	for _, want := range []string{`natshard_region_shards{mode="live",region="solo",type="kv"} 8`, `natshard_coordinator_leader{region="solo",type="kv"} 1`, "go_goroutines ", "process_resident_memory_bytes ", "go_build_info{"} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %q", want)
+	// Ready means serving what the region was given: the coordinator may
+	// not have given it all eight shards yet, so /metrics is read until
+	// they are live.
+	wants := []string{`natshard_region_shards{mode="live",region="solo",type="kv"} 8`, `natshard_coordinator_leader{region="solo",type="kv"} 1`, "go_goroutines ", "process_resident_memory_bytes ", "go_build_info{"}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, body := get("/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("/metrics: %d", code)
+		}
+		var missing []string
+		for _, want := range wants {
+			if !strings.Contains(body, want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q", missing)
 		}
 	}
 	if code, body := get("/ui/"); code != http.StatusOK || !strings.Contains(body, "<title>natshard shard map</title>") {
