@@ -211,9 +211,11 @@ func TestCoreBind(t *testing.T) {
 	if g := only[GoLive](w.acts); len(g) != 1 || g[0].Shard != 1 || w.c.Mode(1) != modeLive {
 		t.Fatalf("caught up: %s", describeActions(w.acts))
 	}
-	// A bind of held shards subscribes nothing and is answered at once.
+	// A bind of held shards subscribes nothing and is answered at once,
+	// naming those served live (1; 2 still replays): a coordinator that
+	// parked them meanwhile discards what it diverted.
 	again := w.cmd(protocol.CmdBind, 1, 1, 2)
-	if r := w.answer(again); r.Error != "" || len(only[BindShards](w.acts)) != 0 {
+	if r := w.answer(again); r.Error != "" || len(only[BindShards](w.acts)) != 0 || !slices.Equal(r.Live, []int{1}) {
 		t.Fatalf("bind again: %+v %s", r, describeActions(w.acts))
 	}
 	// A stale catch-up (of an earlier life) changes nothing.
