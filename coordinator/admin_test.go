@@ -25,15 +25,7 @@ func TestPinsThroughTheAdminAPI(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
 	openRegion(t, nc, store, buffer, subjects, "r1", entities.Echo())
-	start := func(name string) (stop func()) {
-		cctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name}).Run(cctx)
-		}()
-		return func() { cancel(); <-done }
-	}
+	start := func(name string) (stop func()) { return startCoordinator(nc, store, buffer, subjects, name) }
 	stop := start("c1")
 	waitFor(t, "a coordinator answers", func() error { _, err := status(nc, subjects); return err })
 

@@ -56,6 +56,18 @@ func openRegion(t *testing.T, nc *nats.Conn, store *kvstate.Store, buffer *kvsta
 	return agent
 }
 
+// startCoordinator runs coordinator candidate name on the type opened by
+// openType until the returned stop is called.
+func startCoordinator(nc *nats.Conn, store *kvstate.Store, buffer *kvstate.Buffer, subjects protocol.Subjects, name string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name}).Run(ctx)
+	}()
+	return func() { cancel(); <-done }
+}
+
 func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
 	var st protocol.Status
 	m, err := nc.Request(s.Admin(protocol.AdminStatus), nil, time.Second)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -30,15 +29,7 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 	rec := &recorder{got: map[string][]string{}}
 	openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
 
-	runCoordinator := func(name string) (stop func()) {
-		cctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name}).Run(cctx)
-		}()
-		return func() { cancel(); <-done }
-	}
+	runCoordinator := func(name string) (stop func()) { return startCoordinator(nc, store, buffer, subjects, name) }
 	const x = 3
 	row := func(st protocol.Status) protocol.ShardView { return st.Table[x] }
 	waitShard := func(what, state, region string) {
