@@ -63,13 +63,14 @@ var (
 	mDupes     = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their Nats-Msg-Id was delivered since the shard was bound.", prometheus.CounterValue, nil}
 
 	mActivations  = metricDesc{"natshard_entity_activations_total", "Entities activated (their factory returned one).", prometheus.CounterValue, nil}
-	mPassivations = metricDesc{"natshard_entity_passivations_total", "Entities passivated: idle (stopped after the idle timeout), beyond the active-entity limit (the least recently used), or at their own request (Env.Passivate).", prometheus.CounterValue, nil}
-	mOverLimit    = metricDesc{"natshard_entity_passivations_over_limit_total", "Of the passivations, those of the least recently used entities while the region held more than its active-entity limit (MaxActive).", prometheus.CounterValue, nil}
+	mPassivations = metricDesc{"natshard_entity_passivations_total", "Entities passivated: idle (stopped after the idle timeout), beyond the active-entity limit (chosen by its passivation policy), or at their own request (Env.Passivate).", prometheus.CounterValue, nil}
+	mOverLimit    = metricDesc{"natshard_entity_passivations_over_limit_total", "Of the passivations, those chosen by the passivation policy (PassivationPolicy) while the region held more than its active-entity limit (MaxActive).", prometheus.CounterValue, nil}
 	mRestarts     = metricDesc{"natshard_entity_restarts_total", "Remembered entities started again without a message, after their shard came to this region (Type.Remember).", prometheus.CounterValue, nil}
 	mActive       = metricDesc{"natshard_entities_active", "Entities held by the region.", prometheus.GaugeValue, nil}
 
-	mRegionShards     = metricDesc{"natshard_region_shards", "Shards held by the region, by mode: replaying (bound, replaying the buffer), live, paused (handing off).", prometheus.GaugeValue, []string{"mode"}}
+	mRegionShards     = metricDesc{"natshard_region_shards", "Shards held by the region, by mode: replaying (bound, replaying the buffer), live, paused (handing off), suspended (held while the region confirms them after a reconnect to NATS).", prometheus.GaugeValue, []string{"mode"}}
 	mRegistered       = metricDesc{"natshard_region_registered", "1 while the region has a registration (its lease), 0 while it is fenced.", prometheus.GaugeValue, nil}
+	mSuspended        = metricDesc{"natshard_region_suspensions_total", "Times the region's connection to NATS dropped while it was registered: its live shards held what arrived until it confirmed them (or fenced).", prometheus.CounterValue, nil}
 	mFenced           = metricDesc{"natshard_region_fenced_total", "Times the region fenced itself: stopped serving every shard (lost registration, renewals failing, connection lost).", prometheus.CounterValue, nil}
 	mRegionRenewFails = metricDesc{"natshard_region_lease_renewals_failed_total", "Renewals of the region's registration that failed.", prometheus.CounterValue, nil}
 	mCommandsRefused  = metricDesc{"natshard_region_commands_refused_total", "Coordinator commands the region refused (stale epoch, another incarnation, malformed).", prometheus.CounterValue, nil}
@@ -92,7 +93,7 @@ var (
 	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message stream (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
 
 	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes,
-		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mRegionRenewFails, mCommandsRefused,
+		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mSuspended, mRegionRenewFails, mCommandsRefused,
 		mStreamMsgs}
 	coordinatorMetrics = []metricDesc{mLeader, mEpoch, mTerms, mCoordRenewFails, mTable, mStarted, mCompleted, mTimedOut, mForced,
 		mRounds, mRoundMoves, mParked, mParkRefused}
@@ -220,7 +221,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 		{mBuffered, s.Buffered.Load()}, {mReplayed, s.Replayed.Load()}, {mHeld, s.Held.Load()},
 		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
 		{mRestarts, s.Restarted.Load()},
-		{mFenced, s.Fenced.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
+		{mFenced, s.Fenced.Load()}, {mSuspended, s.Suspended.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
 	} {
 		m.emit(ch, c.d, float64(c.n), typ)
 	}
@@ -228,6 +229,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 	m.emit(ch, mRegionShards, float64(st.Replaying), typ, "replaying")
 	m.emit(ch, mRegionShards, float64(st.Live), typ, "live")
 	m.emit(ch, mRegionShards, float64(st.Paused), typ, "paused")
+	m.emit(ch, mRegionShards, float64(st.Suspended), typ, "suspended")
 	m.emit(ch, mRegistered, bool01(st.Registered), typ)
 }
 

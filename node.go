@@ -44,9 +44,11 @@ var (
 // candidate. Start one with Start (or Run), stop it with Stop (graceful:
 // its shards move to the other processes first) or Close (fast).
 //
-// A Node applies every safety rule of natshard: it stops serving every
-// shard the moment its connection drops (so that a reconnection cannot
-// bring back shards the coordinator gave to another process meanwhile),
+// A Node applies every safety rule of natshard: it serves no shard from
+// the moment its connection drops until, reconnected, it has renewed its
+// registration and read which shards are still its own (so that a
+// reconnection cannot bring back shards the coordinator gave to another
+// process meanwhile),
 // chooses lease TTLs and the handoff grace from the servers it reaches,
 // refuses to join a type whose stored shard count, strategy or kind it
 // disagrees with, refuses a region id that another live process serves,
@@ -305,19 +307,28 @@ func (n *Node) connectSystem(url string, su *sysUser, extra []nats.Option) error
 	return nil
 }
 
-// watchConn fences every region when the connection drops, so that
-// nats.go's resubscription after a reconnect cannot bring back shards
-// that the coordinator may have moved meanwhile; each region registers a
-// new incarnation, which starts with no shard. A closed connection ends
-// the node.
+// watchConn suspends every region when the connection drops: nats.go
+// subscribes again on reconnect, and the coordinator may have moved a
+// shard meanwhile, so a region serves nothing (it holds what arrives)
+// until it has confirmed its shards once reconnected (region.Agent.Suspend).
+// A closed connection ends the node.
 func (n *Node) watchConn() {
 	defer close(n.watchDone)
 	for st := range n.status {
 		switch st {
 		case nats.RECONNECTING:
-			n.fence("disconnected from NATS")
+			for _, h := range n.hostedTypes() {
+				if h.agent != nil {
+					h.agent.Suspend("disconnected from NATS")
+				}
+			}
 		case nats.CONNECTED:
 			n.log.Info("reconnected to NATS", "url", n.nc.ConnectedUrl())
+			for _, h := range n.hostedTypes() {
+				if h.agent != nil {
+					h.agent.Reconnected()
+				}
+			}
 		case nats.CLOSED:
 			n.fence("the NATS connection is closed")
 			n.finish(ErrConnectionClosed)
@@ -382,7 +393,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		cfg := region.Config{
 			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards,
 			ID: n.opts.Region, Version: n.opts.Version, Factory: h.factory,
-			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
+			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, PassivationPolicy: t.PassivationPolicy, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
 			MaxHeld: t.BufferSize, Logger: log, Trace: h.traceMessage,
 		}
 		if t.Remember {

@@ -199,8 +199,9 @@ func TestClusterLeaseAndGrace(t *testing.T) {
 }
 
 // TestCallersConnection: with a connection the caller owns, the node
-// fences its regions when the connection drops (and registers a new
-// incarnation once it is back), leaves the caller's own handlers alone,
+// suspends its regions when the connection drops and, once it is back,
+// renews their registration naming the new connection and serves again
+// (the same incarnation: nothing fenced), leaves the caller's own handlers alone,
 // leaves the connection open when it stops, and ends (ErrConnectionClosed)
 // when the caller closes it.
 func TestCallersConnection(t *testing.T) {
@@ -222,17 +223,25 @@ func TestCallersConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := typeStore(t, natstest.URL(srv), "t")
-	before := registration(t, store, "mine")
+	before := registered(t, store, "mine")
 
-	// The server restarts: the node fences, and registers anew.
+	// The server restarts: the node suspends the region, which renews its
+	// registration, naming its new connection, once back.
 	natstest.Shutdown(srv)
 	disconnects.Wait() // the caller's handler still runs
 	srv = natstest.RunServerWithOptions(t, opts)
 	store = typeStore(t, natstest.URL(srv), "t")
 	deadline := time.Now().Add(20 * time.Second)
-	for registration(t, store, "mine") == before {
+	for {
+		now := registered(t, store, "mine")
+		if now.Conn != before.Conn && !now.Conn.IsZero() {
+			if now.Incarnation != before.Incarnation {
+				t.Fatalf("the region registered a new incarnation (it fenced): %+v, was %+v", now, before)
+			}
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the region did not register a new incarnation after the reconnect: it was not fenced")
+			t.Fatalf("the region did not renew its registration with its new connection: %+v, was %+v", now, before)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -276,11 +285,17 @@ func typeStore(t *testing.T, url, typ string) *kvstate.Store {
 // registration is the incarnation registered for region id ("" none).
 func registration(t *testing.T, store *kvstate.Store, id string) string {
 	t.Helper()
+	return registered(t, store, id).Incarnation
+}
+
+// registered is region id's registration; zero when it has none.
+func registered(t *testing.T, store *kvstate.Store, id string) protocol.RegionInfo {
+	t.Helper()
 	info, _, err := store.Region(context.Background(), id)
 	if err != nil {
-		return ""
+		return protocol.RegionInfo{}
 	}
-	return info.Incarnation
+	return info
 }
 
 // blockingEntity's Handle waits for its context to end.
@@ -386,15 +401,21 @@ func TestStateStore(t *testing.T) {
 }
 
 // TestMaxActive: a region with Type.MaxActive holds at most that many
-// idle entities; the least recently used go, their passivations are
-// counted, and a passivated entity comes back on its next message.
+// idle entities; the default policy (W-TinyLFU) keeps the one used often
+// and passivates newcomers used once, their passivations are counted,
+// and a passivated entity comes back on its next message.
 func TestMaxActive(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
 	n := mustStartOn(t, url, "a", natshard.Type{Name: "t", Shards: 4, MaxActive: 50, Entity: newEnvEntity})
 	c := natshard.NewClient(natstest.Connect(t, url))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for i := range 200 {
+	for range 5 {
+		if _, err := c.Request(ctx, "t", "e0", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < 200; i++ {
 		if _, err := c.Request(ctx, "t", fmt.Sprintf("e%d", i), nil); err != nil {
 			t.Fatal(err)
 		}
@@ -414,11 +435,19 @@ func TestMaxActive(t *testing.T) {
 	if st.OverLimit < 150 || st.Passivations < st.OverLimit || st.Activations != 200 {
 		t.Fatalf("activations %d, passivations %d, over the limit %d: want 200 activations and at least 150 passivated for the limit", st.Activations, st.Passivations, st.OverLimit)
 	}
-	// e0 was used first: passivated; a message brings it back.
-	if data, err := c.Request(ctx, "t", "e0", []byte("again")); err != nil || !strings.HasSuffix(string(data), "again") {
-		t.Fatalf("e0 after its passivation: %q %v", data, err)
+	// e0 was used five times: still active.
+	if _, err := c.Request(ctx, "t", "e0", nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = n.Stats("t"); st.Activations != 200 {
+		t.Fatalf("activations %d after a message to e0, used often, want 200 (it stayed active)", st.Activations)
+	}
+	// e100, used once, came after the main area had filled: passivated;
+	// a message brings it back.
+	if data, err := c.Request(ctx, "t", "e100", []byte("again")); err != nil || !strings.HasSuffix(string(data), "again") {
+		t.Fatalf("e100 after its passivation: %q %v", data, err)
 	}
 	if st, _ = n.Stats("t"); st.Activations != 201 {
-		t.Fatalf("activations %d after e0's return, want 201", st.Activations)
+		t.Fatalf("activations %d after e100's return, want 201", st.Activations)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
@@ -48,6 +49,19 @@ const (
 	Durable Delivery = protocol.DeliveryDurable
 )
 
+// Passivation policies of the active-entity limit (Type.PassivationPolicy).
+const (
+	// PassivationWTinyLFU, the default: an admission window (LRU, 1 % of
+	// the limit) before a segmented LRU (80 % protected) whose entities a
+	// newcomer displaces only when a frequency sketch counts it more
+	// often; Akka Cluster Sharding's default strategy, without its
+	// adaptive window. Entities used once pass without displacing the
+	// frequent ones.
+	PassivationWTinyLFU = passivation.WTinyLFU
+	// PassivationLRU passivates the least recently used first.
+	PassivationLRU = passivation.LRU
+)
+
 // Type is an entity type hosted by a Node: its name, its entities, and its
 // knobs. A zero field means the value the type stores (for the shard
 // count, the strategy and the kind) or else the default (Default*); every
@@ -84,11 +98,15 @@ type Type struct {
 	// IdleTimeout passivates entities idle this long; Off never.
 	IdleTimeout time.Duration
 	// MaxActive caps the entities active in this process's region of the
-	// type: beyond it, the least recently used idle entities are
-	// passivated, within 100 ms (Akka's active-entity limit, with LRU).
-	// 0 means no limit. Not stored: each process sets its own. Ignored
+	// type: beyond it, the idle entities PassivationPolicy values least
+	// are passivated, within 100 ms (Akka's active-entity limit). 0
+	// means no limit. Not stored: each process sets its own. Ignored
 	// with Remember, whose entities are never passivated but on request.
 	MaxActive int
+	// PassivationPolicy chooses the entities MaxActive passivates:
+	// PassivationWTinyLFU ("w-tinylfu", the default, as "") or
+	// PassivationLRU ("lru"). Not stored.
+	PassivationPolicy string
 	// HandOffTimeout: how long a region may take to pause a shard before
 	// the coordinator reallocates it.
 	HandOffTimeout time.Duration
@@ -179,6 +197,9 @@ func (t Type) withLocalDefaults() Type {
 	if t.RestartRate == 0 {
 		t.RestartRate = DefaultRestartRate
 	}
+	if t.PassivationPolicy == "" {
+		t.PassivationPolicy = PassivationWTinyLFU
+	}
 	if t.Remember {
 		t.IdleTimeout = Off
 	}
@@ -239,6 +260,9 @@ func (t *Type) validate() error {
 	}
 	if t.MaxActive < 0 {
 		errs = append(errs, fmt.Errorf("MaxActive: %d is negative (0: no limit)", t.MaxActive))
+	}
+	if t.PassivationPolicy != "" && t.PassivationPolicy != PassivationWTinyLFU && t.PassivationPolicy != PassivationLRU {
+		errs = append(errs, fmt.Errorf("PassivationPolicy: %q is neither %q nor %q", t.PassivationPolicy, PassivationWTinyLFU, PassivationLRU))
 	}
 	if t.MaxMoves < 0 {
 		errs = append(errs, fmt.Errorf("MaxMoves: %d is negative", t.MaxMoves))

@@ -49,6 +49,7 @@ func BenchmarkIdleEntities(b *testing.B) {
 		b.ReportMetric(r.perEntity, "B/entity")
 		b.ReportMetric(float64(r.goroutines), "goroutines")
 		b.ReportMetric(r.activate.Seconds(), "activate-s")
+		b.ReportMetric(float64(r.entities)/r.activate.Seconds(), "activations/s")
 		b.ReportMetric(float64(r.stop)/1e6, "stop-ms")
 		b.Log(r)
 		report("BenchmarkIdleEntities: " + r.String())

@@ -74,7 +74,12 @@ type sysConfig struct {
 	// plain: regions host echo entities as they are, without the probe
 	// (BenchmarkIdleEntities measures what they cost).
 	plain bool
+	// shards of the type; 0: shardCount. Entity subjects assume
+	// shardCount: a system of another count carries no entity traffic.
+	shards int
 }
+
+func (c sysConfig) shardCount() int { return cmp.Or(c.shards, shardCount) }
 
 // system is a NATS server with JetStream, regions and one coordinator,
 // all in this process, each on its own connection.
@@ -90,6 +95,10 @@ type system struct {
 	mu      sync.Mutex
 	regions map[string]*node
 	probes  atomic.Pointer[[]*probe] // every region's, for handled()
+
+	// allocated is the time from the coordinator's start to every shard
+	// active and balanced, allocatedAt when it started (tracer time).
+	allocated, allocatedAt time.Duration
 
 	closeMu sync.Mutex
 	closers []func() // run in reverse by close
@@ -135,8 +144,10 @@ func startSystem(tb testing.TB, cfg sysConfig) *system {
 	for _, id := range cfg.regions {
 		s.startRegion(id)
 	}
+	s.allocatedAt = now()
 	s.startCoordinator()
-	s.waitSettled(30*time.Second, len(cfg.regions), shardCount)
+	s.waitSettled(30*time.Second+time.Duration(cfg.shardCount())*5*time.Millisecond, len(cfg.regions), cfg.shardCount())
+	s.allocated = now() - s.allocatedAt
 	return s
 }
 
@@ -168,7 +179,7 @@ func (s *system) connect(name string, opts ...nats.Option) *nats.Conn {
 // benchType is the system's entity type, its entities made by entity.
 func (s *system) benchType(entity natshard.Factory) natshard.Type {
 	return natshard.Type{
-		Name: entityType, Kind: "echo", Entity: entity, Shards: shardCount,
+		Name: entityType, Kind: "echo", Entity: entity, Shards: s.cfg.shardCount(),
 		MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance,
 	}
 }

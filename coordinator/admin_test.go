@@ -132,14 +132,8 @@ func TestLoadAwareWithRealLoadReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1",
-			Strategy: strategy, MinRegions: 2, RebalanceInterval: -1}).Run(cctx)
-	}()
-	defer func() { cancel(); <-done }()
+	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1",
+		Strategy: strategy, MinRegions: 2, RebalanceInterval: -1})()
 	waitFor(t, "shards 0 and 2 on r1", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {

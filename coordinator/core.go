@@ -20,6 +20,13 @@ type CoreConfig struct {
 	MinRegions int
 	// ProbeEvery: ticks between probes of each region (default 5).
 	ProbeEvery int
+	// Silence: ticks of nothing but "no responders" from a region, probe
+	// after probe (one every tick through a silence), before it is
+	// removed (default 3). Longer than a client's reconnect to another
+	// server, which a region rides through (region.Agent.Suspend); a
+	// server's report that the client closed or reset its connection
+	// (ConnClosed.ByClient) removes it at the first "no responders".
+	Silence int
 	// Retry: ticks after which an unanswered command is sent again
 	// (default 10).
 	Retry int
@@ -54,6 +61,7 @@ func (c *CoreConfig) setDefaults() {
 		}
 	}
 	def(&c.ProbeEvery, 5)
+	def(&c.Silence, 3)
 	def(&c.Retry, 10)
 	def(&c.HandOffTimeout, 100)
 	def(&c.RebalanceEvery, 20)
@@ -107,6 +115,14 @@ type step struct {
 type regionState struct {
 	RegionSeen
 	probedAt int
+	// A silence: "no responders" since tick silentAt, when the
+	// registration was at silentRev (the removal is a compare-and-delete
+	// at that revision); connGone: a server reported that the client
+	// closed the connection the registration names.
+	silent    bool
+	silentAt  int
+	silentRev uint64
+	connGone  bool
 }
 
 // Errors of Core.Move, Core.Drain, Core.Undrain and Core.Pin.
@@ -233,7 +249,7 @@ func (c *Core) Step(ev Event) []Action {
 			}
 		}
 	case ConnClosed:
-		c.connClosed(ev.Conn)
+		c.connClosed(ev)
 	case CommandDone:
 		c.commandDone(ev)
 	case Unparked:
@@ -329,6 +345,12 @@ func (c *Core) regionUp(seen RegionSeen) {
 			if old.Info.Leaving != seen.Info.Leaving {
 				c.flux()
 			}
+			if seen.Revision != old.Revision {
+				// Renewed: the region is there (back from a reconnect, it
+				// names its new connection); a removal at the old revision
+				// would fail anyway.
+				old.silent, old.connGone = false, false
+			}
 			old.RegionSeen = seen
 			c.moveOffLeaving()
 			return
@@ -374,16 +396,37 @@ func (c *Core) regionGone(id string) {
 // connection, now and at the next tick (in a cluster the report may reach
 // the coordinator before the end of the region's interest reaches every
 // server: a probe then times out rather than find no responders).
-func (c *Core) connClosed(conn protocol.ConnID) {
-	if conn.IsZero() {
+func (c *Core) connClosed(ev ConnClosed) {
+	if ev.Conn.IsZero() {
 		return
 	}
 	for _, id := range c.sortedRegionIDs() {
-		if r := c.regions[id]; r.Info.Conn == conn {
+		if r := c.regions[id]; r.Info.Conn == ev.Conn {
+			r.connGone = r.connGone || ev.ByClient
 			c.probe(r)
 			r.probedAt = c.tick - c.cfg.ProbeEvery + 1
 		}
 	}
+}
+
+// silence counts a "no responders" to command s of region r: the
+// region's subscriptions are gone from the servers. Its connection may be
+// coming back (a client reconnects to another server within
+// milliseconds, and a region rides that through), so the region is probed
+// every tick and removed once it has been silent for Silence ticks, or at
+// once when a server reported that its client closed or reset it. The
+// removal is a compare-and-delete at the revision of the registration
+// when the silence began: a region that renewed since keeps it. Its
+// shards are rescued when the watch reports the registration gone.
+func (c *Core) silence(r *regionState, s Send) {
+	if !r.silent {
+		r.silent, r.silentAt, r.silentRev = true, s.At, s.Revision
+	}
+	if r.connGone || s.At-r.silentAt >= c.cfg.Silence {
+		c.out = append(c.out, RemoveRegion{ID: r.Info.ID, Revision: r.silentRev})
+		return
+	}
+	r.probedAt = c.tick - c.cfg.ProbeEvery + 1 // probe it again at the next tick
 }
 
 // sourceGone: the source of a binding shard died before it wrote its end
@@ -407,10 +450,12 @@ func (c *Core) commandDone(ev CommandDone) {
 	if !ok || r.Info.Incarnation != s.Command.Incarnation {
 		return // about a region or incarnation that is gone: nothing to do
 	}
+	if ev.Outcome != NoResponders {
+		r.silent = false // it answered, or the outcome proves nothing (a timeout)
+	}
 	switch ev.Outcome {
 	case NoResponders:
-		c.out = append(c.out, RemoveRegion{ID: s.Region, Revision: r.Revision})
-		c.regionGone(s.Region)
+		c.silence(r, s)
 		return
 	case Failed:
 		return // resent by Tick
@@ -707,7 +752,7 @@ func (c *Core) probe(r *regionState) {
 }
 
 func (c *Core) send(r *regionState, kind protocol.CommandKind, shards []int, handoffs []uint64) {
-	c.out = append(c.out, Send{At: c.tick, Region: r.Info.ID, Command: protocol.Command{
+	c.out = append(c.out, Send{At: c.tick, Revision: r.Revision, Region: r.Info.ID, Command: protocol.Command{
 		Kind: kind, Epoch: c.epoch, Coordinator: c.self, Incarnation: r.Info.Incarnation, Shards: shards, Handoffs: handoffs,
 	}})
 }

@@ -65,18 +65,23 @@ func TestMinRegionsWaitsThenSpreads(t *testing.T) {
 	}
 }
 
-func TestCrashParksAndRehomes(t *testing.T) {
+// sixShardsOnAB is a simulation of 6 shards on regions a and b, and its
+// table then.
+func sixShardsOnAB(t *testing.T) (*sim, []protocol.ShardRecord) {
+	t.Helper()
 	cfg := testConfig(6)
 	cfg.MinRegions = 2
 	s := newSim(t, cfg)
 	s.join("a")
 	s.join("b")
-	before := s.c.Table()
+	return s, s.c.Table()
+}
+
+func TestCrashParksAndRehomes(t *testing.T) {
+	s, before := sixShardsOnAB(t)
 	s.crash("b")
-	var parkedSeen bool
-	for range cfg.ProbeEvery {
+	for range s.c.cfg.ProbeEvery + s.c.cfg.Silence {
 		s.run(s.c.Tick())
-		parkedSeen = parkedSeen || len(s.parked) > 0
 	}
 	s.settled()
 	if c := s.counts(); c["a"] != 6 {
@@ -89,17 +94,13 @@ func TestCrashParksAndRehomes(t *testing.T) {
 	}
 }
 
-// TestConnClosedProbesAtOnce: the server reports a region's connection
-// closed; the coordinator probes it at once (no tick passes), finds no
-// responders, and re-homes its shards. A report about a connection no
-// region has, or about a live region, moves nothing.
+// TestConnClosedProbesAtOnce: the server reports that a region's client
+// closed its connection; the coordinator probes it at once (no tick
+// passes), finds no responders, removes it and re-homes its shards. A
+// report about a connection no region has, or about a live region, moves
+// nothing.
 func TestConnClosedProbesAtOnce(t *testing.T) {
-	cfg := testConfig(6)
-	cfg.MinRegions = 2
-	s := newSim(t, cfg)
-	s.join("a")
-	s.join("b")
-	before := s.c.Table()
+	s, before := sixShardsOnAB(t)
 	s.run(s.c.Step(ConnClosed{Conn: protocol.ConnID{Server: "srv", Client: 99}}))
 	s.run(s.c.Step(ConnClosed{Conn: s.regions["a"].conn})) // a still answers
 	s.run(s.c.Step(ConnClosed{}))
@@ -107,10 +108,58 @@ func TestConnClosedProbesAtOnce(t *testing.T) {
 		t.Fatal("reports of other or live connections changed the table")
 	}
 	s.crash("b")
-	s.run(s.c.Step(ConnClosed{Conn: s.regions["b"].conn}))
+	s.run(s.c.Step(ConnClosed{Conn: s.regions["b"].conn, ByClient: true}))
 	s.settled()
 	if c := s.counts(); c["a"] != 6 {
 		t.Fatalf("want every shard on a without a tick, got %v", c)
+	}
+}
+
+// TestSilenceBeforeRemoval: a region whose subscriptions are gone from the
+// servers ("no responders") may be reconnecting, and rides that through
+// (region.Agent.Suspend). The coordinator removes it only after Silence
+// ticks of nothing but "no responders" (or at once when a server reported
+// that its client closed the connection), by a compare-and-delete at the
+// revision the silence began at, and rescues its shards only once the
+// removal succeeded. A region that renewed its registration meanwhile
+// keeps it and its shards, and so does one whose connection the server
+// closed (not the client: it may be reconnecting).
+func TestSilenceBeforeRemoval(t *testing.T) {
+	s, before := sixShardsOnAB(t)
+	b := s.regions["b"]
+
+	// b drops off NATS: the server closed its connection, a probe finds
+	// no responders; for Silence-1 ticks nothing changes.
+	b.dead = true
+	s.run(s.c.Step(ConnClosed{Conn: b.conn}))
+	s.ticks(s.c.cfg.Silence - 1)
+	if !slices.Equal(before, s.c.Table()) || len(s.removed) > 0 {
+		t.Fatalf("the table changed, or a region was removed (%v), within the silence", s.removed)
+	}
+	// b is back on another connection and renews; the removal that the
+	// next "no responders" would have made is at the old revision.
+	b.dead = false
+	b.conn = protocol.ConnID{Server: "srv2", Client: 7}
+	stale := b.rev
+	s.renew("b", false)
+	s.run([]Action{RemoveRegion{ID: "b", Revision: stale}}) // as a late action of the silence would
+	s.ticks(3 * s.c.cfg.ProbeEvery)
+	if !slices.Equal(before, s.c.Table()) || len(s.removed) > 0 {
+		t.Fatalf("a region that renewed lost shards, or was removed (%v)", s.removed)
+	}
+
+	// b goes silent for good: removed after the silence, at the revision
+	// of its renewal, and its shards go to a.
+	b.dead = true
+	for range s.c.cfg.ProbeEvery + s.c.cfg.Silence {
+		s.run(s.c.Tick())
+	}
+	if !slices.Equal(s.removed, []string{"b"}) {
+		t.Fatalf("removed %v, want b", s.removed)
+	}
+	s.settled()
+	if c := s.counts(); c["a"] != 6 {
+		t.Fatalf("want every shard on a, got %v", c)
 	}
 }
 
@@ -152,6 +201,7 @@ func TestSourceDiesMidHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.run(acts)
+	s.ticks(s.c.cfg.Silence)
 	s.settled()
 	if c := s.counts(); c["b"] != 4 {
 		t.Fatalf("want every shard on b, got %v", c)
@@ -170,6 +220,7 @@ func TestSourceDiesAfterPausing(t *testing.T) {
 	}
 	acts, _ := s.c.Move(sh, "b")
 	s.run(acts)
+	s.ticks(s.c.cfg.Silence + s.c.cfg.Retry)
 	s.settled()
 	if s.owner(sh) != "b" {
 		t.Fatalf("shard %d on %s", sh, s.owner(sh))
@@ -411,7 +462,7 @@ func TestRandomHistories(t *testing.T) {
 				epoch++
 				var regions []RegionSeen
 				for _, id := range alive {
-					regions = append(regions, RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: s.regions[id].inc}})
+					regions = append(regions, RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: s.regions[id].inc}, Revision: s.regions[id].rev})
 				}
 				c, acts := NewCore(cfg, "coord", epoch, s.c.Table(), regions)
 				s.c = c

@@ -15,7 +15,34 @@ type Disconnects interface {
 	// Subscribe calls closed, from a goroutine of its own, with every
 	// client connection that closes, until unsubscribe is called. closed
 	// must not block.
-	Subscribe(closed func(protocol.ConnID)) (unsubscribe func(), err error)
+	Subscribe(closed func(Disconnect)) (unsubscribe func(), err error)
+}
+
+// Disconnect is a client connection that a NATS server closed.
+type Disconnect struct {
+	Conn protocol.ConnID
+	// ByClient: the client's end closed it: the server read the end of
+	// its socket ("Client Closed": the process closed the connection, or
+	// died with nothing unread) or a reset ("Read Error": the process died
+	// with data it had not read, as a process killed under load usually
+	// has). No process is reconnecting behind it. Otherwise the
+	// server closed it (a stale connection, a slow consumer, a server
+	// shutting down...) and the client may be reconnecting.
+	ByClient bool
+}
+
+// Reasons of a DisconnectEventMsg (nats-server's ClosedState strings) for
+// a connection that its client's end closed: the end of its socket (EOF),
+// or any other read error, a reset above all.
+const (
+	reasonClientClosed = "Client Closed"
+	reasonReadError    = "Read Error"
+)
+
+// byClient reports whether a DisconnectEventMsg's reason says the
+// client's end closed the connection (Disconnect.ByClient).
+func byClient(reason string) bool {
+	return reason == reasonClientClosed || reason == reasonReadError
 }
 
 // DisconnectSubject is where NATS servers publish, on their system
@@ -45,14 +72,15 @@ type disconnectEvent struct {
 	Client struct {
 		ID uint64 `json:"id"`
 	} `json:"client"`
+	Reason string `json:"reason"`
 }
 
-func (a advisories) Subscribe(closed func(protocol.ConnID)) (func(), error) {
+func (a advisories) Subscribe(closed func(Disconnect)) (func(), error) {
 	sub, err := a.nc.Subscribe(DisconnectSubject, func(m *nats.Msg) {
 		var ev disconnectEvent
 		if json.Unmarshal(m.Data, &ev) == nil {
 			if c := (protocol.ConnID{Server: ev.Server.ID, Client: ev.Client.ID}); !c.IsZero() {
-				closed(c)
+				closed(Disconnect{Conn: c, ByClient: byClient(ev.Reason)})
 			}
 		}
 	})

@@ -24,8 +24,13 @@ type RegionsSynced struct{ IDs []string }
 
 // ConnClosed: a NATS server reports that this client connection closed
 // (Config.Disconnects). The region it belonged to is probed at once, and
-// again at the next tick: the probe is the proof.
-type ConnClosed struct{ Conn protocol.ConnID }
+// again at the next tick: the probe is the proof. ByClient: the client's
+// end closed or reset it (see Disconnect), so that the first "no
+// responders" removes the region without waiting for Silence.
+type ConnClosed struct {
+	Conn     protocol.ConnID
+	ByClient bool
+}
 
 // Outcome classifies the answer to a command.
 type Outcome int
@@ -35,7 +40,8 @@ const (
 	// OK: the region answered without error.
 	OK Outcome = iota
 	// NoResponders: nobody listens on the region's command subject: the
-	// region's connection is gone from the server.
+	// region's connection is gone from the servers (it may be
+	// reconnecting: see CoreConfig.Silence).
 	NoResponders
 	// Failed: a timeout or transport error: the region may still be there.
 	Failed
@@ -82,13 +88,18 @@ type WriteShard struct{ Record protocol.ShardRecord }
 // Send: send the command to the region's command subject and report the
 // outcome with a CommandDone event. Sends may run concurrently.
 type Send struct {
-	Region  string
-	Command protocol.Command
-	At      int // the core's tick when the command was decided
+	Region   string
+	Command  protocol.Command
+	At       int    // the core's tick when the command was decided
+	Revision uint64 // the region's registration revision then
 }
 
 // RemoveRegion: delete the region's registration if it is still at
-// Revision: the region was found dead.
+// Revision: the region was found dead. The core forgets the region, and
+// rescues its shards, when the watch of the registrations reports it gone
+// (RegionGone), that is only once the removal succeeded: a region that
+// renewed its registration since (back from a reconnect) keeps it and its
+// shards.
 type RemoveRegion struct {
 	ID       string
 	Revision uint64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -26,13 +27,7 @@ import (
 // runCandidate runs a coordinator candidate until the test ends.
 func runCandidate(t *testing.T, cfg coordinator.Config) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		coordinator.New(cfg).Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(runNode(cfg))
 }
 
 // candidateConfig is a candidate named name on its own connection nc.
@@ -96,8 +91,10 @@ func TestDeposeHolderWhoseConnectionClosed(t *testing.T) {
 				conns[name] = natstest.Connect(t, url)
 				cfg := candidateConfig(t, conns[name], name)
 				if advisories {
-					// Only an advisory makes the candidate probe again.
-					cfg.HolderProbe = time.Hour
+					// Only an advisory makes the candidate probe again,
+					// and deposes the holder at once: nobody reconnects
+					// behind a connection its client closed.
+					cfg.HolderProbe, cfg.HolderSilence = time.Hour, time.Hour
 					cfg.Disconnects = coordinator.DisconnectAdvisories(natstest.Connect(t, url, nats.UserInfo(natstest.SystemUser, natstest.SystemPassword)))
 				}
 				runCandidate(t, cfg)
@@ -282,5 +279,82 @@ func TestRegionCrashFoundByAdvisory(t *testing.T) {
 		if s.Region == "a" && !slices.ContainsFunc(after.Table, func(v protocol.ShardView) bool { return v.Shard == s.Shard && v.Region == "a" }) {
 			t.Errorf("shard %d of the live region moved", s.Shard)
 		}
+	}
+}
+
+// resetDialer dials TCP and keeps the connection, so that a test can
+// reset it (SO_LINGER 0: the kernel sends RST, as it does for a process
+// killed with data it has not read).
+type resetDialer struct{ conn *net.TCPConn }
+
+func (d *resetDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := net.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	d.conn = c.(*net.TCPConn)
+	return c, nil
+}
+
+// TestDisconnectAdvisoryReasons reads a real server's advisories for
+// connections ended three ways: closed by the client, reset by the
+// client's kernel (a process killed under load), and closed by the server
+// (here kicked; a stale connection alike). The first two mean no process
+// is reconnecting behind the connection (Disconnect.ByClient), so the
+// coordinator removes the region without waiting for the silence.
+func TestDisconnectAdvisoryReasons(t *testing.T) {
+	srv := natstest.RunServerWithOptions(t, natstest.WithSystemAccount(natstest.DefaultOptions(t)))
+	url := natstest.URL(srv)
+	sys := natstest.Connect(t, url, nats.UserInfo(natstest.SystemUser, natstest.SystemPassword))
+	got := make(chan coordinator.Disconnect, 16)
+	unsubscribe, err := coordinator.DisconnectAdvisories(sys).Subscribe(func(d coordinator.Disconnect) { got <- d })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unsubscribe()
+
+	for _, tc := range []struct {
+		name     string
+		end      func(nc *nats.Conn, d *resetDialer) error
+		byClient bool
+	}{
+		{"closed by the client", func(nc *nats.Conn, _ *resetDialer) error { nc.Close(); return nil }, true},
+		{"reset by the client's kernel", func(_ *nats.Conn, d *resetDialer) error {
+			if err := d.conn.SetLinger(0); err != nil {
+				return err
+			}
+			return d.conn.Close()
+		}, true},
+		{"closed by the server", func(nc *nats.Conn, _ *resetDialer) error {
+			return srv.DisconnectClientByID(protocol.ConnIDOf(nc).Client)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &resetDialer{}
+			nc, err := nats.Connect(url, nats.SetCustomDialer(d), nats.NoReconnect())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			id := protocol.ConnIDOf(nc)
+			if err := tc.end(nc, d); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.After(10 * time.Second)
+			for {
+				select {
+				case ev := <-got:
+					if ev.Conn != id {
+						continue // another test's connection
+					}
+					if ev.ByClient != tc.byClient {
+						t.Fatalf("advisory for %v: ByClient %v, want %v", id, ev.ByClient, tc.byClient)
+					}
+					return
+				case <-deadline:
+					t.Fatalf("no advisory for %v", id)
+				}
+			}
+		})
 	}
 }

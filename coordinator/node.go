@@ -68,7 +68,8 @@ type Config struct {
 	Region     string
 	Strategy   strategies.Strategy // default least-shard with the default limits
 	MinRegions int
-	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4.
+	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4, at
+	// most every second (renewal.Interval).
 	LeaseTTL       time.Duration
 	Tick           time.Duration // one core tick
 	CommandTimeout time.Duration // bound on each command to a region
@@ -159,13 +160,13 @@ type Node struct {
 	log *slog.Logger
 	// closed: connections the servers reported closed (Config.Disconnects),
 	// read by whichever of the leader or the candidate runs.
-	closed chan protocol.ConnID
+	closed chan Disconnect
 }
 
 // New returns a candidate; it does nothing until Run.
 func New(cfg Config) *Node {
 	cfg.setDefaults()
-	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), closed: make(chan protocol.ConnID, 64)}
+	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), closed: make(chan Disconnect, 64)}
 }
 
 // Run campaigns and leads until ctx ends; then it releases the lease if it
@@ -181,7 +182,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	defer probes.stop()
 	if n.cfg.Disconnects != nil {
-		unsubscribe, err := n.cfg.Disconnects.Subscribe(func(c protocol.ConnID) {
+		unsubscribe, err := n.cfg.Disconnects.Subscribe(func(c Disconnect) {
 			select {
 			case n.closed <- c:
 			default: // full: the probes find it anyway
@@ -241,6 +242,7 @@ type leader struct {
 	admin     chan *nats.Msg
 	parker    *parker
 	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
+	removed   map[string]bool                // regions whose registration this leader removed (found dead), until announced gone
 	roundAt   time.Time                      // when the current rebalance round was planned
 	track     *moveTracker
 }
@@ -308,7 +310,7 @@ func (l *leader) lead(ctx context.Context) error {
 		ids[i] = r.Info.ID
 	}
 	l.log.Info("leading", "epoch", epoch, "regions", ids, "rows", len(table), "pins", len(pins))
-	l.seen = map[string]protocol.RegionInfo{}
+	l.seen, l.removed = map[string]protocol.RegionInfo{}, map[string]bool{}
 	for _, r := range core.Regions() {
 		l.seen[r.Info.ID] = r.Info
 	}
@@ -358,7 +360,7 @@ func (l *leader) lead(ctx context.Context) error {
 			}
 			acts = core.Tick()
 		case c := <-l.closed:
-			acts = core.Step(ConnClosed{Conn: c})
+			acts = core.Step(ConnClosed(c))
 		case m := <-l.admin:
 			if err := l.answerAdmin(ctx, m); err != nil {
 				return err
@@ -377,7 +379,7 @@ func (l *leader) lead(ctx context.Context) error {
 func (l *leader) renew(ctx context.Context) (bool, error) {
 	sent := time.Now()
 	stepDownAt := renewal.Deadline(l.renewedAt, l.cfg.LeaseTTL)
-	rctx, cancel := context.WithDeadline(ctx, stepDownAt)
+	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(l.renewedAt, sent, l.cfg.LeaseTTL))
 	lease, err := l.cfg.Store.Renew(rctx, l.lease, l.info)
 	cancel()
 	if err == nil {
@@ -426,7 +428,12 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 		case Send:
 			go l.send(ctx, a)
 		case RemoveRegion:
-			if err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); err != nil && !errors.Is(err, kvstate.ErrConflict) {
+			switch err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); {
+			case err == nil:
+				l.removed[a.ID] = true
+			case errors.Is(err, kvstate.ErrConflict):
+				l.log.Debug("a silent region's registration changed since its silence began (renewed, or removed already): not removed", "region", a.ID)
+			default:
 				l.log.Warn("cannot remove dead region's registration", "region", a.ID, "err", err)
 			}
 		case StepDown:
@@ -688,8 +695,9 @@ func (l *leader) announceRegions(acts []Action) {
 	for _, id := range slices.Sorted(maps.Keys(l.seen)) {
 		if _, ok := now[id]; !ok {
 			why := "its registration expired or was deleted"
-			if slices.ContainsFunc(acts, func(a Action) bool { r, ok := a.(RemoveRegion); return ok && r.ID == id }) {
+			if l.removed[id] {
 				why = "found dead: no responders on its command subject"
+				delete(l.removed, id)
 			}
 			l.log.Info("region gone: its shards are re-homed", "region", id, "why", why)
 			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: id})

@@ -59,11 +59,17 @@ func openRegion(t *testing.T, nc *nats.Conn, store *kvstate.Store, buffer *kvsta
 // startCoordinator runs coordinator candidate name on the type opened by
 // openType until the returned stop is called.
 func startCoordinator(nc *nats.Conn, store *kvstate.Store, buffer *kvstate.Buffer, subjects protocol.Subjects, name string) (stop func()) {
+	return runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name})
+}
+
+// runNode runs a coordinator candidate with cfg until stop is called,
+// which returns once the candidate has stopped.
+func runNode(cfg coordinator.Config) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name}).Run(ctx)
+		coordinator.New(cfg).Run(ctx)
 	}()
 	return func() { cancel(); <-done }
 }
@@ -102,24 +108,13 @@ func TestGracefulHandover(t *testing.T) {
 
 	// A long TTL: a takeover within the test's deadline proves a release.
 	const ttl = 30 * time.Second
-	type candidate struct {
-		cancel context.CancelFunc
-		done   chan struct{}
+	start := func(name string) func() {
+		return runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name, LeaseTTL: ttl})
 	}
-	start := func(name string) candidate {
-		cctx, cancel := context.WithCancel(ctx)
-		c := candidate{cancel: cancel, done: make(chan struct{})}
-		go func() {
-			defer close(c.done)
-			coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: name, LeaseTTL: ttl}).Run(cctx)
-		}()
-		return c
-	}
-	cands := map[string]candidate{"c1": start("c1"), "c2": start("c2")}
+	cands := map[string]func(){"c1": start("c1"), "c2": start("c2")}
 	defer func() {
-		for _, c := range cands {
-			c.cancel()
-			<-c.done
+		for _, stop := range cands {
+			stop()
 		}
 	}()
 	var first protocol.Status
@@ -142,8 +137,7 @@ func TestGracefulHandover(t *testing.T) {
 	leader := first.Coordinator.Region
 	other := map[string]string{"c1": "c2", "c2": "c1"}[leader]
 
-	cands[leader].cancel()
-	<-cands[leader].done
+	cands[leader]()
 	var next protocol.Status
 	waitFor(t, "the other candidate leads", func() error {
 		var err error
@@ -229,14 +223,7 @@ func (recEntity) Stop(context.Context) error { return nil }
 // region exists is answered then.
 func TestParkedUntilFirstRegion(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
-	ctx := context.Background()
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		coordinator.New(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c"}).Run(cctx)
-	}()
-	defer func() { cancel(); <-done }()
+	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c"})()
 	waitFor(t, "every shard parked", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {

@@ -14,10 +14,12 @@ import (
 // no shard is live in two regions, and no shard is diverted (by a region or
 // the coordinator) while a region serves it live.
 type sim struct {
-	t       *testing.T
+	t       testing.TB
 	c       *Core
 	regions map[string]*simRegion
 	table   map[int]protocol.ShardRecord // rows as written so far by WriteShard actions
+	rev     uint64                       // the registrations' last revision
+	removed []string                     // regions removed by RemoveRegion actions that succeeded
 	parked  map[int]uint64               // shards the coordinator diverts, with handoff id
 	markers map[int][]uint64             // end markers written per shard
 	pins    map[int]string               // pins as written by WritePin actions
@@ -28,35 +30,67 @@ type sim struct {
 	rounds    []RoundPlanned // rebalance rounds reported
 	done      []RoundDone
 	noRounds  []string // reasons reported for no round
+	// unchecked skips the invariant checks (benchmarks measure the core,
+	// not the checks); writes and sends count the table writes and the
+	// commands the core asked for.
+	unchecked     bool
+	writes, sends int
 }
 
 type simRegion struct {
 	id, inc string
 	conn    protocol.ConnID // its NATS connection, as its registration names it
+	rev     uint64          // its registration's revision; 0: removed
 	dead    bool
 	modes   map[int]string  // shard -> live, hold, divert
 	holdFor map[int]uint64  // shard in hold -> marker it waits for
 	rates   map[int]float64 // shard -> messages/s it reports in probe answers, when live
 }
 
-func newSim(t *testing.T, cfg CoreConfig) *sim {
-	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}, pins: map[int]string{}}
-	c, acts := NewCore(cfg, "coord", 1, nil, nil)
+func newSim(t testing.TB, cfg CoreConfig) *sim {
+	return newSimAt(t, cfg, nil, nil, false)
+}
+
+// newSimAt starts the sim with a coordinator that takes over table with
+// regions registered; unchecked as in sim.
+func newSimAt(t testing.TB, cfg CoreConfig, table []protocol.ShardRecord, regions []*simRegion, unchecked bool) *sim {
+	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}, pins: map[int]string{}, unchecked: unchecked}
+	seen := make([]RegionSeen, len(regions))
+	for i, r := range regions {
+		s.regions[r.id] = r
+		seen[i] = RegionSeen{Info: protocol.RegionInfo{ID: r.id, Incarnation: r.inc, Conn: r.conn}, Revision: 1}
+	}
+	for _, rec := range table {
+		s.table[rec.Shard] = rec
+	}
+	c, acts := NewCore(cfg, "coord", 1, table, seen)
 	s.c = c
 	s.run(acts)
 	return s
 }
 
-func (s *sim) join(id string) {
-	r := &simRegion{id: id, inc: id + "-1", conn: protocol.ConnID{Server: "srv", Client: uint64(len(s.regions) + 1)},
+func newSimRegion(id string, n int) *simRegion {
+	return &simRegion{id: id, inc: id + "-1", conn: protocol.ConnID{Server: "srv", Client: uint64(n)},
 		modes: map[int]string{}, holdFor: map[int]uint64{}, rates: map[int]float64{}}
+}
+
+func (s *sim) join(id string) {
+	r := newSimRegion(id, len(s.regions)+1)
 	s.regions[id] = r
-	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Conn: r.conn}, Revision: 1}}))
+	s.renew(id, false)
+}
+
+// renew writes region id's registration again (a renewal, or the leaving
+// mark).
+func (s *sim) renew(id string, leaving bool) {
+	r := s.regions[id]
+	s.rev++
+	r.rev = s.rev
+	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Conn: r.conn, Leaving: leaving}, Revision: r.rev}}))
 }
 
 func (s *sim) leave(id string) {
-	r := s.regions[id]
-	s.run(s.c.Step(RegionUp{RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: r.inc, Leaving: true, Conn: r.conn}, Revision: 2}}))
+	s.renew(id, true)
 }
 
 // crash kills a region; the core finds out through a probe.
@@ -64,7 +98,7 @@ func (s *sim) crash(id string) { s.regions[id].dead = true }
 
 // deregister: the region's registration is gone (expired or released).
 func (s *sim) deregister(id string) {
-	s.regions[id].dead = true
+	s.regions[id].dead, s.regions[id].rev = true, 0
 	s.run(s.c.Step(RegionGone{ID: id}))
 }
 
@@ -85,9 +119,11 @@ func (s *sim) run(acts []Action) {
 		var about []int
 		switch a := a.(type) {
 		case WriteShard:
+			s.writes++
 			s.table[a.Record.Shard] = a.Record
 			about = []int{a.Record.Shard}
 		case Send:
+			s.sends++
 			ev = s.answer(a)
 			about = a.Command.Shards
 		case Park:
@@ -109,6 +145,13 @@ func (s *sim) run(acts []Action) {
 			s.mark(a.Shard, a.Handoff)
 			ev = Marked(a)
 			about = []int{a.Shard}
+		case RemoveRegion:
+			// A compare-and-delete: the watch then reports the region gone.
+			if r := s.regions[a.ID]; r != nil && r.rev != 0 && r.rev == a.Revision {
+				r.rev = 0
+				s.removed = append(s.removed, a.ID)
+				ev = RegionGone{ID: a.ID}
+			}
 		case Warn:
 			s.warnings = append(s.warnings, a.Msg)
 		case StepDown:
@@ -127,13 +170,17 @@ func (s *sim) run(acts []Action) {
 			}
 		}
 		for _, sh := range about {
-			s.checkShard(sh)
+			if !s.unchecked {
+				s.checkShard(sh)
+			}
 		}
 		if ev != nil {
 			acts = append(acts, s.c.Step(ev)...)
 		}
 	}
-	s.check()
+	if !s.unchecked {
+		s.check()
+	}
 }
 
 func (s *sim) mark(sh int, h uint64) {
@@ -192,10 +239,15 @@ func (s *sim) answer(send Send) Event {
 		}
 	}
 	reply.Complete = complete
-	for sh := range r.modes {
-		reply.Held = append(reply.Held, sh)
+	// The core reads Held only in probe answers; unchecked (benchmarks)
+	// builds it only there, or the sim's sorting would be timed as the
+	// core's work.
+	if cmd.Kind == protocol.CmdProbe || !s.unchecked {
+		for sh := range r.modes {
+			reply.Held = append(reply.Held, sh)
+		}
+		slices.Sort(reply.Held)
 	}
-	slices.Sort(reply.Held)
 	if cmd.Kind == protocol.CmdProbe {
 		for _, sh := range reply.Held {
 			if rate, ok := r.rates[sh]; ok && r.modes[sh] == "live" {

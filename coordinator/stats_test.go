@@ -87,6 +87,7 @@ func TestStatsCountHowMovesEnd(t *testing.T) {
 		}
 		acts, _ := s.c.Move(sh, "b")
 		s.run(acts)
+		s.ticks(s.c.cfg.Silence + s.c.cfg.Retry)
 		s.settled()
 		if got, want := countsOf(st), (handoffCounts{started: 1, forced: 1}); got != want {
 			t.Fatalf("counts %+v, want %+v", got, want)

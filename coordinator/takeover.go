@@ -24,7 +24,9 @@ import (
 // dropped reconnects, and its subscriptions come back with it. So a
 // candidate deposes the holder only after HolderSilence of nothing but "no
 // responders", probe after probe (any answer, or any other outcome, starts
-// over), and only by a compare-and-delete at the lease revision it read
+// over), or at the first "no responders" after a server reported that the
+// holder's client closed or reset its connection (a disconnect advisory: the
+// process died), and only by a compare-and-delete at the lease revision it read
 // when the silence began: a holder that renewed its lease since keeps it.
 // Safety does not rest on this rule: a deposed holder that comes back
 // finds its table writes refused by the server (they are fenced on the
@@ -91,6 +93,10 @@ type silence struct {
 	probe  string        // the holder's probe id the count is about
 	since  time.Time     // the first "no responders" of the run; zero: none
 	rev    uint64        // the lease revision when the run began
+	// gone: a server reported that the holder's client closed or reset its
+	// connection (Disconnect.ByClient): nobody is reconnecting, so the
+	// first "no responders" deposes it, without the window.
+	gone bool
 }
 
 // holder starts the count over if the lease names another holder.
@@ -102,7 +108,7 @@ func (s *silence) holder(probe string) {
 
 // answered: the holder answered, or the probe failed otherwise than with
 // "no responders" (a timeout proves nothing): start over.
-func (s *silence) answered() { s.since, s.rev = time.Time{}, 0 }
+func (s *silence) answered() { s.since, s.rev, s.gone = time.Time{}, 0, false }
 
 // missed records "no responders" at now. It says whether the run is new
 // (the caller then reads the lease revision: begin), and whether the
@@ -112,7 +118,7 @@ func (s *silence) missed(now time.Time) (begin, depose bool) {
 		s.since = now
 		return true, false
 	}
-	return false, s.rev != 0 && now.Sub(s.since) >= s.window
+	return false, s.rev != 0 && (s.gone || now.Sub(s.since) >= s.window)
 }
 
 // waitForVacancy returns when the lease looks free (released, expired, or
@@ -151,7 +157,8 @@ func (n *Node) waitForVacancy(ctx context.Context, s *silence) {
 				schedule(0)
 			}
 		case c := <-n.closed:
-			if c == holder.Conn && !holder.Conn.IsZero() {
+			if c.Conn == holder.Conn && !holder.Conn.IsZero() {
+				s.gone = s.gone || c.ByClient
 				schedule(0)
 			}
 		case <-probe.C:
@@ -190,7 +197,7 @@ func (n *Node) probeHolder(ctx context.Context, holder protocol.CoordinatorInfo,
 			return false
 		}
 		s.rev = rev
-		return false
+		depose = s.gone
 	}
 	if !depose {
 		return false
@@ -205,6 +212,6 @@ func (n *Node) probeHolder(ctx context.Context, holder protocol.CoordinatorInfo,
 		return false
 	}
 	n.log.Info("deposed the coordinator: its connection is gone (no responders on its probe subject)",
-		"holder", holder.Region, "revision", s.rev, "silent_for", duration(silent))
+		"holder", holder.Region, "revision", s.rev, "silent_for", duration(silent), "closed_by_client", s.gone)
 	return true
 }

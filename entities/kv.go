@@ -9,8 +9,10 @@ import (
 	"io"
 	"maps"
 	"math/big"
+	"time"
 
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/region"
 )
@@ -49,7 +51,7 @@ func KV(store StateStore) region.Factory {
 			}
 			store = env.Store
 		}
-		e := &kvEntity{store: store, id: id}
+		e := &kvEntity{store: store, id: id, retryFor: SaveRetryFor}
 		if err := e.load(ctx); err != nil {
 			return nil, err
 		}
@@ -65,7 +67,17 @@ type kvEntity struct {
 	doc   map[string]any // never nil; values as decoded with UseNumber
 	rev   uint64         // revision of doc in the store; 0: not stored yet
 	seq   uint64         // stream sequence of the message doc applied last (durable delivery)
+	// retryFor bounds saveAgain (SaveRetryFor).
+	retryFor time.Duration
 }
+
+// SaveRetryFor bounds how long a kv entity in core delivery tries again a
+// save that failed because JetStream did not answer (kvstate.ErrUnavailable
+// but not ErrNoSpace: the bucket electing a leader after a NATS server's
+// loss takes a few seconds, 4-12 s measured), before it answers the error. The message
+// exists nowhere else: failing at once would lose it. In durable delivery
+// the region gives the message again instead (region.ErrUnavailable).
+const SaveRetryFor = 30 * time.Second
 
 // load reads the document, and in durable delivery (a store that keeps
 // it) the sequence of the message it applied last.
@@ -105,6 +117,49 @@ func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64) (uint64, e
 		return ss.SaveEntitySeq(ctx, e.id, next, e.rev, max(seq, e.seq))
 	}
 	return e.store.SaveEntity(ctx, e.id, next, e.rev)
+}
+
+// saveAgain tries again, for up to e.retryFor, a save of data that failed
+// with err (kvstate.ErrUnavailable), without applying the message twice:
+// a save whose answer was lost may have been stored, so before each new
+// attempt it reads the state back. Data at a newer revision is the lost
+// answer's write (the entity is its state's only writer); other state at
+// a newer revision is someone else's: ErrConflict, for Handle to reload
+// and apply once more.
+func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint64, error) {
+	deadline := time.Now().Add(e.retryFor)
+	for backoff := wait.RetryFirst; unanswered(err) && time.Now().Before(deadline); backoff = wait.Next(backoff) {
+		if !wait.Sleep(ctx, min(backoff, time.Until(deadline))) {
+			return 0, err
+		}
+		stored, rev, lerr := e.store.LoadEntity(ctx, e.id)
+		switch {
+		case errors.Is(lerr, kvstate.ErrNotFound) && e.rev == 0:
+			// Not stored: save again.
+		case lerr != nil && !errors.Is(lerr, kvstate.ErrNotFound):
+			err = lerr
+			continue
+		case lerr == nil && rev == e.rev:
+			// Not stored: save again.
+		case lerr == nil && bytes.Equal(stored, data):
+			return rev, nil // stored: the answer was lost
+		default:
+			return 0, fmt.Errorf("%w: the state of %q changed while its save was unanswered (%w)", kvstate.ErrConflict, e.id, err)
+		}
+		var rev2 uint64
+		if rev2, err = e.save(ctx, data, 0); err == nil {
+			return rev2, nil
+		}
+	}
+	return 0, err
+}
+
+// unanswered: JetStream did not answer (kvstate.ErrUnavailable), which
+// passes with a leader election. A refusal for lack of space
+// (kvstate.ErrNoSpace, also ErrUnavailable) is answered at once: it
+// passes only when an operator frees space, and its error says so.
+func unanswered(err error) bool {
+	return errors.Is(err, kvstate.ErrUnavailable) && !errors.Is(err, kvstate.ErrNoSpace)
 }
 
 // decodeStrict decodes exactly one JSON value from data, keeping numbers as
@@ -317,6 +372,9 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 			return failure(fmt.Errorf("%w: %d bytes after %s, at most %d", ErrDocumentTooLarge, len(data), r.op, MaxDocumentSize))
 		}
 		rev, err := e.save(ctx, data, seq)
+		if unanswered(err) && seq == 0 {
+			rev, err = e.saveAgain(ctx, data, err)
+		}
 		if err == nil {
 			e.doc, e.rev = next, rev
 			if seq != 0 {

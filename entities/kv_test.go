@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
@@ -52,8 +53,11 @@ func (s *memStore) LoadEntity(_ context.Context, id string) ([]byte, uint64, err
 func (s *memStore) SaveEntity(_ context.Context, id string, data []byte, rev uint64) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var lost error // errStoredAnyway: stored, then this error
 	if s.fail != nil {
-		if err := s.fail("save", id); err != nil {
+		if err := s.fail("save", id); errors.Is(err, errStoredAnyway) {
+			lost = err
+		} else if err != nil {
 			return 0, err
 		}
 	}
@@ -63,8 +67,15 @@ func (s *memStore) SaveEntity(_ context.Context, id string, data []byte, rev uin
 	s.seq++
 	s.saves++
 	s.entries[id] = memEntry{data: bytes.Clone(data), rev: s.seq}
+	if lost != nil {
+		return 0, lost
+	}
 	return s.seq, nil
 }
+
+// errStoredAnyway, from memStore.fail, makes a save store its write and
+// fail all the same: its answer was lost.
+var errStoredAnyway = fmt.Errorf("timeout, the write stored all the same: %w", kvstate.ErrUnavailable)
 
 func (s *memStore) DeleteEntity(_ context.Context, id string, rev uint64) error {
 	s.mu.Lock()
@@ -305,6 +316,7 @@ func TestKVPersistedBeforeAnswer(t *testing.T) {
 func TestKVSaveFailureLeavesStateUnchanged(t *testing.T) {
 	store := newMemStore()
 	e := newKV(t, store, "doc")
+	e.(*kvEntity).retryFor = 0 // fail at once
 	mustOK(t, e, `{"op":"set","key":"a","value":[1]}`, `[1]`)
 	errDown := fmt.Errorf("nats down: %w", kvstate.ErrUnavailable)
 	store.fail = func(op, _ string) error {
@@ -322,6 +334,109 @@ func TestKVSaveFailureLeavesStateUnchanged(t *testing.T) {
 	if got := store.get("doc"); got != `{"a":[1,2]}` {
 		t.Fatalf("stored %s", got)
 	}
+}
+
+// TestKVSaveTriedAgain: in core delivery a save that JetStream did not
+// answer is tried again (the message exists nowhere else), and never
+// applied twice: a save stored whose answer was lost is found by reading
+// the state back.
+func TestKVSaveTriedAgain(t *testing.T) {
+	errDown := fmt.Errorf("no response from stream: %w", kvstate.ErrUnavailable)
+	// failing makes the next n operations op fail; with stored, a failing
+	// save is stored all the same (its answer lost).
+	failing := func(store *memStore, n int, op string, stored bool) {
+		store.fail = func(o, _ string) error {
+			if o != op || n == 0 {
+				return nil
+			}
+			n--
+			if stored {
+				return errStoredAnyway
+			}
+			return errDown
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		op     string
+		n      int
+		stored bool
+	}{
+		{"not stored", "save", 3, false},
+		{"stored, answer lost", "save", 1, true},
+		{"stored, answer lost, then unreadable", "save", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := newMemStore()
+			e := newKV(t, store, "doc")
+			mustOK(t, e, `{"op":"append","key":"v","value":1}`, `[1]`)
+			saves := store.saveCount()
+			failing(store, tc.n, tc.op, tc.stored)
+			if tc.name == "stored, answer lost, then unreadable" {
+				inner := store.fail
+				loads := 2
+				store.fail = func(o, id string) error {
+					if o == "load" && loads > 0 {
+						loads--
+						return errDown
+					}
+					return inner(o, id)
+				}
+			}
+			mustOK(t, e, `{"op":"append","key":"v","value":2}`, `[1,2]`)
+			if got := store.get("doc"); got != `{"v":[1,2]}` {
+				t.Fatalf("stored %s, want the value appended once", got)
+			}
+			if got := store.saveCount() - saves; got != 1 {
+				t.Fatalf("%d writes stored, want 1", got)
+			}
+			store.fail = nil
+			mustOK(t, e, `{"op":"append","key":"v","value":3}`, `[1,2,3]`)
+		})
+	}
+
+	t.Run("changed by another while unanswered", func(t *testing.T) {
+		store := newMemStore()
+		e := newKV(t, store, "doc")
+		mustOK(t, e, `{"op":"incr","key":"n"}`, `1`)
+		store.fail = func(op, _ string) error {
+			if op == "save" {
+				store.fail = nil
+				store.seq++
+				store.entries["doc"] = memEntry{data: []byte(`{"n":10}`), rev: store.seq}
+				return errDown
+			}
+			return nil
+		}
+		mustOK(t, e, `{"op":"incr","key":"n"}`, `11`)
+	})
+
+	t.Run("no space is answered at once", func(t *testing.T) {
+		store := newMemStore()
+		e := newKV(t, store, "doc")
+		e.(*kvEntity).retryFor = 300 * time.Millisecond
+		tries := 0
+		store.fail = func(op, _ string) error {
+			if op == "save" {
+				tries++
+				return fmt.Errorf("%w: stream at its max bytes", kvstate.ErrNoSpace)
+			}
+			return nil
+		}
+		mustFail(t, e, `{"op":"set","key":"a","value":1}`, kvstate.ErrNoSpace, "max bytes")
+		if tries != 1 {
+			t.Fatalf("the save was tried %d times, want once", tries)
+		}
+	})
+
+	t.Run("bounded", func(t *testing.T) {
+		store := newMemStore()
+		e := newKV(t, store, "doc")
+		e.(*kvEntity).retryFor = 300 * time.Millisecond
+		store.fail = func(op, _ string) error { return errDown }
+		mustFail(t, e, `{"op":"set","key":"a","value":1}`, kvstate.ErrUnavailable, "no response from stream")
+	})
+
 }
 
 func TestKVConflictReloadAndRetry(t *testing.T) {

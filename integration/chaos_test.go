@@ -229,9 +229,12 @@ func TestChaos(t *testing.T) {
 }
 
 // faultServer applies a fault (a docker command) to a NATS server and
-// waits until each shardd connected to it registered anew (its connection
-// dropped: it stopped serving, reconnected to another server and
-// registered again) and the system settled; it returns the times.
+// waits until each shardd connected to it is connected to another server
+// and every shard is active, then until the system settled; it returns
+// the times. A shardd whose connection dropped suspends its shards and,
+// once reconnected, keeps them (the same incarnation) when it could renew
+// its registration in time, or registers anew after a fence (PROTOCOL.md,
+// "Riding through a lost connection"); the times say which.
 func (c *chaosCluster) faultServer(server string, dockerArgs ...string) []string {
 	c.t.Helper()
 	c.useAdmin(server)
@@ -241,8 +244,8 @@ func (c *chaosCluster) faultServer(server string, dockerArgs ...string) []string
 	c.docker(dockerArgs...)
 	var times []string
 	for _, r := range clients {
-		d := c.until(t0, r+" registered anew", c.registered(r, incarnation(st, r)))
-		times = append(times, fmt.Sprintf("shardd-%s (was on it) registered anew %.2f s", r, d.Seconds()))
+		d := c.until(t0, r+" connected to another server", c.movedOff(r, server))
+		times = append(times, fmt.Sprintf("shardd-%s (was on it) reconnected %.2f s", r, d.Seconds()))
 	}
 	active := c.until(t0, "every shard active", func() error {
 		st, err := c.statusErr()
@@ -251,8 +254,43 @@ func (c *chaosCluster) faultServer(server string, dockerArgs ...string) []string
 		}
 		return activeOn(st, chaosRegions...)
 	})
-	return append(times, fmt.Sprintf("all active %.2f s", active.Seconds()),
+	times = append(times, fmt.Sprintf("all active %.2f s", active.Seconds()),
 		fmt.Sprintf("settled %.2f s", c.waitSettled(t0, chaosRegions...).Seconds()))
+	after := c.status()
+	for _, r := range clients {
+		how := "kept its shards (rode through)"
+		if incarnation(after, r) != incarnation(st, r) {
+			how = "registered anew (fenced)"
+		}
+		times = append(times, fmt.Sprintf("shardd-%s %s", r, how))
+	}
+	return times
+}
+
+// movedOff checks that region r's shardd is connected to a NATS server
+// other than server.
+func (c *chaosCluster) movedOff(r, server string) func() error {
+	return func() error {
+		for _, s := range []string{"n1", "n2", "n3"} {
+			if s == server || c.ip(s) == "" {
+				continue
+			}
+			var connz struct {
+				Connections []struct {
+					Name string `json:"name"`
+				} `json:"connections"`
+			}
+			if c.monitor(s, "/connz?limit=1000", &connz) != nil {
+				continue
+			}
+			for _, conn := range connz.Connections {
+				if conn.Name == "shardd "+r {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("shardd %s is on no server but %s", r, server)
+	}
 }
 
 func (c *chaosCluster) compose(args ...string) (string, error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,9 +37,11 @@ func TestDurableCrash(t *testing.T) {
 	embedded := func(t *testing.T, delivery string) {
 		port := freePort(t)
 		url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-		// a hosts the embedded server and never coordinates, so that
-		// NATS lives on; b is killed.
-		testDurableCrash(t, url, nil, []string{"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", t.TempDir()}, []string{"--nats", url}, "region", delivery)
+		// a hosts the embedded server and is the only coordinator
+		// candidate: it reads the server's disconnect advisories, so a
+		// killed region is found at once (issue 17). b is killed, and
+		// NATS lives on.
+		testDurableCrash(t, url, nil, []string{"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--data-dir", t.TempDir()}, []string{"--nats", url, "--no-coordinator"}, "region", delivery)
 	}
 	t.Run("embedded", func(t *testing.T) { embedded(t, "durable") })
 	t.Run("core", func(t *testing.T) { embedded(t, "core") })
@@ -46,14 +49,30 @@ func TestDurableCrash(t *testing.T) {
 		n := startNATS(t, "127.0.0.1")
 		url := n.urls("127.0.0.1")
 		args := []string{"--nats", url, "--replicas", "3"}
-		testDurableCrash(t, url, n, args, args, "region", "durable")
+		testDurableCrash(t, url, n, noCoordinator(args), args, "region", "durable")
 	})
 	t.Run("server", func(t *testing.T) {
 		n := startNATS(t, "127.0.0.1")
 		url := n.urls("127.0.0.1")
 		args := []string{"--nats", url, "--replicas", "3"}
-		testDurableCrash(t, url, n, args, args, "server", "durable")
+		testDurableCrash(t, url, n, noCoordinator(args), args, "server", "durable")
 	})
+	// Issue 17: core delivery rides through the loss of a region's NATS
+	// server: the region reconnects to another server within
+	// milliseconds, holds what arrives, confirms its shards and goes on.
+	// What is lost is what was published while the region had no
+	// subscription anywhere: under 1 % of the run's messages.
+	t.Run("server-core", func(t *testing.T) {
+		n := startNATS(t, "127.0.0.1")
+		url := n.urls("127.0.0.1")
+		args := []string{"--nats", url, "--replicas", "3"}
+		testDurableCrash(t, url, n, noCoordinator(args), args, "server", "core")
+	})
+}
+
+// noCoordinator is args of a region that never coordinates.
+func noCoordinator(args []string) []string {
+	return slices.Concat(args, []string{"--no-coordinator"})
 }
 
 func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, args []string, kill, delivery string) {
@@ -62,14 +81,16 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 	start := func(name string, extra ...string) *proc {
 		return startShardd(t, name, append(append([]string{"--region", name}, common...), extra...)...)
 	}
-	procs := map[string]*proc{"a": start("a", slices.Concat(aArgs, []string{"--no-coordinator"})...)}
+	procs := map[string]*proc{"a": start("a", aArgs...)}
 	nc := connect(t, url)
 	procs["b"] = start("b", args...)
 	procs["c"] = start("c", args...)
 	st := waitSettled(t, nc, subjects, 90*time.Second, "a", "b", "c")
-	victim := map[string]string{"b": "c", "c": "b"}[st.Coordinator.Region]
+	// The victim is never a (on an embedded server, it is NATS) nor the
+	// coordinator.
+	victim := map[string]string{"a": "b", "b": "c", "c": "b"}[st.Coordinator.Region]
 	if victim == "" {
-		t.Fatalf("coordinator is %q, want b or c", st.Coordinator.Region)
+		t.Fatalf("coordinator is %q, want a, b or c", st.Coordinator.Region)
 	}
 
 	load := startAppendLoad(t, url, subjects, st.Shards, 200, 3000, delivery == "core")
@@ -78,7 +99,14 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 	switch kill {
 	case "region":
 		procs[victim].kill()
-		st = waitSettled(t, nc, subjects, 90*time.Second, "a", st.Coordinator.Region)
+		if delivery == "core" && cluster == nil {
+			// The coordinator reads the embedded server's disconnect
+			// advisories: the dead region's shards are parked within
+			// milliseconds, and little is published to it meanwhile
+			// (issue 17: 183 of about 17 000 before, by probes).
+			load.maxLost = 0.01
+		}
+		st = waitSettled(t, nc, subjects, 90*time.Second, without([]string{"a", "b", "c"}, victim)...)
 		t.Logf("%s kill -9 of region %s (%s): its shards served again after %s", delivery, victim, t.Name(), time.Since(t0).Round(time.Millisecond))
 	case "server":
 		server, err := cluster.serverOf("shardd " + victim)
@@ -86,6 +114,18 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 			t.Fatal(err)
 		}
 		cluster.procs[server].kill()
+		if delivery == "core" {
+			// The region rides it through: it keeps its registration and
+			// its shards (no fence), and confirms them once reconnected.
+			confirmed := procs[victim].logTime(t, "registration renewed and shards confirmed")
+			load.maxLost = 0.01
+			t.Logf("core kill -9 of NATS server %s (region %s's): the region confirmed its shards %s after the kill",
+				cluster.name(server), victim, confirmed.Sub(t0).Round(time.Millisecond))
+			if strings.Contains(procs[victim].log.String(), "fenced: stopped serving every shard") {
+				t.Errorf("region %s fenced:\n%s", victim, procs[victim].log.String())
+			}
+			break
+		}
 		eventually(t, 90*time.Second, "every shard active on a live region", func() error {
 			st, err := status(nc, subjects)
 			if err != nil {
@@ -103,6 +143,9 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 	time.Sleep(3 * time.Second)
 	load.halt()
 	load.check(t)
+	if kill == "server" {
+		assertSingleOwner(t, nc, subjects, st.Shards)
+	}
 }
 
 // appendLoad appends numbered values to entities through the stream (or,
@@ -123,6 +166,9 @@ type appendLoad struct {
 	accepted [][]int // per entity: the values the stream acknowledged (core: published), in order
 	unknown  [][]int // per entity: values whose publish failed (may be stored)
 	sent     atomic.Int64
+	// maxLost: core delivery; check fails when more than this fraction
+	// of the published values is lost (0: any loss is only reported).
+	maxLost float64
 }
 
 // startAppendLoad publishes, per entity i, the values 0, 1, 2... in order
@@ -210,6 +256,7 @@ func (l *appendLoad) halt() {
 func (l *appendLoad) check(t *testing.T) {
 	t.Helper()
 	var accepted, unknown, doubled, doubledNoID, lost, storedUnknown int
+	lostBy := map[int]int{} // shard -> values lost
 	for i := range l.n {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		data, err := l.client.Request(ctx, "kv", l.id(i), []byte(`{"op":"get","key":"v"}`))
@@ -249,6 +296,7 @@ func (l *appendLoad) check(t *testing.T) {
 		for _, v := range acc {
 			if !seen[v] {
 				lost++
+				lostBy[protocol.ShardOf(l.id(i), l.shards)]++
 				if lost < 5 && !l.core {
 					t.Errorf("entity %s: acknowledged value %d lost: %v", l.id(i), v, got)
 				}
@@ -266,8 +314,14 @@ func (l *appendLoad) check(t *testing.T) {
 	if l.core {
 		t.Logf("core load: %d values published, lost %d (%.2f%%), applied twice %d with Nats-Msg-Id and %d without",
 			l.sent.Load(), lost, 100*float64(lost)/float64(max(accepted, 1)), doubled, doubledNoID)
+		if lost > 0 {
+			t.Logf("lost by shard: %v", lostBy)
+		}
 		if doubled > 0 {
 			t.Fatalf("%d values with a Nats-Msg-Id applied twice", doubled)
+		}
+		if l.maxLost > 0 && float64(lost) > l.maxLost*float64(accepted) {
+			t.Fatalf("lost %d of %d values, more than %.1f%%", lost, accepted, 100*l.maxLost)
 		}
 		return
 	}

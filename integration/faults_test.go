@@ -121,10 +121,10 @@ func (d *deployment) coordinator(timeout time.Duration, not string, after uint64
 
 // TestNATSServerLoss kills (-9) the NATS server the coordinator is
 // connected to, then the one a region is connected to. Clients reconnect
-// to the other servers; a region whose connection broke fences itself (its
-// subscriptions were on the lost server, and nats.go would restore them on
-// reconnect) and registers again; the bucket and the stream elect new
-// leaders. Afterwards every shard has one owner, every acknowledged write
+// to the other servers; a region whose connection broke suspends its
+// shards (its subscriptions were on the lost server, and nats.go restores
+// them on reconnect), then renews its registration and confirms them
+// (region.Agent.Suspend); the bucket and the stream elect new leaders. Afterwards every shard has one owner, every acknowledged write
 // is there, and no request was handled twice.
 func TestNATSServerLoss(t *testing.T) {
 	d := newDeployment(t, "127.0.0.1", "--min-regions", "3")

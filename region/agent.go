@@ -14,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/internal/renewal"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -54,12 +56,18 @@ type Config struct {
 	// negative: never).
 	IdleTimeout time.Duration
 	// MaxActive caps the entities active in the region: beyond it, the
-	// least recently used idle entities are passivated (within
+	// idle entities PassivationPolicy values least are passivated (within
 	// limitEvery). 0 means no limit. Ignored with Remember, as IdleTimeout.
 	MaxActive int
-	// LeaseTTL of the registration; renewed every LeaseTTL/4, and soon
-	// again after a failure (package renewal). The region stops serving
-	// when it could not renew for 3/4 of it (self-fencing).
+	// PassivationPolicy chooses those entities: "w-tinylfu" (the default,
+	// as "": Akka's default strategy, an LRU admission window before a
+	// segmented LRU guarded by a frequency sketch) or "lru" (the least
+	// recently used). See internal/passivation.
+	PassivationPolicy string
+	// LeaseTTL of the registration; renewed every LeaseTTL/4 (at most
+	// every second: renewal.Interval), and soon again after a failure
+	// (package renewal). The region stops serving when it could not
+	// renew for 3/4 of it (self-fencing).
 	LeaseTTL time.Duration
 	// ReleaseGrace: how long the source of a handoff keeps diverting after
 	// Release, so that the interest of the new owner's subscription reaches
@@ -147,6 +155,13 @@ type Agent struct {
 	registered  bool
 	renewedAt   time.Time // when the last successful registration write was sent
 	closed      bool
+	// suspended: the connection dropped and the shards have not been
+	// confirmed since (see Suspend); disconnects counts the drops, so that
+	// a confirmation that a drop overtook is made again; confirming: a
+	// confirm goroutine runs.
+	suspended   bool
+	disconnects uint64
+	confirming  bool
 
 	nextCmd  atomic.Uint64 // command ids
 	cmdSub   *nats.Subscription
@@ -178,6 +193,8 @@ type Stats struct {
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 
 	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
+	Suspended      atomic.Uint64 // times the connection dropped while registered: live shards held what arrived until confirmed
+	Confirmed      atomic.Uint64 // suspensions that ended in a confirmation of the shards (the others ended in a fence)
 	RenewalsFailed atomic.Uint64 // registration renewals that failed
 
 	Restarted atomic.Uint64 // remembered entities started again without a message (Config.Remember)
@@ -210,6 +227,9 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if _, err := passivation.New[struct{}](cfg.PassivationPolicy, 1); err != nil {
+		return nil, fmt.Errorf("region: PassivationPolicy: %w", err)
+	}
 	a := &Agent{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "region", "region", cfg.ID),
@@ -234,7 +254,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if maxActive < 0 || cfg.Remember != nil {
 		maxActive = 0
 	}
-	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Passivation: cfg.PassivationPolicy, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
 	if cfg.Remember != nil {
 		if cfg.RestartRate <= 0 {
 			cfg.RestartRate = DefaultRestartRate
@@ -361,7 +381,7 @@ func (a *Agent) renew(ctx context.Context) error {
 	}
 	sent := time.Now()
 	fenceAt := renewal.Deadline(renewedAt, a.cfg.LeaseTTL)
-	rctx, cancel := context.WithDeadline(ctx, fenceAt)
+	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(renewedAt, sent, a.cfg.LeaseTTL))
 	next, err := a.cfg.Store.Renew(rctx, lease, info)
 	cancel()
 	if err != nil && ctx.Err() == nil {
@@ -468,7 +488,7 @@ func (a *Agent) passivationLoop(ctx context.Context) {
 			}
 		case <-limit:
 			if n := a.host.passivateOverLimit(); n > 0 {
-				a.log.Debug("passivated the least recently used entities beyond the limit", "count", n, "max_active", a.host.maxActive)
+				a.log.Debug("passivated entities beyond the limit", "count", n, "max_active", a.host.maxActive, "policy", cmp.Or(a.cfg.PassivationPolicy, passivation.Default))
 			}
 		}
 	}
@@ -488,11 +508,131 @@ func (a *Agent) Fence(reason string) {
 		a.mu.Unlock()
 		return
 	}
-	a.registered = false
+	a.registered, a.suspended = false, false
 	inc := a.incarnation
 	a.mu.Unlock()
 	a.stats.Fenced.Add(1)
 	a.post(Fenced{Reason: reason, Incarnation: inc})
+}
+
+// Suspend is what the process calls when its NATS connection drops
+// (nats.RECONNECTING). The region keeps its registration and its live
+// shards, but serves none of them: nats.go subscribes them again on
+// reconnect, and what arrives is held (a durable shard stops pulling),
+// because the coordinator may have given a shard to another region
+// meanwhile. Back on NATS (Reconnected), the region renews its
+// registration, naming the new connection, by a compare-and-set: it fails
+// if the coordinator removed the region (it removes one only by a
+// compare-and-delete at the revision it saw before the region went
+// silent), and then the region fences. Only after that renewal does the
+// region read the shard table, and it serves again the shards the table
+// still gives it, in the order they arrived, and drops the others. If the
+// registration cannot be renewed before its deadline, the region fences.
+// Shards in the middle of a move are dropped at once.
+func (a *Agent) Suspend(reason string) {
+	a.mu.Lock()
+	if !a.registered || a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.disconnects++
+	first := !a.suspended
+	a.suspended = true
+	inc := a.incarnation
+	held := make([]intake, 0, len(a.shards))
+	for _, st := range a.shards {
+		held = append(held, st)
+	}
+	a.mu.Unlock()
+	// At once, not when the driver gets to it: nats.go may resubscribe
+	// within milliseconds.
+	for _, st := range held {
+		st.suspend()
+	}
+	if first {
+		a.stats.Suspended.Add(1)
+		a.log.Warn("suspended: serving no shard until it is confirmed after the reconnect", "reason", reason)
+		a.post(Suspended{Incarnation: inc})
+	}
+}
+
+// Reconnected is what the process calls when its NATS connection is back
+// (nats.CONNECTED): a suspended region confirms its shards (see Suspend).
+func (a *Agent) Reconnected() {
+	a.mu.Lock()
+	start := a.suspended && a.registered && !a.closed && !a.confirming
+	a.confirming = a.confirming || start
+	a.mu.Unlock()
+	if start {
+		a.goDo(a.confirm)
+	}
+}
+
+// confirm renews the registration of a suspended region, naming its new
+// connection, then reads which of its shards the table still gives it,
+// until it has both with no disconnect in between, or is fenced or closed.
+func (a *Agent) confirm() {
+	defer func() {
+		a.mu.Lock()
+		a.confirming = false
+		a.mu.Unlock()
+	}()
+	t0 := time.Now()
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		a.mu.Lock()
+		ok := a.suspended && a.registered && !a.closed
+		inc, drops := a.incarnation, a.disconnects
+		a.conn = protocol.ConnIDOf(a.cfg.Conn)
+		a.mu.Unlock()
+		if !ok || a.ctx.Err() != nil {
+			return
+		}
+		err := a.renew(a.ctx)
+		var keep []int
+		if err == nil {
+			keep, err = a.tableShards(a.ctx, inc)
+		}
+		if errors.Is(err, errNotRegistered) {
+			return // fenced
+		}
+		if err == nil {
+			a.mu.Lock()
+			ok = a.suspended && a.registered && a.incarnation == inc && a.disconnects == drops && a.cfg.Conn.IsConnected()
+			if ok {
+				a.suspended = false
+			}
+			a.mu.Unlock()
+			if ok {
+				a.stats.Confirmed.Add(1)
+				a.log.Info("reconnected: registration renewed and shards confirmed", "shards", len(keep), "took", time.Since(t0).Round(time.Millisecond))
+				a.post(Confirmed{Incarnation: inc, Keep: keep})
+				return
+			}
+			err = errors.New("the connection dropped again meanwhile")
+		}
+		a.limit.log(a.log, "confirm-failed", "cannot confirm the shards after the reconnect yet; retrying", "err", err)
+		if !wait.Sleep(a.ctx, backoff) {
+			return
+		}
+	}
+}
+
+// tableShards reads the shard table (every write made before the read)
+// and returns the shards it gives to incarnation inc of this region:
+// active there, or binding there (it may have gone live before the
+// coordinator wrote it active).
+func (a *Agent) tableShards(ctx context.Context, inc string) ([]int, error) {
+	rows, err := a.cfg.Store.Shards(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the shard table: %w", err)
+	}
+	var keep []int
+	for _, r := range rows {
+		if r.Region == a.cfg.ID && r.Incarnation == inc && (r.State == protocol.StateActive || r.State == protocol.StateBinding) {
+			keep = append(keep, r.Shard)
+		}
+	}
+	return keep, nil
 }
 
 // Leave is the graceful start of a shutdown: it marks the region leaving

@@ -397,3 +397,86 @@ func TestRegionIDTakenOver(t *testing.T) {
 		t.Fatalf("registration %+v, %v: the stopped region took it back", info, err)
 	}
 }
+
+// TestSuspendAndConfirm (issue 17, ride-through of a NATS server loss):
+// a suspended region holds what arrives for its live shards; back on
+// NATS, it renews its registration and reads the shard table, resumes
+// the shards the table still gives it (delivering what it held, in
+// order) and drops the others (what they held is refused). If the
+// coordinator removed its registration meanwhile, it fences instead.
+func TestSuspendAndConfirm(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.bind(t, f.epoch, 0, 1)
+	waitFor(t, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
+	for _, row := range []protocol.ShardRecord{
+		{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch},
+		{Shard: 1, Region: "r2", Incarnation: "other", State: protocol.StateBinding, Epoch: f.epoch}, // given away meanwhile
+	} {
+		if _, err := f.store.PutShard(ctx, f.lease, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers, err := f.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.agent.Suspend("test")
+	waitFor(t, "shards 0 and 1 suspended", func() bool { return f.agent.Status().Suspended == 2 })
+	held := f.agent.Stats().Held.Load()
+	const n = 20
+	for i := range n {
+		for _, shard := range []int{0, 1} {
+			m := nats.NewMsg(f.subjects.EntityOf(idIn(shard), shards))
+			m.Reply, m.Data = answers.Subject, fmt.Appendf(nil, "%d-%d", shard, i)
+			if err := f.nc.PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, "the arrivals held", func() bool { return f.agent.Stats().Held.Load() == held+2*n })
+	if m, err := answers.NextMsg(50 * time.Millisecond); err == nil {
+		t.Fatalf("a suspended shard answered %q", m.Data)
+	}
+
+	f.agent.Reconnected()
+	var got []string
+	refused := 0
+	for range 2 * n {
+		m, err := answers.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(got)+refused, err)
+		}
+		if m.Header.Get(protocol.HeaderRefused) == protocol.RefusedNotOwned {
+			refused++
+			continue
+		}
+		got = append(got, string(m.Data))
+	}
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("0-%d", i)
+	}
+	if !slices.Equal(got, want) || refused != n {
+		t.Fatalf("answered %v and %d refusals; want %v and %d", got, refused, want, n)
+	}
+	if h := f.agent.Held(); !slices.Equal(h, []int{0}) || f.agent.Stats().Confirmed.Load() != 1 || f.agent.Stats().Fenced.Load() != 0 {
+		t.Fatalf("held %v, confirmed %d, fenced %d", h, f.agent.Stats().Confirmed.Load(), f.agent.Stats().Fenced.Load())
+	}
+
+	// Suspended again, and the coordinator removes the registration
+	// meanwhile: the renewal fails, the region fences and registers anew.
+	f.agent.Suspend("test")
+	regions, err := f.store.Regions(ctx)
+	if err != nil || len(regions) != 1 {
+		t.Fatalf("regions %v: %v", regions, err)
+	}
+	if err := f.store.RemoveRegion(ctx, "r1", regions[0].Revision); err != nil {
+		t.Fatal(err)
+	}
+	f.agent.Reconnected()
+	waitFor(t, "the fence", func() bool { return f.agent.Stats().Fenced.Load() == 1 && len(f.agent.Held()) == 0 })
+	if c := f.agent.Stats().Confirmed.Load(); c != 1 {
+		t.Fatalf("confirmed %d times, want 1", c)
+	}
+}

@@ -64,11 +64,18 @@ func benchIDs(n int) ([]string, []int) {
 // BenchmarkDeliver: messages delivered round-robin to entities, handled
 // (one op is one message, until it is handled). With 1 entity the
 // mailbox batches messages behind one goroutine; with 1000 nearly every
-// message finds its entity idle and starts a goroutine.
+// message finds its entity idle and starts a goroutine. max-active=1000
+// adds what the active-entity limit costs a message below the limit (the
+// default policy's touch under its mutex).
 func BenchmarkDeliver(b *testing.B) {
-	for _, n := range []int{1, 1000} {
-		b.Run(fmt.Sprintf("entities=%d", n), func(b *testing.B) {
-			h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+	for _, c := range []struct{ n, maxActive int }{{1, 0}, {1000, 0}, {1000, 1000}} {
+		name := fmt.Sprintf("entities=%d", c.n)
+		if c.maxActive > 0 {
+			name += fmt.Sprintf("/max-active=%d", c.maxActive)
+		}
+		n := c.n
+		b.Run(name, func(b *testing.B) {
+			h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger(), MaxActive: c.maxActive})
 			ids, shards := benchIDs(n)
 			m := &nats.Msg{Subject: "x", Data: []byte("payload")}
 			benchHandled.Store(0)
@@ -116,15 +123,24 @@ func BenchmarkOnMessage(b *testing.B) {
 // (B/entity: live heap after a GC, the cell, its map entry and its id,
 // divided by the count; goroutines/entity, which must be 0), then the
 // time to passivate them all (passivate-ms, passivate-ns/entity: from
-// the sweep that finds them idle until the last is removed).
+// the sweep that finds them idle until the last is removed). With
+// max-active=n the region has an active-entity limit it does not reach:
+// B/entity adds the policy's entry and its frequency sketch.
 func BenchmarkIdleEntities(b *testing.B) {
 	n := *flagIdleEntities
+	for _, maxActive := range []int{0, n} {
+		b.Run(fmt.Sprintf("max-active=%d", maxActive), func(b *testing.B) { benchIdleEntities(b, n, maxActive) })
+	}
+}
+
+func benchIdleEntities(b *testing.B, n, maxActive int) {
 	ids, shards := benchIDs(n)
 	m := &nats.Msg{Subject: "x", Data: []byte("payload")}
 	for range b.N {
 		clock := newFakeClock()
-		h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger(), IdleTimeout: time.Minute, Now: clock.Now})
-		before, goroutines := heapAfterGC(), runtime.NumGoroutine()
+		before := heapAfterGC()
+		h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger(), IdleTimeout: time.Minute, Now: clock.Now, MaxActive: maxActive})
+		goroutines := runtime.NumGoroutine()
 		benchHandled.Store(0)
 		for i := range n {
 			h.deliver(shards[i], ids[i], m)
@@ -132,6 +148,10 @@ func BenchmarkIdleEntities(b *testing.B) {
 		waitHandled(b, int64(n))
 		for !quiet(h) {
 			time.Sleep(time.Millisecond)
+		}
+		// The workers that ran them park for idleKeep, then exit.
+		for deadline := time.Now().Add(10 * idleKeep); runtime.NumGoroutine() > goroutines && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
 		}
 		after := heapAfterGC()
 		b.ReportMetric(float64(after-before)/float64(n), "B/entity")

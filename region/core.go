@@ -35,6 +35,11 @@ type Core struct {
 	leaving     bool // in the registration: the coordinator moves the shards off
 	going       bool // Leave: the process is stopping; never undrained
 	closed      bool
+	// suspended: the connection dropped (Suspended) and the region has not
+	// confirmed its shards since (Confirmed): commands but Probe and Drop
+	// are refused, so that nothing starts before the region knows which
+	// of its shards are still its own.
+	suspended bool
 
 	shards map[int]*coreShard
 	life   uint64 // counts binds: each bind of a shard is a new life
@@ -150,6 +155,21 @@ type Fenced struct {
 // Registered: the region registered a new incarnation (after a fence).
 type Registered struct{ Incarnation string }
 
+// Suspended: the region's connection to NATS dropped. Its live shards are
+// suspended (arrivals held) rather than dropped; shards in any other mode
+// are dropped (a move under way is the coordinator's to finish, as after
+// a crash). Incarnation is the one suspended.
+type Suspended struct{ Incarnation string }
+
+// Confirmed: back on NATS, the region renewed its registration (so the
+// coordinator had not removed it) and then read the shard table: Keep are
+// the shards the table still gives to Incarnation. The suspended shards
+// in Keep go live again, the others are dropped.
+type Confirmed struct {
+	Incarnation string
+	Keep        []int
+}
+
 // Leaving: the process is stopping (Agent.Leave): the region marks itself
 // leaving, for good. (Agent.Leave writes the registration itself, then.)
 // Done, when not nil, is closed once the event was taken.
@@ -167,6 +187,8 @@ func (ReleaseDone) isEvent()         {}
 func (RegistrationWritten) isEvent() {}
 func (Fenced) isEvent()              {}
 func (Registered) isEvent()          {}
+func (Suspended) isEvent()           {}
+func (Confirmed) isEvent()           {}
 func (Leaving) isEvent()             {}
 func (Closing) isEvent()             {}
 
@@ -211,6 +233,20 @@ type Pause struct {
 	Life    uint64
 }
 
+// Suspend: hold the live shard's arrivals (a durable shard stops
+// pulling) until Resume or Unbind.
+type Suspend struct {
+	Shard int
+	Life  uint64
+}
+
+// Resume: deliver what the suspended shard held, in order, and serve it
+// live again.
+type Resume struct {
+	Shard int
+	Life  uint64
+}
+
 // Unbind: stop serving the shard at once, in whatever mode: unsubscribe,
 // end its replay, refuse what it held, end its entities' context and stop
 // them; no end marker.
@@ -247,6 +283,8 @@ func (Answer) isAction()            {}
 func (CheckEpoch) isAction()        {}
 func (BindShards) isAction()        {}
 func (GoLive) isAction()            {}
+func (Suspend) isAction()           {}
+func (Resume) isAction()            {}
 func (Pause) isAction()             {}
 func (Unbind) isAction()            {}
 func (Release) isAction()           {}
@@ -285,13 +323,17 @@ func (c *Core) Step(ev Event) []Action {
 		}
 	case Fenced:
 		if c.registered && (ev.Incarnation == "" || ev.Incarnation == c.incarnation) {
-			c.registered = false
+			c.registered, c.suspended = false, false
 			dropped := c.unbindAll("region fenced")
 			c.log(slog.LevelWarn, "fenced: stopped serving every shard", "reason", ev.Reason, "shards", len(dropped))
 			c.failWaiting(errNotRegistered)
 		}
 	case Registered:
-		c.registered, c.incarnation = true, ev.Incarnation
+		c.registered, c.incarnation, c.suspended = true, ev.Incarnation, false
+	case Suspended:
+		c.suspend(ev)
+	case Confirmed:
+		c.confirmed(ev)
 	case Leaving:
 		if !c.closed {
 			if !c.leaving {
@@ -412,6 +454,8 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 		reply.Error = "region is closing"
 	case !c.registered:
 		reply.Error = errNotRegistered.Error()
+	case c.suspended && cmd.Kind != protocol.CmdProbe && cmd.Kind != protocol.CmdDrop:
+		reply.Error = errSuspended.Error()
 	case cmd.Epoch < c.maxEpoch:
 		reply.Error = fmt.Sprintf("stale epoch %d: have seen %d", cmd.Epoch, c.maxEpoch)
 	case cmd.Incarnation != c.incarnation:
@@ -468,6 +512,60 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 	default:
 		answer(fmt.Errorf("unknown command %s", cmd.Kind))
 	}
+}
+
+// errSuspended refuses a command while the region confirms its shards
+// after a reconnect; the coordinator sends it again.
+var errSuspended = errors.New("region suspended: reconnected to NATS, confirming its shards")
+
+// suspend: the connection dropped. Live shards are suspended; the others
+// are dropped, and the commands waiting for them fail.
+func (c *Core) suspend(ev Suspended) {
+	if !c.registered || c.closed || c.suspended || ev.Incarnation != c.incarnation {
+		return
+	}
+	c.suspended = true
+	var kept, dropped []int
+	for _, n := range c.held() {
+		s := c.shards[n]
+		if s.mode == modeLive {
+			s.mode = modeSuspended
+			c.emit(Suspend{Shard: n, Life: s.life})
+			kept = append(kept, n)
+		} else {
+			dropped = append(dropped, c.unbind([]int{n}, "disconnected from NATS while "+s.mode.String())...)
+		}
+	}
+	c.failWaiting(errSuspended)
+	c.log(slog.LevelWarn, "disconnected from NATS: live shards suspended until the region confirms them", "suspended", len(kept), "dropped", dropped)
+}
+
+// confirmed ends a suspension: the suspended shards in ev.Keep go live
+// again, the others are dropped.
+func (c *Core) confirmed(ev Confirmed) {
+	if !c.suspended || ev.Incarnation != c.incarnation {
+		return
+	}
+	c.suspended = false
+	keep := make(map[int]bool, len(ev.Keep))
+	for _, n := range ev.Keep {
+		keep[n] = true
+	}
+	var resumed, dropped []int
+	for _, n := range c.held() {
+		s := c.shards[n]
+		if s.mode != modeSuspended {
+			continue
+		}
+		if keep[n] {
+			s.mode = modeLive
+			c.emit(Resume{Shard: n, Life: s.life})
+			resumed = append(resumed, n)
+		} else {
+			dropped = append(dropped, c.unbind([]int{n}, "given to another region while this one was disconnected")...)
+		}
+	}
+	c.log(slog.LevelInfo, "shards confirmed after the reconnect", "resumed", len(resumed), "dropped", dropped)
 }
 
 // bind binds the command's shards that are not held yet, each to be

@@ -64,6 +64,16 @@ func (w *world) record(acts []Action) {
 			w.live[a.Shard] = false
 		case Unbind:
 			w.live[a.Shard] = false
+		case Suspend:
+			if !w.live[a.Shard] {
+				w.t.Fatalf("shard %d suspended while not live", a.Shard)
+			}
+			w.live[a.Shard] = false
+		case Resume:
+			if w.live[a.Shard] || w.c.Mode(a.Shard) != modeLive {
+				w.t.Fatalf("shard %d resumed while live, or the core has it %s", a.Shard, w.c.Mode(a.Shard))
+			}
+			w.live[a.Shard] = true
 		}
 	}
 }
@@ -347,6 +357,82 @@ func TestCoreFence(t *testing.T) {
 	w.step(Registered{Incarnation: "inc2"})
 	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || r.Incarnation != "inc2" || len(r.Held) != 0 {
 		t.Fatalf("probe of the new incarnation: %+v", r)
+	}
+}
+
+// TestCoreSuspend (issue 17, ride-through of a NATS server loss): when the
+// connection drops, live shards are suspended (held) and the others
+// dropped at once; until the region confirmed its shards it answers
+// probes and drops and refuses every other command; the confirmation
+// resumes the suspended shards the table still gives it and drops the
+// others. A fence during a suspension drops everything.
+func TestCoreSuspend(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 1, 2, 4, 5)
+	handoff := w.cmd(protocol.CmdHandOff, 1, 2) // 2 pauses, waits for its entities
+	bind := w.cmd(protocol.CmdBind, 1, 3)       // 3 replays its buffer
+	w.step(Suspended{Incarnation: "other"})
+	if len(w.acts) != 0 {
+		t.Fatalf("a suspension of another incarnation did something: %s", describeActions(w.acts))
+	}
+	w.step(Suspended{Incarnation: "inc1"})
+	suspended := func() (out []int) {
+		for _, a := range only[Suspend](w.acts) {
+			out = append(out, a.Shard)
+		}
+		return out
+	}()
+	unbound := func() (out []int) {
+		for _, a := range only[Unbind](w.acts) {
+			out = append(out, a.Shard)
+		}
+		return out
+	}()
+	if !slices.Equal(suspended, []int{1, 4, 5}) || !slices.Equal(unbound, []int{2, 3}) {
+		t.Fatalf("suspend: suspended %v, unbound %v: %s", suspended, unbound, describeActions(w.acts))
+	}
+	if w.answer(handoff).Error == "" || w.answer(bind).Error == "" {
+		t.Fatalf("the handoff and the bind under way were not failed: %+v %+v", w.answer(handoff), w.answer(bind))
+	}
+	for _, kind := range []protocol.CommandKind{protocol.CmdBind, protocol.CmdHandOff, protocol.CmdRelease, protocol.CmdLeave} {
+		id := w.cmd(kind, 1, 6)
+		if r := w.answer(id); !strings.Contains(r.Error, errSuspended.Error()) || !w.refused[id] {
+			t.Fatalf("%s while suspended: %+v", kind, r)
+		}
+		if len(only[BindShards](w.acts))+len(only[Pause](w.acts))+len(only[Release](w.acts))+len(only[WriteRegistration](w.acts)) != 0 {
+			t.Fatalf("%s while suspended did something: %s", kind, describeActions(w.acts))
+		}
+	}
+	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || !slices.Equal(r.Held, []int{1, 4, 5}) {
+		t.Fatalf("probe while suspended: %+v", r)
+	}
+	if r := w.answer(w.cmd(protocol.CmdDrop, 1, 5)); r.Error != "" || !slices.Equal(r.Held, []int{1, 4}) {
+		t.Fatalf("drop while suspended: %+v", r)
+	}
+	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1, 3, 7}})
+	if r := only[Resume](w.acts); len(r) != 1 || r[0].Shard != 1 {
+		t.Fatalf("confirm: %s", describeActions(w.acts))
+	}
+	if u := only[Unbind](w.acts); len(u) != 1 || u[0].Shard != 4 {
+		t.Fatalf("confirm: %s", describeActions(w.acts))
+	}
+	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1}})
+	if len(w.acts) != 0 {
+		t.Fatalf("a second confirmation did something: %s", describeActions(w.acts))
+	}
+	if w.cmd(protocol.CmdBind, 1, 6); len(only[BindShards](w.acts)) != 1 {
+		t.Fatalf("bind after the confirmation: %s", describeActions(w.acts))
+	}
+
+	w.step(Suspended{Incarnation: "inc1"})
+	w.step(Fenced{Reason: "registration lost"})
+	if u := only[Unbind](w.acts); len(u) != 1 || u[0].Shard != 1 {
+		t.Fatalf("fence while suspended: %s", describeActions(w.acts))
+	}
+	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1}})
+	if len(w.acts) != 0 {
+		t.Fatalf("a confirmation after the fence did something: %s", describeActions(w.acts))
 	}
 }
 

@@ -99,6 +99,14 @@ func (a *Agent) carryOut(acts []Action) {
 					a.goDo(func() { a.restartRemembered(act.Shard, act.Life) })
 				}
 			}
+		case Suspend:
+			if st := a.shard(act.Shard, act.Life); st != nil {
+				st.suspend()
+			}
+		case Resume:
+			if st := a.shard(act.Shard, act.Life); st != nil {
+				st.resume()
+			}
 		case Pause:
 			st := a.shard(act.Shard, act.Life)
 			if st != nil {

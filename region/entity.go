@@ -28,7 +28,10 @@ type Entity interface {
 // the message that caused the activation and the next message tries again.
 type Factory func(ctx context.Context, id string) (Entity, error)
 
-// Message is a message delivered to an entity.
+// Message is a message delivered to an entity. It is valid during Handle
+// only: the region reuses it for a later message once Handle returned, so
+// an entity that keeps something of it after Handle keeps its fields
+// (Data, Header, ...), never the *Message.
 type Message struct {
 	EntityID string
 	Shard    int

@@ -1,10 +1,10 @@
 package region
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"runtime/debug"
 	"slices"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -45,9 +46,13 @@ type hostConfig struct {
 	Context context.Context
 	// IdleTimeout: passivateIdle stops entities idle this long; 0 means never.
 	IdleTimeout time.Duration
-	// MaxActive: passivateOverLimit stops the least recently used idle
-	// entities beyond this many; 0 means no limit.
+	// MaxActive: passivateOverLimit stops the idle entities its policy
+	// (Passivation) values least beyond this many; 0 means no limit.
 	MaxActive int
+	// Passivation names the policy of MaxActive (passivation.Names; ""
+	// is passivation.Default, W-TinyLFU). An unknown name is logged and
+	// the default used (Open refuses it first).
+	Passivation string
 	// StopTimeout bounds each Stop call; 0 means defaultStopTimeout.
 	StopTimeout time.Duration
 	// Logger; nil means slog.Default().
@@ -74,18 +79,36 @@ type hostConfig struct {
 //
 // # Execution
 //
-// Each entity lives in a cell: a FIFO mailbox, a running flag, the Entity
-// (nil until the Factory made it) and the time of its last activity. deliver
-// appends the message to the cell's mailbox and, when no goroutine runs the
-// cell, starts one; that goroutine creates the entity if needed, handles the
-// mailbox one message at a time in deliver order and exits when the mailbox
-// is empty. So an entity handles one message at a time, different entities
-// run concurrently, and an idle entity costs its cell and map entry, never a
-// goroutine. Mailboxes are unbounded: back-pressure is the driver's business.
+// Each entity lives in a cell: a FIFO mailbox (a pooled mailq, nil while
+// the cell is idle), a running flag, the Entity (nil until the Factory
+// made it) and the time of its last activity. deliver appends the message
+// to a running cell's mailbox; an idle cell is marked running and put,
+// with the message, on the host's ready queue (schedule). Workers take
+// cells from the queue (worker, run): a worker creates the entity if
+// needed, takes the cell's whole mailbox as a batch under one lock,
+// handles it one message at a time in deliver order, and goes on until
+// the mailbox is empty (the cell is idle again) or it has handled
+// turnBudget messages (the cell goes back to the end of the queue). A
+// worker that finds the queue empty parks (at most maxIdleWorkers, for at
+// most idleKeep) and exits after that.
+//
+// A Handle may block (I/O), so the workers are not a fixed pool: a worker
+// counts as searching except while it runs a cell, and whenever a cell is
+// queued with no worker searching, a parked worker is woken or a new one
+// started (the Go scheduler's rule for spinning threads). So a queued
+// cell never waits for a blocked one, and the number of workers follows
+// the number of cells running at once; under load a few workers run many
+// cells' batches, where a goroutine per activation used to be started.
+//
+// So an entity handles one message at a time, different entities run
+// concurrently, and an idle entity costs its cell and map entry, never a
+// goroutine. Mailboxes are unbounded: back-pressure is the driver's
+// business. Each worker reuses one Message for Handle (valid during
+// Handle only, as Message says).
 //
 // # Activation and passivation
 //
-// The Factory is called by the cell's goroutine on the first message of an
+// The Factory is called by the cell's worker on the first message of an
 // incarnation. When it fails (or panics) that message is answered with the
 // error and the next message calls the Factory again; a cell left without
 // entity and without messages is removed at once.
@@ -143,20 +166,50 @@ type host struct {
 	epoch   time.Time       // lastActive values are offsets from it
 	stopSem chan struct{}   // bounds concurrent Stop hooks
 
+	// The scheduler (see Execution): the cells ready to run, in order,
+	// and how many workers are not running a cell (about to take one, or
+	// started and not yet running).
+	qmu       sync.Mutex
+	ready     taskQueue
+	searching int
+	idle      []*workerState // parked workers, the last parked last
+
 	mu     sync.RWMutex
 	shards map[int]*shardEntities
 	gone   handledCounts // of the shards forgotten since; guarded by mu (see counts)
+
+	// passivateCalls counts the cells marked passivate: a worker that
+	// sees it change while it runs a batch checks its cell (run).
+	passivateCalls atomic.Uint64
 
 	// Counters of rare events (status.go).
 	activations     atomic.Uint64 // entities created by the Factory
 	passivations    atomic.Uint64 // idle entities stopped (for idleness or the limit)
 	overLimit       atomic.Uint64 // of those, stopped because the region held more than MaxActive
 	refusedStopping atomic.Uint64 // messages refused because their shard was being stopped
+
+	// The active-entity limit's policy (nil without MaxActive): every
+	// cell has an entry in it (cell.lim), attached but while it is being
+	// passivated for the limit. limitMu guards the policy and the entries'
+	// links; it is taken under a shard's mutex, never the reverse.
+	limitMu   sync.Mutex
+	limit     passivation.Policy[limitRef]
+	limitSeed maphash.Seed // hashes ids for the policy's frequency sketch
 }
+
+// limitRef names a cell in the limit's policy.
+type limitRef struct {
+	id    string // the key of the cell in its shard's map
+	shard int
+}
+
+// limitEntry is a cell's entry in the limit's policy: 48 bytes.
+type limitEntry = passivation.Entry[limitRef]
 
 // shardEntities holds the cells of one shard. Lock order: a goroutine may
 // take host.mu while holding shardEntities.mu, never the reverse.
 type shardEntities struct {
+	n int // the shard
 	// ctx is given to the shard's entities; cancel ends it (see host).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -170,7 +223,7 @@ type shardEntities struct {
 	// load.go).
 	delivered uint64
 	// handled counts the messages the shard's entities finished (see
-	// status.go), under the lock each entity's goroutine takes anyway.
+	// status.go), under the lock each entity's worker takes anyway.
 	handled handledCounts
 	// forgotten: the remembered entities that passivated themselves
 	// before the restart of the shard's remembered entities ended
@@ -190,13 +243,16 @@ const (
 // cell is one entity's slot: kept small, it is what an idle entity costs.
 // All fields are guarded by the shard's mutex.
 type cell struct {
-	mailbox    []envelope
+	mailbox    *mailq // nil when empty, always when idle
 	entity     Entity // nil until created, and after a stop or a panic
 	lastActive int64  // nanoseconds since host.epoch
-	running    bool   // a goroutine owns the cell
+	running    bool   // queued or run by a worker (or being stopped): the cell is its owner's
 	stop       uint8
 	passivate  bool // the entity asked to stop once its message is handled
 	remembered bool // hostConfig.Remember recorded the entity
+	// lim is the entity's entry in the limit's policy; nil without
+	// MaxActive. (The cell is 64 bytes with it or without.)
+	lim *limitEntry
 }
 
 // newHost returns a host that holds no entity yet.
@@ -227,6 +283,14 @@ func newHost(cfg hostConfig) *host {
 	}
 	if h.log == nil {
 		h.log = slog.Default()
+	}
+	if h.maxActive > 0 {
+		p, err := passivation.New[limitRef](cfg.Passivation, h.maxActive)
+		if err != nil {
+			h.log.Error("region: unknown passivation policy; the default is used", "error", err, "default", passivation.Default)
+			p, _ = passivation.New[limitRef](passivation.Default, h.maxActive)
+		}
+		h.limit, h.limitSeed = p, maphash.MakeSeed()
 	}
 	if h.clock == nil {
 		h.epoch = time.Now()
@@ -264,7 +328,7 @@ type durableMsg struct {
 	done func()
 }
 
-// deliver queues m for entity id of shard and makes sure a goroutine runs
+// deliver queues m for entity id of shard and makes sure a worker runs
 // the entity. It never waits for an entity. A shard being stopped refuses
 // the message: a request is answered with errShardNotServed.
 func (h *host) deliver(shard int, id string, m *nats.Msg) { h.enqueue(shard, id, envelope{m: m}) }
@@ -288,26 +352,35 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 		return
 	}
 	se.delivered++
-	c := se.cells[id]
+	c, key := se.cells[id], id
 	if c == nil {
 		// Clone: id may point into a larger buffer (the subject).
+		key = strings.Clone(id)
 		c = &cell{lastActive: h.now()}
-		se.cells[strings.Clone(id)] = c
+		se.cells[key] = c
 		if len(se.cells) > se.peak {
 			se.peak = len(se.cells)
 		}
 	}
-	c.mailbox = append(c.mailbox, e)
+	if h.limit != nil {
+		h.touchLimit(c, shard, key)
+	}
 	if c.stop == stopQueued {
 		c.stop = stopNone // cancel a passivation whose Stop has not begun
 	}
 	if c.running {
+		if c.mailbox == nil {
+			c.mailbox = newMailq()
+		}
+		c.mailbox.q = append(c.mailbox.q, e)
 		se.mu.Unlock()
 		return
 	}
+	// An idle cell: its message goes with it to the scheduler, and its
+	// mailbox stays empty (no allocation) unless more come meanwhile.
 	c.running = true
 	se.mu.Unlock()
-	go h.run(se, shard, id, c)
+	h.schedule(task{se: se, c: c, id: key, first: e, hasFirst: true})
 }
 
 // start activates entity id of shard without a message (a remembered
@@ -322,11 +395,15 @@ func (h *host) start(shard int, id string) bool {
 		se.mu.Unlock()
 		return false
 	}
-	c := &cell{lastActive: h.now(), running: true, remembered: true, mailbox: []envelope{{}}}
+	c := &cell{lastActive: h.now(), running: true, remembered: true, mailbox: newMailq()}
+	c.mailbox.q = append(c.mailbox.q, envelope{})
 	se.cells[id] = c
 	se.peak = max(se.peak, len(se.cells))
+	if h.limit != nil {
+		h.touchLimit(c, shard, id)
+	}
 	se.mu.Unlock()
-	go h.run(se, shard, id, c)
+	h.schedule(task{se: se, c: c, id: id})
 	return true
 }
 
@@ -355,6 +432,7 @@ func (h *host) passivate(shard int, id string) {
 	se.mu.Lock()
 	if c := se.cells[id]; c != nil {
 		c.passivate = true
+		h.passivateCalls.Add(1)
 	}
 	se.mu.Unlock()
 }
@@ -370,7 +448,7 @@ func (h *host) shardFor(shard int) *shardEntities {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if se = h.shards[shard]; se == nil {
-		se = &shardEntities{cells: make(map[string]*cell)}
+		se = &shardEntities{n: shard, cells: make(map[string]*cell)}
 		se.ctx, se.cancel = context.WithCancel(h.ctx)
 		h.shards[shard] = se
 	}
@@ -405,6 +483,11 @@ func (h *host) removeLocked(se *shardEntities, shard int, id string, c *cell) {
 	if se.cells[id] == c {
 		delete(se.cells, id)
 	}
+	if c.lim != nil {
+		h.limitMu.Lock()
+		h.limit.Remove(c.lim)
+		h.limitMu.Unlock()
+	}
 	h.drainedLocked(se, shard)
 }
 
@@ -431,31 +514,310 @@ func (h *host) drainedLocked(se *shardEntities, shard int) {
 	close(se.drained)
 }
 
-// run is the goroutine of a cell that has work: it handles the mailbox one
-// message at a time and exits when it is empty. At the end of a shard stop
-// it also stops the entity and removes the cell.
-func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
+// turnBudget is how many messages a worker handles for one cell before
+// it puts the cell back at the end of the ready queue, so that a busy
+// entity does not keep a worker while other cells wait (Akka's
+// dispatcher throughput).
+const turnBudget = 64
+
+// task is a cell made ready: its worker runs it until its mailbox is
+// empty or its budget spent. first is the message that made an idle cell
+// ready, handled before the mailbox (hasFirst); the cell's mailbox then
+// holds only the messages that came after it.
+type task struct {
+	se       *shardEntities
+	c        *cell
+	id       string // the cell's key in se.cells
+	first    envelope
+	hasFirst bool
+}
+
+// taskQueue is a FIFO of tasks in a ring buffer; host.qmu guards it.
+type taskQueue struct {
+	buf     []task
+	head, n int
+}
+
+func (q *taskQueue) push(t task) {
+	if q.n == len(q.buf) {
+		buf := make([]task, max(64, 2*len(q.buf)))
+		for i := range q.n {
+			buf[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = buf, 0
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = t
+	q.n++
+}
+
+func (q *taskQueue) pop() (task, bool) {
+	if q.n == 0 {
+		return task{}, false
+	}
+	t := q.buf[q.head]
+	q.buf[q.head] = task{}
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	if q.n == 0 && len(q.buf) > 1024 {
+		q.buf, q.head = nil, 0 // a burst's queue is not kept
+	}
+	return t, true
+}
+
+// schedule queues a cell the caller marked running and makes sure a
+// worker will take it: if every worker is running a cell (which may
+// block: Handle, Stop and the Factory may do I/O), a parked one is woken
+// or a new one started.
+func (h *host) schedule(t task) {
+	h.qmu.Lock()
+	h.ready.push(t)
+	if h.searching > 0 {
+		h.qmu.Unlock()
+		return
+	}
+	h.searching++
+	w := h.unparkLocked()
+	h.qmu.Unlock()
+	h.wake(w)
+}
+
+// unparkLocked takes the worker parked last, nil if none (h.qmu held).
+func (h *host) unparkLocked() *workerState {
+	n := len(h.idle)
+	if n == 0 {
+		return nil
+	}
+	w := h.idle[n-1]
+	h.idle[n-1] = nil
+	h.idle = h.idle[:n-1]
+	return w
+}
+
+// wake hands the search for ready cells to parked worker w, or to a new
+// worker when w is nil.
+func (h *host) wake(w *workerState) {
+	if w == nil {
+		go h.worker()
+		return
+	}
+	w.wake <- struct{}{}
+}
+
+// maxIdleWorkers bounds the workers parked in a host, each for at most
+// idleKeep: a worker parked when the queue emptied takes the next ready
+// cell at the cost of a wake-up, with its stack grown already, where a
+// new goroutine would start with a small one and grow it in Handle.
+const (
+	maxIdleWorkers = 64
+	idleKeep       = 500 * time.Millisecond
+)
+
+// worker runs ready cells; when none is left it parks (at most
+// maxIdleWorkers, for at most idleKeep) or exits. It counts as searching
+// (host.searching) except while it runs a cell or is parked; a worker
+// that takes a cell and leaves others queued with no other worker
+// searching wakes or starts one. So while cells are queued some worker
+// is about to take one, whatever the others are blocked in; and a burst
+// of messages to idle entities is run by a few goroutines, not one per
+// message.
+func (h *host) worker() {
+	w := &workerState{spare: newMailq(), wake: make(chan struct{}, 1)}
+	h.qmu.Lock()
+	for {
+		t, ok := h.ready.pop()
+		h.searching--
+		if !ok {
+			if !h.park(w) {
+				return
+			}
+			continue // h.qmu held, searching again
+		}
+		var next *workerState
+		more := h.ready.n > 0 && h.searching == 0
+		if more {
+			h.searching++
+			next = h.unparkLocked()
+		}
+		h.qmu.Unlock()
+		if more {
+			h.wake(next)
+		}
+		again := h.run(t, w)
+		h.qmu.Lock()
+		h.searching++
+		if again {
+			t.first, t.hasFirst = envelope{}, false
+			h.ready.push(t)
+		}
+	}
+}
+
+// park parks w (h.qmu held, released while parked) until a schedule
+// wakes it: it returns true with h.qmu held and w counted as searching.
+// It returns false, h.qmu released, when w should exit: too many parked
+// already, or idleKeep passed without work.
+func (h *host) park(w *workerState) bool {
+	if len(h.idle) >= maxIdleWorkers {
+		h.qmu.Unlock()
+		freeMailq(w.spare)
+		return false
+	}
+	h.idle = append(h.idle, w)
+	h.qmu.Unlock()
+	if w.timer == nil {
+		w.timer = time.NewTimer(idleKeep)
+	} else {
+		w.timer.Reset(idleKeep)
+	}
+	select {
+	case <-w.wake:
+		w.timer.Stop()
+	case <-w.timer.C:
+		h.qmu.Lock()
+		if i := slices.Index(h.idle, w); i >= 0 {
+			h.idle = slices.Delete(h.idle, i, i+1)
+			h.qmu.Unlock()
+			freeMailq(w.spare)
+			return false
+		}
+		h.qmu.Unlock()
+		<-w.wake // unparked meanwhile: its waker is on its way
+	}
+	h.qmu.Lock()
+	return true
+}
+
+// maxSpare bounds the mailbox array a worker keeps between cells.
+const maxSpare = 256
+
+// mailq is a cell's mailbox while it has messages queued: the cell
+// holds a pointer (8 bytes, nil when idle) rather than the slice, so that
+// an idle entity costs less. Mailboxes come from mailqs, with room for
+// inline messages (more grow q), and go back to it when their cell goes
+// idle or when a worker has taken their messages.
+type mailq struct {
+	q      []envelope
+	inline [8]envelope
+}
+
+var mailqs = sync.Pool{New: func() any {
+	m := new(mailq)
+	m.q = m.inline[:0]
+	return m
+}}
+
+// newMailq returns an empty mailbox.
+func newMailq() *mailq { return mailqs.Get().(*mailq) }
+
+// freeMailq gives an empty mailbox back to mailqs (nil: none).
+func freeMailq(m *mailq) {
+	if m == nil {
+		return
+	}
+	if cap(m.q) > maxSpare {
+		m.q = m.inline[:0] // a burst's array is not kept
+	}
+	m.q = m.q[:0]
+	mailqs.Put(m)
+}
+
+// len is how many messages m holds (0 for nil).
+func (m *mailq) len() int {
+	if m == nil {
+		return 0
+	}
+	return len(m.q)
+}
+
+// workerState is what a worker reuses from message to message: an empty
+// mailbox array, and the Message given to Handle (valid during Handle
+// only, as Message says).
+type workerState struct {
+	spare *mailq // empty
+	msg   Message
+	wake  chan struct{} // a schedule unparked it
+	timer *time.Timer   // its parking's end
+}
+
+// keep makes the empty mailbox mq w's spare, without an array grown
+// beyond maxSpare.
+func (w *workerState) keep(mq *mailq) {
+	if cap(mq.q) > maxSpare {
+		mq.q = mq.inline[:0]
+	}
+	w.spare = mq
+}
+
+// run runs a cell for its worker. It takes the cell's whole mailbox at
+// once (a batch: the cell gets *spare, empty, for what comes meanwhile),
+// handles it one message at a time without the shard's lock, and takes
+// the next batch, until the mailbox is empty: it returns false, the cell
+// no longer running. When it has handled turnBudget messages and more are
+// queued it returns true: the cell stays running and the caller queues
+// it again. At the end of a shard stop it also stops the entity and
+// removes the cell.
+func (h *host) run(t task, w *workerState) (again bool) {
+	se, c, id, shard := t.se, t.c, t.id, t.se.n
 	var (
-		ent     Entity
-		loaded  bool
 		handled bool
 		counts  handledCounts // since the last time se.mu was taken
+		budget  = turnBudget
+		mq      = w.spare // the batch's mailbox, the cell's before
+		batch   = mq.q[:0]
 	)
+	if t.hasFirst {
+		batch = append(batch, t.first)
+	}
+	// The running cell is this worker's: no other goroutine writes its
+	// entity, so reading it needs no lock.
+	ent := c.entity
 	for {
+		calls := h.passivateCalls.Load()
+		for i := range batch {
+			e := batch[i]
+			batch[i] = envelope{}
+			budget--
+			if e.m == nil {
+				ent = h.startOne(se, shard, id, c, ent)
+			} else {
+				handled = true
+				counts.handled++
+				var err error
+				if ent, err = h.deliverOne(se, shard, id, c, ent, e, &w.msg); err != nil {
+					counts.failed++
+				}
+			}
+			if rest := batch[i+1:]; len(rest) > 0 && h.passivateCalls.Load() != calls {
+				// Some entity asked to stop: if it is this one, the rest
+				// of the batch goes back in front of the mailbox, for the
+				// next incarnation.
+				calls = h.passivateCalls.Load()
+				se.mu.Lock()
+				if c.passivate {
+					if c.mailbox == nil {
+						c.mailbox = newMailq()
+					}
+					c.mailbox.q = append(slices.Clone(rest), c.mailbox.q...)
+					clear(rest)
+					se.mu.Unlock()
+					break
+				}
+				se.mu.Unlock()
+			}
+		}
+		batch = batch[:0]
+		mq.q = batch
+
 		var now int64
 		if handled {
 			now = h.now()
 		}
 		se.mu.Lock()
-		if loaded {
-			c.entity = ent
-		} else {
-			ent, loaded = c.entity, true
-		}
+		c.entity = ent
 		if handled {
 			c.lastActive = now
 			se.handled.add(counts)
-			counts = handledCounts{}
+			counts, handled = handledCounts{}, false
 		}
 		if c.passivate && ent != nil && !se.closing {
 			// The entity asked to stop: it stops now, and a new
@@ -474,10 +836,10 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 			if forget {
 				h.forget(shard, id)
 			}
-			ent, handled = nil, false
+			ent = nil
 			continue
 		}
-		if len(c.mailbox) == 0 {
+		if c.mailbox.len() == 0 {
 			if se.closing && ent != nil {
 				// Deliveries are refused now, so the mailbox stays empty.
 				// An entity that asked to stop is forgotten; the others
@@ -492,28 +854,26 @@ func (h *host) run(se *shardEntities, shard int, id string, c *cell) {
 				ent, c.entity = nil, nil
 			}
 			c.running = false
-			c.mailbox = nil // release the backing array
+			// The idle cell keeps no mailbox; the worker keeps one.
+			freeMailq(c.mailbox)
+			c.mailbox = nil
 			if ent == nil {
 				h.removeLocked(se, shard, id, c)
 			}
 			se.mu.Unlock()
-			return
+			w.keep(mq)
+			return false
 		}
-		e := c.mailbox[0]
-		c.mailbox[0] = envelope{}
-		c.mailbox = c.mailbox[1:]
+		if budget <= 0 {
+			se.mu.Unlock()
+			w.keep(mq)
+			return true
+		}
+		// Swap: the cell's mailbox is the next batch; the cell gets the
+		// empty one, unless nothing comes for it meanwhile.
+		mq, c.mailbox = c.mailbox, mq
+		batch = mq.q
 		se.mu.Unlock()
-
-		if e.m == nil {
-			ent = h.startOne(se, shard, id, c, ent)
-			continue
-		}
-		handled = true
-		counts.handled++
-		var err error
-		if ent, err = h.deliverOne(se, shard, id, c, ent, e); err != nil {
-			counts.failed++
-		}
 	}
 }
 
@@ -544,7 +904,7 @@ func (h *host) startOne(se *shardEntities, shard int, id string, c *cell, ent En
 // it stays in the stream for the next owner).
 //
 // It returns the error the message was answered with.
-func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent Entity, e envelope) (_ Entity, err error) {
+func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
 	ctx := se.ctx
 	if h.trace != nil && e.m.Header != nil {
 		var end func(error)
@@ -556,7 +916,7 @@ func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent 
 	if e.d != nil {
 		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
 	}
-	backoff := retryFirst
+	backoff := wait.RetryFirst
 	for {
 		var data []byte
 		if ent == nil {
@@ -568,18 +928,18 @@ func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent 
 		}
 		if ent != nil {
 			var ok bool
-			if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq); !ok {
+			if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, msg); !ok {
 				ent = nil // panicked: drop this incarnation without Stop
 			}
 		}
 		if e.d != nil && errors.Is(err, ErrUnavailable) {
-			if backoff == retryFirst {
+			if backoff == wait.RetryFirst {
 				h.log.Warn("region: an entity could not handle a message of durable delivery; it gets it again", "shard", shard, "entity", id, "error", err)
 			}
 			if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
 				return ent, err // the shard left: the message stays in the stream
 			}
-			backoff = min(2*backoff, retryMax)
+			backoff = wait.Next(backoff)
 			continue
 		}
 		h.reply(shard, id, e.m, data, err)
@@ -655,16 +1015,18 @@ func (h *host) create(ctx context.Context, shard int, id string) (ent Entity, er
 }
 
 // handle runs ent.Handle for m and returns its answer. ok is false when
-// Handle panicked (err is errEntityPanicked then).
-func (h *host) handle(ctx context.Context, shard int, id string, ent Entity, m *nats.Msg, seq uint64) (data []byte, ok bool, err error) {
+// Handle panicked (err is errEntityPanicked then). msg is the worker's
+// Message, filled for the call and cleared after it.
+func (h *host) handle(ctx context.Context, shard int, id string, ent Entity, m *nats.Msg, seq uint64, msg *Message) (data []byte, ok bool, err error) {
 	defer func() {
+		*msg = Message{}
 		if r := recover(); r != nil {
 			h.log.Error("region: entity panicked",
 				"shard", shard, "entity", id, "subject", m.Subject, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			data, ok, err = nil, false, errEntityPanicked
 		}
 	}()
-	data, err = ent.Handle(ctx, &Message{
+	*msg = Message{
 		EntityID: id,
 		Shard:    shard,
 		Subject:  m.Subject,
@@ -672,7 +1034,8 @@ func (h *host) handle(ctx context.Context, shard int, id string, ent Entity, m *
 		Header:   m.Header,
 		Data:     m.Data,
 		Seq:      seq,
-	})
+	}
+	data, err = ent.Handle(ctx, msg)
 	return data, true, err
 }
 
@@ -768,11 +1131,11 @@ func (h *host) runStops(items []stopItem) {
 func (h *host) stopCell(it stopItem) {
 	se, c := it.se, it.c
 	se.mu.Lock()
-	if c.stop != stopQueued || len(c.mailbox) > 0 {
+	if c.stop != stopQueued || c.mailbox.len() > 0 {
 		// A delivery cancelled the passivation: run the messages.
 		c.stop = stopNone
 		se.mu.Unlock()
-		go h.run(se, it.shard, it.id, c)
+		h.schedule(task{se: se, c: c, id: it.id})
 		return
 	}
 	c.stop = stopRunning
@@ -792,20 +1155,21 @@ func (h *host) stopCell(it stopItem) {
 	se.mu.Lock()
 	c.stop = stopNone
 	c.entity = nil
-	if len(c.mailbox) > 0 {
+	if c.mailbox.len() > 0 {
 		// Messages arrived during Stop: a new incarnation handles them.
 		se.mu.Unlock()
-		go h.run(se, it.shard, it.id, c)
+		h.schedule(task{se: se, c: c, id: it.id})
 		return
 	}
 	c.running = false
+	freeMailq(c.mailbox)
 	c.mailbox = nil
 	h.removeLocked(se, it.shard, it.id, c)
 	se.mu.Unlock()
 }
 
 // passivateIdle starts stopping every entity that has been idle for at
-// least IdleTimeout (empty mailbox, no goroutine running it) and returns how
+// least IdleTimeout (empty mailbox, not running) and returns how
 // many it started. The Stop hooks run in the background; see host. It does
 // nothing when IdleTimeout is 0. The driver calls it periodically.
 func (h *host) passivateIdle() int {
@@ -827,7 +1191,7 @@ func (h *host) passivateIdle() int {
 			se.peak = len(se.cells)
 		}
 		for id, c := range se.cells {
-			if c.running || len(c.mailbox) > 0 || c.lastActive > deadline {
+			if c.running || c.mailbox.len() > 0 || c.lastActive > deadline {
 				continue
 			}
 			c.running = true
@@ -840,68 +1204,93 @@ func (h *host) passivateIdle() int {
 	return len(items)
 }
 
-// passivateOverLimit starts stopping the least recently used idle entities
-// (empty mailbox, no goroutine running them) until the host holds no more
-// than MaxActive, counting those being stopped already, and returns how
-// many it started. A busy entity is never chosen, so the host holds more
-// than MaxActive while more than MaxActive are busy. A message that
-// arrives before the Stop hook has begun cancels the passivation (the
-// entity was used again). It does nothing when MaxActive is 0. The driver
-// calls it often: under the limit it costs a lock per shard; over it, a
-// sort of the idle entities by their last activity.
+// touchLimit records a message to cell c of entity id of shard (se.mu
+// held; id is c's key in the map) in the limit's policy, giving the cell
+// its entry on its first message. A cell whose entry was detached for a
+// passivation that did not happen (a message cancelled it) is added
+// again as a newly activated entity.
+func (h *host) touchLimit(c *cell, shard int, id string) {
+	if c.lim == nil {
+		x := maphash.String(h.limitSeed, id)
+		c.lim = &limitEntry{Hash: uint32(x ^ x>>32), Value: limitRef{id: id, shard: shard}}
+	}
+	h.limitMu.Lock()
+	h.limit.Touch(c.lim)
+	h.limitMu.Unlock()
+}
+
+// passivateOverLimit starts stopping the idle entities (empty mailbox, no
+// goroutine running them) that the limit's policy values least, until the
+// policy holds no more than MaxActive, and returns how many it started.
+// The entities being stopped for the limit are detached from the policy,
+// so they count as gone already. A busy entity is never chosen: the policy
+// gets it back as just used, and the next choice is asked for; so the host
+// holds more than MaxActive while more than MaxActive are busy. A message
+// that arrives before the Stop hook has begun cancels the passivation (the
+// entity was used again, and rejoins the policy as newly activated). It
+// does nothing when MaxActive is 0. The driver calls it often: under the
+// limit it costs one lock; over it, a lock of a shard per entity chosen.
 func (h *host) passivateOverLimit() int {
-	if h.maxActive <= 0 {
+	if h.limit == nil {
 		return 0
 	}
-	shards := h.snapshot()
-	total := 0
-	for _, se := range shards {
-		se.mu.Lock()
-		total += len(se.cells)
-		se.mu.Unlock()
-	}
-	if total <= h.maxActive {
-		return 0
-	}
-	type candidate struct {
-		item stopItem
-		last int64
-	}
-	var cands []candidate
-	excess := total - h.maxActive
-	for n, se := range shards {
-		se.mu.Lock()
-		for id, c := range se.cells {
-			switch {
-			case c.stop != stopNone || se.closing:
-				excess-- // on its way out already
-			case !c.running && len(c.mailbox) == 0 && c.entity != nil:
-				cands = append(cands, candidate{stopItem{se: se, shard: n, id: id, c: c, idle: true, limit: true}, c.lastActive})
-			}
+	var (
+		items   []stopItem
+		victims []*limitEntry
+		budget  = -1 // entries the policy may still offer in this call
+	)
+	for {
+		h.limitMu.Lock()
+		held := h.limit.Len()
+		if budget < 0 {
+			budget = held
 		}
-		se.mu.Unlock()
-	}
-	if excess <= 0 || len(cands) == 0 {
-		return 0
-	}
-	slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(a.last, b.last) })
-	items := make([]stopItem, 0, min(excess, len(cands)))
-	for _, cd := range cands {
-		if len(items) == excess {
+		need := min(held-h.maxActive, budget)
+		if need <= 0 {
+			h.limitMu.Unlock()
 			break
 		}
-		it := cd.item
-		it.se.mu.Lock()
-		// Chosen outside the lock: take it only if it is still idle.
-		if !it.se.closing && it.se.cells[it.id] == it.c && !it.c.running && len(it.c.mailbox) == 0 && it.c.entity != nil && it.c.stop == stopNone {
-			it.c.running = true
-			it.c.stop = stopQueued
-			items = append(items, it)
+		victims = h.limit.Evict(need, victims[:0])
+		h.limitMu.Unlock()
+		if len(victims) == 0 {
+			break
 		}
-		it.se.mu.Unlock()
+		budget -= len(victims)
+		for _, e := range victims {
+			if it, ok := h.takeOverLimit(e); ok {
+				items = append(items, it)
+			}
+		}
 	}
 	h.runStops(items)
 	return len(items)
+}
+
+// takeOverLimit queues the stop of the entity of e, detached from the
+// limit's policy, if it is idle. A busy entity goes back to the policy;
+// one gone or on its way out is left alone (its cell is being removed, or
+// its next message attaches it again).
+func (h *host) takeOverLimit(e *limitEntry) (stopItem, bool) {
+	ref := e.Value
+	h.mu.RLock()
+	se := h.shards[ref.shard]
+	h.mu.RUnlock()
+	if se == nil {
+		return stopItem{}, false
+	}
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	c := se.cells[ref.id]
+	switch {
+	case c == nil || c.lim != e || se.closing || c.stop != stopNone:
+		return stopItem{}, false
+	case c.running || c.mailbox.len() > 0 || c.entity == nil:
+		h.touchLimit(c, ref.shard, ref.id)
+		return stopItem{}, false
+	}
+	c.running = true
+	c.stop = stopQueued
+	return stopItem{se: se, shard: ref.shard, id: ref.id, c: c, idle: true, limit: true}, true
 }
 
 func cloneCells(m map[string]*cell) map[string]*cell {
@@ -923,7 +1312,7 @@ func (h *host) beginStop(shard int, se *shardEntities, items []stopItem) (<-chan
 		se.drained = make(chan struct{})
 		for id, c := range se.cells {
 			if c.running {
-				continue // its goroutine, or a queued passivation, stops it
+				continue // its worker, or a queued passivation, stops it
 			}
 			c.running = true
 			c.stop = stopQueued

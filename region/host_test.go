@@ -2,10 +2,12 @@ package region
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/internal/passivation"
 	"io"
 	"log/slog"
 	"runtime"
@@ -15,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 )
@@ -103,7 +106,7 @@ func quiet(h *host) bool {
 	for _, se := range h.snapshot() {
 		se.mu.Lock()
 		for _, c := range se.cells {
-			if c.running || len(c.mailbox) > 0 {
+			if c.running || c.mailbox.len() > 0 {
 				se.mu.Unlock()
 				return false
 			}
@@ -266,8 +269,8 @@ func TestHostConcurrentEntities(t *testing.T) {
 }
 
 func TestHostMessageFields(t *testing.T) {
-	var seen *Message
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) { seen = m; return nil, nil }}
+	var seen Message // a copy: the *Message is valid during Handle only
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) { seen = *m; return nil, nil }}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
 	m := req("x.y", "data")
@@ -1110,9 +1113,9 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	rec.none(t)
 }
 
-// TestHostActiveLimitLRU: beyond MaxActive, the least recently used idle
-// entities are passivated; a busy one never is, and one used again since
-// keeps its place.
+// TestHostActiveLimitLRU: beyond MaxActive, with the LRU policy, the
+// least recently used idle entities are passivated; a busy one never is,
+// and one used again since keeps its place.
 func TestHostActiveLimitLRU(t *testing.T) {
 	clock := newFakeClock()
 	block := make(chan struct{})
@@ -1132,6 +1135,7 @@ func TestHostActiveLimitLRU(t *testing.T) {
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
 		c.MaxActive = 3
+		c.Passivation = passivation.LRU
 		c.Now = clock.Now
 	})
 	// Busy first (the least recently used of all), then e1..e5, one
@@ -1200,5 +1204,62 @@ func TestHostActiveLimitOff(t *testing.T) {
 	}
 	if n := h.passivateOverLimit(); n != 0 || h.active() != 10 {
 		t.Fatalf("passivateOverLimit = %d, active = %d, with no limit", n, h.active())
+	}
+}
+
+// TestHostActiveLimitWTinyLFU: with the default policy, an entity used
+// often stays active while a scan of entities used once passes through
+// the limit; with LRU the scan passivates it. Each scan entity's message
+// is followed by the check the region runs every 100 ms.
+func TestHostActiveLimitWTinyLFU(t *testing.T) {
+	for _, tc := range []struct {
+		policy  string
+		hotKept bool
+	}{{"", true}, {passivation.LRU, false}} {
+		t.Run(cmp.Or(tc.policy, "default"), func(t *testing.T) {
+			f := &testFactory{}
+			rec := newRecorder()
+			h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+				c.MaxActive = 10 // W-TinyLFU: a window of 1, a main area of 9
+				c.Passivation = tc.policy
+			})
+			send := func(shard int, id string) {
+				t.Helper()
+				h.deliver(shard, id, req(id, ""))
+				rec.next(t)
+			}
+			for range 5 {
+				send(0, "hot")
+			}
+			for i := 1; i <= 9; i++ {
+				send(i%2, fmt.Sprintf("e%d", i))
+			}
+			for i := range 30 {
+				send(i%2, fmt.Sprintf("scan%d", i))
+				eventually(t, "idle", func() bool { return quiet(h) })
+				if n := h.passivateOverLimit(); n != 1 {
+					t.Fatalf("scan %d: passivateOverLimit = %d, want 1", i, n)
+				}
+				eventually(t, "at the limit", func() bool { return h.active() == 10 && quiet(h) })
+			}
+			if kept := slices.Contains(h.shardEntities(0), "hot"); kept != tc.hotKept {
+				t.Fatalf("hot entity active after the scan: %v, want %v (shard 0 holds %v)", kept, tc.hotKept, h.shardEntities(0))
+			}
+			if c := h.overLimit.Load(); c != 30 {
+				t.Fatalf("overLimit = %d, want 30", c)
+			}
+		})
+	}
+}
+
+// TestHostCellSize: the limit's entry costs an idle entity a pointer in
+// its cell, which stays in the 64-byte size class, and 48 bytes more
+// with MaxActive (the policy's entry).
+func TestHostCellSize(t *testing.T) {
+	if n := unsafe.Sizeof(cell{}); n > 64 {
+		t.Errorf("cell is %d bytes, more than 64", n)
+	}
+	if n := unsafe.Sizeof(limitEntry{}); n > 48 {
+		t.Errorf("limitEntry is %d bytes, more than 48", n)
 	}
 }

@@ -39,6 +39,13 @@ type intake interface {
 	// pause stops the shard's messages from reaching the entities (for a
 	// handoff: its entities stop next).
 	pause(handoff uint64)
+	// suspend, on a live shard, holds what arrives (core) or stops pulling
+	// (durable) until resume or stop: the connection dropped.
+	suspend()
+	// resume serves a suspended shard live again: core delivery first
+	// delivers what it held, in order; durable delivery starts again at
+	// the first message not acknowledged.
+	resume()
 	// stop ends the shard here at once, in whatever mode (drop, fence,
 	// close): nothing more reaches the entities; what was held is refused.
 	stop(why string)
@@ -57,6 +64,31 @@ type intake interface {
 func (st *shardState) life() uint64 { return st.lifeN }
 
 func (st *shardState) goLive() { st.a.goLive(st) }
+
+func (st *shardState) suspend() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mode == modeLive {
+		st.mode = modeSuspended
+		if st.seen == nil {
+			st.seen = make(map[string]struct{}) // deliverHeldLocked notes the ids it delivers
+		}
+	}
+}
+
+func (st *shardState) resume() {
+	a := st.a
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mode != modeSuspended {
+		return
+	}
+	held := len(st.held)
+	a.deliverHeldLocked(st, held)
+	st.held, st.heldAt, st.heldNext, st.heldDups, st.seen = nil, nil, 0, 0, nil
+	st.mode = modeLive
+	a.log.Debug("shard resumed", "shard", st.n, "held", held)
+}
 
 func (st *shardState) settle(context.Context) error { return nil }
 
@@ -110,24 +142,66 @@ func (ss *streamShard) goLive() {
 		return
 	}
 	ss.mode = modeLive
-	ss.pulled = make(chan struct{})
-	ss.a.goDo(ss.pull)
+	pulled := make(chan struct{})
+	ss.pulled = pulled
+	ss.a.goDo(func() { ss.pull(pulled) })
+}
+
+// suspend stops pulling; what the iterator still had goes back to the
+// stream when its acknowledgement wait ends.
+func (ss *streamShard) suspend() {
+	ss.mu.Lock()
+	if ss.mode != modeLive {
+		ss.mu.Unlock()
+		return
+	}
+	ss.mode = modeSuspended
+	it := ss.it
+	ss.it = nil
+	ss.mu.Unlock()
+	if it != nil {
+		it.Stop()
+	}
+}
+
+// resume starts pulling again from a new consumer, which starts at the
+// first message not acknowledged (what the suspended iterator had is
+// delivered again, in stream order), once the suspended pull returned.
+func (ss *streamShard) resume() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.mode != modeSuspended {
+		return
+	}
+	ss.mode = modeLive
+	prior, pulled := ss.pulled, make(chan struct{})
+	ss.pulled = pulled
+	ss.a.goDo(func() {
+		if prior != nil {
+			<-prior
+		}
+		if !ss.reset() {
+			close(pulled)
+			return
+		}
+		ss.pull(pulled)
+	})
 }
 
 // pull delivers the shard's messages to their entities while the shard is
 // live; a message pulled when it no longer is goes back to the stream
 // (Nak), for the shard's next owner. It returns when its iterator is
 // closed (pause, stop) or the consumer is gone (a new owner replaced it).
-func (ss *streamShard) pull() {
-	defer close(ss.pulled)
+func (ss *streamShard) pull(done chan struct{}) {
+	defer close(done)
 	a := ss.a
-	backoff := retryFirst
+	backoff := wait.RetryFirst
 	for {
 		ss.mu.Lock()
-		it, md, cons := ss.it, ss.mode, ss.cons
+		it, md, cons, cur := ss.it, ss.mode, ss.cons, ss.pulled
 		ss.mu.Unlock()
-		if md != modeLive {
-			return
+		if md != modeLive || cur != done {
+			return // paused, stopped, or suspended and resumed by another pull
 		}
 		if it == nil {
 			var err error
@@ -136,7 +210,7 @@ func (ss *streamShard) pull() {
 				if !wait.Sleep(a.ctx, backoff) {
 					return
 				}
-				backoff = min(backoff*2, retryMax)
+				backoff = wait.Next(backoff)
 				continue
 			}
 			ss.mu.Lock()
@@ -178,7 +252,7 @@ func (ss *streamShard) pull() {
 			a.limit.log(a.log, "pull-failed", "pulling a shard's messages failed; retrying", "shard", ss.n, "err", err)
 			continue
 		}
-		backoff = retryFirst
+		backoff = wait.RetryFirst
 		ss.deliver(m)
 	}
 }
@@ -217,7 +291,7 @@ func (ss *streamShard) reset() bool {
 	ss.gen++
 	ss.last = nil
 	ss.ackMu.Unlock()
-	for backoff := retryFirst; ; backoff = min(backoff*2, retryMax) {
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 		ss.mu.Lock()
 		live := ss.mode == modeLive
 		ss.it, ss.next = nil, 0

@@ -196,7 +196,7 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 	defer a.host.restartsDone(n)
 	began := time.Now()
 	var ids []string
-	for backoff := retryFirst; ; backoff = min(2*backoff, retryMax) {
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 		ctx, cancel := context.WithTimeout(a.ctx, recordTimeout)
 		var err error
 		ids, err = a.cfg.Remember.RememberedEntities(ctx, n)

@@ -10,12 +10,6 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// Backoff between attempts of a replay or a purge that failed.
-const (
-	retryFirst = 100 * time.Millisecond
-	retryMax   = 2 * time.Second
-)
-
 // replay is the goroutine of a binding shard (modeHold): it replays the
 // shard's buffer up to the end marker handoff, delivering each message to
 // its entity at once (the source may still be appending meanwhile), then
@@ -36,7 +30,7 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	// nobody purges while this replay runs: the messages the earlier
 	// attempts delivered are skipped.
 	done := 0
-	backoff := retryFirst
+	backoff := wait.RetryFirst
 	var marker uint64
 	for {
 		skip := done
@@ -59,13 +53,13 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 		if !wait.Sleep(ctx, backoff) {
 			return
 		}
-		backoff = min(backoff*2, retryMax)
+		backoff = wait.Next(backoff)
 	}
 	// Purge before going live: the shard's next move may start as soon as
 	// it is live, and its new owner replays the buffer from the start, so
 	// messages left in it would be handled twice (a load test caught that
 	// when the purge came after). Held arrivals wait meanwhile.
-	for backoff = retryFirst; ; backoff = min(backoff*2, retryMax) {
+	for backoff = wait.RetryFirst; ; backoff = wait.Next(backoff) {
 		err := a.cfg.Buffer.Purge(ctx, st.n, marker)
 		if err == nil {
 			break

@@ -19,8 +19,12 @@ import (
 //	                                                    |
 //	  (none) <--- Release(X,H): grace, drain, mark --- divert <-- HandOff(X,H)
 //
+//	        connection lost                  the table still names this region
+//	live ------------------> suspended -------------------------------------> live
+//
 // Drop, Fence and Close take any mode back to (none) at once, without end
-// marker. Once a shard has left live (or hold), no message of it reaches
+// marker; so does a confirmation after a reconnect that finds the shard
+// given to another region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
 // the entity host: the mode changes under the shard's lock, and every
 // delivery happens under it.
 type mode uint8
@@ -38,6 +42,12 @@ const (
 	// modeDivert: paused for a handoff; arrivals are appended to the
 	// shard's buffer and the entities are stopping or stopped.
 	modeDivert
+	// modeSuspended: the connection to NATS dropped while the shard was
+	// live. Arrivals (which come again once nats.go has resubscribed) are
+	// held in memory, and a durable shard stops pulling, until the region
+	// has renewed its registration and read the shard table: live again
+	// if the table still names this region, dropped if not.
+	modeSuspended
 )
 
 func (m mode) String() string {
@@ -50,6 +60,8 @@ func (m mode) String() string {
 		return "live"
 	case modeDivert:
 		return "paused"
+	case modeSuspended:
+		return "suspended"
 	}
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
@@ -144,12 +156,16 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 		a.host.deliver(st.n, id, m)
 		st.mu.Unlock()
 		a.stats.Delivered.Add(1)
-	case modeHold:
+	case modeHold, modeSuspended:
 		if len(st.held) >= a.cfg.MaxHeld {
+			why := "is moving"
+			if st.mode == modeSuspended {
+				why = "is suspended while its region reconnects to NATS"
+			}
 			st.mu.Unlock()
 			a.stats.HeldOverflow.Add(1)
-			a.limit.log(a.log, "held-overflow", "refused a message: too many held while replaying the buffer", "shard", st.n, "max", a.cfg.MaxHeld)
-			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld)))
+			a.limit.log(a.log, "held-overflow", "refused a message: too many held while the shard replays its buffer or is suspended", "shard", st.n, "max", a.cfg.MaxHeld)
+			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d %s and region %s holds %d messages for it already", st.n, why, a.cfg.ID, a.cfg.MaxHeld)))
 			return
 		}
 		if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {

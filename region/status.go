@@ -20,8 +20,9 @@ type Status struct {
 	// obeyed (a probe comes every 500 ms); 0 until a coordinator
 	// commanded it.
 	Epoch uint64
-	// Shards held, by mode.
-	Replaying, Live, Paused int
+	// Shards held, by mode (Suspended: held while the region confirms
+	// them after a reconnect, see Agent.Suspend).
+	Replaying, Live, Paused, Suspended int
 }
 
 // Status returns the agent's status.
@@ -40,6 +41,8 @@ func (a *Agent) Status() Status {
 			st.Live++
 		case modeDivert:
 			st.Paused++
+		case modeSuspended:
+			st.Suspended++
 		}
 	}
 	return st

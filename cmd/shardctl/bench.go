@@ -37,6 +37,7 @@ type benchConfig struct {
 	Window   int
 	Rounds   int
 	Requests int
+	Callers  int    // concurrent callers of the client run (0: none)
 	Delivery string // core, durable or both
 
 	Handoff         bool
@@ -104,13 +105,14 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Pubs, "pubs", 2, "publishers, each on a connection of its own")
 	fs.IntVar(&c.Window, "window", 20_000, "most messages published and not yet received (flow control, both sides)")
 	fs.IntVar(&c.Rounds, "rounds", 5, "throughput runs per side, raw and natshard alternating; the median is reported")
-	fs.IntVar(&c.Requests, "requests", 5000, "requests per side for the latency run; durable: messages published one at a time, publish to handled (0: none)")
+	fs.IntVar(&c.Requests, "requests", 5000, "requests per side for the latency run, and 4x per round of 256 pipelined requests to the entities beside a plain responder; durable: messages published one at a time, publish to handled (0: none)")
+	fs.IntVar(&c.Callers, "callers", 64, "core delivery: concurrent callers sending --requests requests per round (3 rounds per side) through natshard.Client beside nc.Request to raw NATS (0: no such run)")
 	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
 	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
 	fs.Float64Var(&c.Rate, "rate", 2000, "messages/s of the background publisher during handoff and failover runs")
-	fs.BoolVar(&c.Failover, "failover", false, "also measure region crashes: kill a region --kills times, time its shards to parked and re-homed")
+	fs.BoolVar(&c.Failover, "failover", false, "also measure crashes: kill a region --kills times, time its shards to parked and re-homed; then kill the coordinator --kills times, time a standby's takeover")
 	fs.IntVar(&c.Kills, "kills", 3, "region crashes to measure")
 	fs.BoolVar(&c.Progress, "progress", false, "show progress on stderr even when it is not a terminal")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured runs to this file")
@@ -213,6 +215,8 @@ func (c benchConfig) validate() error {
 		return bad("--rounds must be at least 1")
 	case c.Requests < 0:
 		return bad("--requests must be 0 or more")
+	case c.Callers < 0 || c.Callers > 10_000:
+		return bad("--callers must be 0..10000, not %d", c.Callers)
 	case c.Delivery != deliveryCore && c.Delivery != deliveryDurable && c.Delivery != deliveryBoth:
 		return bad("--delivery must be core, durable or both, not %q", c.Delivery)
 	case (c.Handoff || c.Failover) && c.Delivery == deliveryDurable:
@@ -330,16 +334,18 @@ func writeAllocProfile(path string) error {
 type benchResult struct {
 	// Ratio is natshard's throughput over raw NATS's, in the same run:
 	// the median over the rounds of each round's ratio.
-	Ratio      float64          `json:"ratio,omitzero"`
-	Config     benchConfigView  `json:"config"`
-	Machine    machineView      `json:"machine"`
-	Throughput throughputResult `json:"throughput,omitzero"`
-	Latency    *latencyResult   `json:"latency,omitempty"`
-	Handoff    *handoffResult   `json:"handoff,omitempty"`
-	Failover   *failoverResult  `json:"failover,omitempty"`
-	Durable    *durableResult   `json:"durable,omitempty"`
-	Seconds    float64          `json:"seconds"`
-	Notes      []string         `json:"notes,omitempty"`
+	Ratio      float64           `json:"ratio,omitzero"`
+	Config     benchConfigView   `json:"config"`
+	Machine    machineView       `json:"machine"`
+	Throughput throughputResult  `json:"throughput,omitzero"`
+	Latency    *latencyResult    `json:"latency,omitempty"`
+	Concurrent *concurrentResult `json:"concurrent,omitempty"`
+	Pipelined  *pipelinedResult  `json:"pipelined,omitempty"`
+	Handoff    *handoffResult    `json:"handoff,omitempty"`
+	Failover   *failoverResult   `json:"failover,omitempty"`
+	Durable    *durableResult    `json:"durable,omitempty"`
+	Seconds    float64           `json:"seconds"`
+	Notes      []string          `json:"notes,omitempty"`
 }
 
 func newBenchResult(c benchConfig) *benchResult {
@@ -349,7 +355,7 @@ func newBenchResult(c benchConfig) *benchResult {
 	}
 	return &benchResult{
 		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
-			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Delivery: c.Delivery},
+			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery},
 		Machine: machine(),
 	}
 }
@@ -392,6 +398,7 @@ type benchConfigView struct {
 	Window   int    `json:"window"`
 	Rounds   int    `json:"rounds"`
 	Requests int    `json:"requests"`
+	Callers  int    `json:"callers"`
 	Delivery string `json:"delivery"`
 }
 
@@ -450,6 +457,44 @@ type latencySide struct {
 	MaxUS  float64 `json:"max_us"`
 }
 
+// concurrentResult is the run of concurrent callers: Callers goroutines
+// share Requests requests per round, each sending one and waiting for
+// its answer, through natshard.Client.Request (to the echo entities) or
+// nc.Request (to the raw responders), on the same connection; Rounds
+// rounds per side, alternating. Ratio is the median of the rounds'
+// ratios, natshard over raw.
+type concurrentResult struct {
+	Callers int `json:"callers"`
+	requestRuns
+}
+
+// pipelinedResult is the run of pipelined requests: one publisher keeps
+// Window requests in flight on the requester's connection, their answers
+// counted on one reply subject, to the echo entities or to the raw
+// responders (a plain responder in the bench's process); Rounds rounds
+// per side, alternating. Ratio is the median of the rounds' ratios.
+type pipelinedResult struct {
+	Window int `json:"window"`
+	requestRuns
+}
+
+// requestRuns are the rounds of a requests' run, natshard's and raw
+// NATS's alternating.
+type requestRuns struct {
+	Requests    int            `json:"requests"` // per round and side
+	Rounds      int            `json:"rounds"`
+	Natshard    concurrentSide `json:"natshard"`
+	Raw         concurrentSide `json:"raw"`
+	Ratio       float64        `json:"ratio"`
+	RoundsRatio []float64      `json:"rounds_ratio"`
+}
+
+type concurrentSide struct {
+	ReqsPerSec   float64   `json:"reqs_per_sec"` // median of the rounds
+	RoundsPerSec []float64 `json:"rounds_reqs_per_sec"`
+	Errors       int64     `json:"errors"`
+}
+
 type handoffResult struct {
 	Entities int       `json:"entities"`
 	Moves    int       `json:"moves"`
@@ -469,6 +514,12 @@ type failoverResult struct {
 	RehomedP99MS float64   `json:"rehomed_p99_ms"`
 	RehomedMaxMS float64   `json:"rehomed_max_ms"`
 	Rehomed      []float64 `json:"rehomed_ms"`
+	// Coordinator crashes (as many as region crashes): from the kill of
+	// the leading coordinator's node until a standby candidate answers as
+	// the coordinator of a newer epoch.
+	CoordinatorP50MS float64   `json:"coordinator_p50_ms"`
+	CoordinatorMaxMS float64   `json:"coordinator_max_ms"`
+	Coordinator      []float64 `json:"coordinator_ms"`
 }
 
 func machine() machineView {
@@ -485,6 +536,16 @@ func (r *benchResult) print(out io.Writer) error {
 		fmt.Fprintln(out)
 		rows := throughputRows(r.Throughput)
 		rows = append(rows, latencyRows(r.Latency, "request", "requests")...)
+		if cr := r.Concurrent; cr != nil {
+			rows = append(rows,
+				[]any{fmt.Sprintf("req/s, %d callers", cr.Callers), fmt.Sprintf("%.0f (Client)", cr.Natshard.ReqsPerSec), fmt.Sprintf("%.0f (nc.Request)", cr.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", cr.Ratio)},
+				[]any{"req/s (rounds)", joinRates(cr.Natshard.RoundsPerSec, "%.0f"), joinRates(cr.Raw.RoundsPerSec, "%.0f"), joinRates(cr.RoundsRatio, "%.2f")})
+		}
+		if pr := r.Pipelined; pr != nil {
+			rows = append(rows,
+				[]any{fmt.Sprintf("req/s, %d in flight", pr.Window), fmt.Sprintf("%.0f (entities)", pr.Natshard.ReqsPerSec), fmt.Sprintf("%.0f (responder)", pr.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", pr.Ratio)},
+				[]any{"req/s (rounds)", joinRates(pr.Natshard.RoundsPerSec, "%.0f"), joinRates(pr.Raw.RoundsPerSec, "%.0f"), joinRates(pr.RoundsRatio, "%.2f")})
+		}
 		if err := table(out, []string{"", "NATSHARD", "RAW NATS", "RATIO/DIFF"}, rows); err != nil {
 			return err
 		}
@@ -510,6 +571,8 @@ func (r *benchResult) print(out io.Writer) error {
 	if f := r.Failover; f != nil {
 		fmt.Fprintf(out, "\nregion crash under %.0f msg/s, %d kills: its shards parked p50 %.0f ms (max %.0f), re-homed p50 %.0f ms, p99 %.0f ms, max %.0f ms\n",
 			f.Rate, f.Kills, f.ParkedP50MS, f.ParkedMaxMS, f.RehomedP50MS, f.RehomedP99MS, f.RehomedMaxMS)
+		fmt.Fprintf(out, "coordinator crash, %d kills: a new coordinator answers after p50 %.0f ms, max %.0f ms\n",
+			len(f.Coordinator), f.CoordinatorP50MS, f.CoordinatorMaxMS)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(out, "note: %s\n", n)

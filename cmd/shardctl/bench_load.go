@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -312,6 +313,18 @@ func (b *bench) runCore(res *benchResult) error {
 			return err
 		}
 		res.Latency = l
+		if c.Callers > 0 {
+			cr, err := b.concurrent()
+			if err != nil {
+				return err
+			}
+			res.Concurrent = cr
+		}
+		pr, err := b.pipelined()
+		if err != nil {
+			return err
+		}
+		res.Pipelined = pr
 	}
 	if c.Handoff {
 		h, err := b.handoff()
@@ -569,6 +582,194 @@ func (b *bench) latency(label, what string, sample func(nat bool, subject string
 	return l, nil
 }
 
+// concurrentRounds is the rounds per side of the concurrent callers' run.
+const concurrentRounds = 3
+
+// concurrent runs cfg.Callers callers, concurrentRounds rounds per side
+// alternating which goes first, each round cfg.Requests requests to the
+// entities round-robin: through a natshard.Client on the requester's
+// connection, and with nc.Request on it to the raw responders.
+func (b *bench) concurrent() (*concurrentResult, error) {
+	c := b.cfg
+	opts := []natshard.ClientOption{natshard.WithTimeout(c.Timeout)}
+	if c.DataPrefix != "" {
+		opts = append(opts, natshard.WithPrefix(c.DataPrefix))
+	}
+	client := natshard.NewClient(b.requester, opts...)
+	if _, err := client.Request(b.ctx, b.sys.typ, b.ids[0], b.reqBody); err != nil { // learns the type
+		return nil, fmt.Errorf("client request: %w", err)
+	}
+	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: c.Requests, Rounds: concurrentRounds}}
+	var done atomic.Int64
+	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(2*concurrentRounds*c.Requests), done.Load)
+	defer b.prog.clear()
+	run := func(nat bool) (float64, int64, error) {
+		var next, errs atomic.Int64
+		var firstErr atomic.Pointer[error]
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for range c.Callers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= c.Requests || b.ctx.Err() != nil {
+						return
+					}
+					e := i % len(b.ids)
+					var err error
+					if nat {
+						_, err = client.Request(b.ctx, b.sys.typ, b.ids[e], b.reqBody)
+					} else {
+						_, err = b.requester.Request(b.rawSubj[e], b.reqBody, c.Timeout)
+					}
+					done.Add(1)
+					if err != nil {
+						errs.Add(1)
+						firstErr.CompareAndSwap(nil, &err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		d := time.Since(t0)
+		if err := b.ctx.Err(); err != nil {
+			return 0, 0, err
+		}
+		if n := errs.Load(); n > maxLatencyErrors {
+			return 0, n, fmt.Errorf("%d of %d requests failed, the first with: %w", n, c.Requests, *firstErr.Load())
+		}
+		return float64(c.Requests) / d.Seconds(), errs.Load(), nil
+	}
+	if err := res.alternate(run); err != nil {
+		return nil, fmt.Errorf("concurrent callers' run: %w", err)
+	}
+	return res, nil
+}
+
+// alternate runs r.Rounds rounds per side, alternating which side goes
+// first, and sets the rates and ratios. run returns a round's requests
+// per second and its errors.
+func (r *requestRuns) alternate(run func(nat bool) (float64, int64, error)) error {
+	for round := range r.Rounds {
+		for _, nat := range []bool{round%2 == 1, round%2 == 0} {
+			side := &r.Raw
+			if nat {
+				side = &r.Natshard
+			}
+			rate, errs, err := run(nat)
+			side.Errors += errs
+			if err != nil {
+				return err
+			}
+			side.RoundsPerSec = append(side.RoundsPerSec, rate)
+		}
+		r.RoundsRatio = append(r.RoundsRatio, r.Natshard.RoundsPerSec[round]/r.Raw.RoundsPerSec[round])
+	}
+	r.Natshard.ReqsPerSec, r.Raw.ReqsPerSec = median(r.Natshard.RoundsPerSec), median(r.Raw.RoundsPerSec)
+	r.Ratio = median(r.RoundsRatio)
+	return nil
+}
+
+// Pipelined requests: pipelineWindow in flight, pipelineFactor times
+// --requests per round and side.
+const (
+	pipelineWindow = 256
+	pipelineFactor = 4
+)
+
+// pipelined keeps pipelineWindow requests in flight from the requester's
+// connection, all answered to one reply subject, to the echo entities and
+// to the raw responders in turn (issue 14: natshard's request throughput
+// against a plain responder's).
+func (b *bench) pipelined() (*pipelinedResult, error) {
+	n := pipelineFactor * b.cfg.Requests
+	res := &pipelinedResult{Window: pipelineWindow, requestRuns: requestRuns{Requests: n, Rounds: concurrentRounds}}
+	type run struct {
+		nat      bool // to the entities
+		slots    chan struct{}
+		answered atomic.Int64
+		errs     atomic.Int64
+		done     chan struct{}
+	}
+	var cur atomic.Pointer[run]
+	echo := b.cfg.Kind == "echo" // the raw responders echo; kv entities answer with a value
+	reply := nats.NewInbox()
+	sub, err := b.requester.Subscribe(reply, func(m *nats.Msg) {
+		r := cur.Load()
+		if r == nil {
+			return
+		}
+		// An entity's error, the server's "no responders" (status 503),
+		// or not the echo of the request.
+		if m.Header.Get(protocol.HeaderError) != "" || m.Header.Get("Status") == "503" ||
+			(echo || !r.nat) && !bytes.Equal(m.Data, b.reqBody) {
+			r.errs.Add(1)
+		}
+		select {
+		case <-r.slots:
+		default:
+		}
+		if r.answered.Add(1) == int64(n) {
+			close(r.done)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pipelined requests: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return nil, fmt.Errorf("pipelined requests: %w", err)
+	}
+	var done atomic.Int64
+	b.prog.phase(fmt.Sprintf("requests, %d in flight", pipelineWindow), int64(2*concurrentRounds*n), done.Load)
+	defer b.prog.clear()
+	one := func(nat bool) (float64, int64, error) {
+		subjects := b.rawSubj
+		if nat {
+			subjects = b.natSubj
+		}
+		r := &run{nat: nat, slots: make(chan struct{}, pipelineWindow), done: make(chan struct{})}
+		cur.Store(r)
+		defer cur.Store(nil)
+		stall := time.NewTimer(b.cfg.Timeout)
+		defer stall.Stop()
+		t0 := time.Now()
+		for i := range n {
+			select {
+			case r.slots <- struct{}{}:
+			case <-stall.C:
+				return 0, 0, fmt.Errorf("%d of %d requests answered, none for %v", r.answered.Load(), n, b.cfg.Timeout)
+			case <-b.ctx.Done():
+				return 0, 0, b.ctx.Err()
+			}
+			stall.Reset(b.cfg.Timeout)
+			if err := b.requester.PublishMsg(&nats.Msg{Subject: subjects[i%len(subjects)], Reply: reply, Data: b.reqBody}); err != nil {
+				return 0, 0, err
+			}
+			done.Add(1)
+		}
+		if err := b.requester.Flush(); err != nil {
+			return 0, 0, err
+		}
+		select {
+		case <-r.done:
+		case <-stall.C:
+			return 0, 0, fmt.Errorf("%d of %d requests answered %v after the last was sent", r.answered.Load(), n, b.cfg.Timeout)
+		case <-b.ctx.Done():
+			return 0, 0, b.ctx.Err()
+		}
+		rate := float64(n) / time.Since(t0).Seconds()
+		if errs := r.errs.Load(); errs > maxLatencyErrors {
+			return 0, errs, fmt.Errorf("%d of %d requests answered with an error", errs, n)
+		}
+		return rate, r.errs.Load(), nil
+	}
+	if err := res.alternate(one); err != nil {
+		return nil, fmt.Errorf("pipelined requests: %w", err)
+	}
+	return res, nil
+}
+
 // request is a sample of core delivery's latency: a request and its
 // answer.
 func (b *bench) request(_ bool, subject string) (time.Duration, error) {
@@ -790,7 +991,8 @@ func (b *bench) waitOwner(shard int, target string) error {
 }
 
 // failover kills the newest region cfg.Kills times (its connection closes
-// at once, as at a kill -9; the coordinator notices by its probes) while
+// at once, as at a kill -9; the coordinator learns it from the embedded
+// server's disconnect advisory, or from its probes on a --nats server) while
 // a publisher sends to every entity at cfg.Rate, and measures the time
 // from the kill until the coordinator's table shows every shard of the
 // dead region parked (or further), and until they are all active on the
@@ -854,6 +1056,17 @@ func (b *bench) failover() (*failoverResult, error) {
 		}
 		killed.Add(1)
 	}
+	var took []time.Duration
+	for range b.cfg.Kills {
+		d, err := b.sys.crashCoordinator(b.ctx)
+		if err != nil {
+			return nil, err
+		}
+		took = append(took, d)
+		res.Coordinator = append(res.Coordinator, ms(d))
+	}
+	slices.Sort(took)
+	res.CoordinatorP50MS, res.CoordinatorMaxMS = ms(percentile(took, 0.5)), ms(percentile(took, 1))
 	slices.Sort(parked)
 	slices.Sort(rehomed)
 	res.ParkedP50MS, res.ParkedMaxMS = ms(percentile(parked, 0.5)), ms(percentile(parked, 1))

@@ -16,8 +16,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -29,18 +31,26 @@ type benchServer struct {
 	url string
 	srv *server.Server // nil with --nats
 	dir string         // the embedded server's store
+	// sys is the password of the embedded server's system account user
+	// (benchSysUser): the coordinator reads the servers' disconnect
+	// advisories with it, as shardd does on its embedded server.
+	sys string
 }
+
+// benchSysUser is the embedded server's system account user.
+const benchSysUser = "shardctl-bench-system"
 
 // openBenchServer starts the embedded server, unless cfg.NATS names one.
 func openBenchServer(cfg benchConfig) (*benchServer, error) {
 	if cfg.NATS != "" {
 		return &benchServer{url: cfg.NATS}, nil
 	}
-	srv, dir, err := startBenchServer()
+	sys := nuid.Next()
+	srv, dir, err := startBenchServer(sys)
 	if err != nil {
 		return nil, err
 	}
-	return &benchServer{url: srv.ClientURL(), srv: srv, dir: dir}, nil
+	return &benchServer{url: srv.ClientURL(), srv: srv, dir: dir, sys: sys}, nil
 }
 
 // close shuts the embedded server down and removes its store.
@@ -59,6 +69,7 @@ func (s *benchServer) close() {
 type benchSystem struct {
 	cfg      benchConfig
 	url      string
+	sys      string            // the embedded server's system user's password; "" with --nats
 	typ      string            // the type's name
 	delivery natshard.Delivery // the type's delivery mode
 	subjects protocol.Subjects
@@ -76,9 +87,17 @@ type benchSystem struct {
 	order   []string // region ids, in start order
 	nextID  int
 
-	coordinator *natshard.Node
+	coordinator *benchCoordinator
+	coords      int          // coordinator candidates started
 	conns       []*nats.Conn // every connection opened, closed by close
 	created     bool         // the type was created: close deletes it from a --nats server
+}
+
+// benchCoordinator is a coordinator candidate: a node without region, on
+// connections of its own.
+type benchCoordinator struct {
+	node  *natshard.Node
+	conns []*nats.Conn
 }
 
 // benchRegion is one region of the system.
@@ -137,7 +156,7 @@ func (e *probed) Stop(ctx context.Context) error { return e.inner.Stop(ctx) }
 // starts cfg.Regions regions and a coordinator, and waits until every
 // shard is active and served live.
 func startBenchSystem(ctx context.Context, cfg benchConfig, srv *benchServer, typ string, delivery natshard.Delivery) (s *benchSystem, err error) {
-	s = &benchSystem{cfg: cfg, url: srv.url, typ: typ, delivery: delivery, regions: map[string]*benchRegion{}, log: slog.New(slog.DiscardHandler)}
+	s = &benchSystem{cfg: cfg, url: srv.url, sys: srv.sys, typ: typ, delivery: delivery, regions: map[string]*benchRegion{}, log: slog.New(slog.DiscardHandler)}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -178,16 +197,21 @@ func startBenchSystem(ctx context.Context, cfg benchConfig, srv *benchServer, ty
 }
 
 // startBenchServer starts an embedded NATS server with JetStream in a
-// temporary directory, on a random port of 127.0.0.1.
-func startBenchServer() (*server.Server, string, error) {
+// temporary directory, on a random port of 127.0.0.1, with a system
+// account whose user benchSysUser has password sys (every other client is
+// in the global account, without credentials).
+func startBenchServer(sys string) (*server.Server, string, error) {
 	dir, err := os.MkdirTemp("", "shardctl-bench-")
 	if err != nil {
 		return nil, "", err
 	}
+	acc := server.NewAccount("SYS")
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "shardctl-bench", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
 		PingInterval: 2 * time.Second, MaxPingsOut: 3,
+		Accounts: []*server.Account{acc}, SystemAccount: acc.Name, NoAuthUser: "bench",
+		Users: []*server.User{{Username: benchSysUser, Password: sys, Account: acc}, {Username: "bench"}},
 	})
 	if err != nil {
 		os.RemoveAll(dir)
@@ -203,9 +227,9 @@ func startBenchServer() (*server.Server, string, error) {
 }
 
 // connect opens a connection with shardd's options.
-func (s *benchSystem) connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(s.url, nats.Name("shardctl-bench-"+name), nats.PingInterval(2*time.Second),
-		nats.MaxPingsOutstanding(2), nats.MaxReconnects(0), nats.Timeout(s.cfg.Timeout))
+func (s *benchSystem) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(s.url, append([]nats.Option{nats.Name("shardctl-bench-" + name), nats.PingInterval(2 * time.Second),
+		nats.MaxPingsOutstanding(2), nats.MaxReconnects(0), nats.Timeout(s.cfg.Timeout)}, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to NATS at %s: %w", s.url, err)
 	}
@@ -294,17 +318,87 @@ func (s *benchSystem) region(id string) *benchRegion {
 	return s.regions[id]
 }
 
-// startCoordinator runs the one coordinator, a node that hosts no region,
+// startCoordinator starts a coordinator candidate, a node that hosts no region,
 // on a connection of its own.
 func (s *benchSystem) startCoordinator(ctx context.Context) error {
-	nc, err := s.connect("coordinator")
+	s.coords++
+	name := "coordinator-" + strconv.Itoa(s.coords)
+	nc, err := s.connect(name)
 	if err != nil {
 		return err
 	}
-	if s.coordinator, err = s.startNode(ctx, nc, natshard.Options{Region: "bench-coordinator", NoRegion: true}, nil); err != nil {
+	c := &benchCoordinator{conns: []*nats.Conn{nc}}
+	opts := natshard.Options{Region: "bench-" + name, NoRegion: true}
+	if s.sys != "" {
+		if opts.SystemConn, err = s.connect(name+"-system", nats.UserInfo(benchSysUser, s.sys)); err != nil {
+			return err
+		}
+		c.conns = append(c.conns, opts.SystemConn)
+	}
+	s.coordinator = c
+	if c.node, err = s.startNode(ctx, nc, opts, nil); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	return nil
+}
+
+// crashCoordinator starts a standby candidate, kills the leading
+// coordinator's node as kill -9 would (its connections close at once) and
+// returns how long until the standby answers as the coordinator of a
+// newer epoch. The standby is the coordinator from then on.
+func (s *benchSystem) crashCoordinator(ctx context.Context) (time.Duration, error) {
+	old := s.coordinator
+	before, err := s.status()
+	if err != nil {
+		return 0, err
+	}
+	if err := s.startCoordinator(ctx); err != nil { // the standby: s.coordinator from now on
+		return 0, err
+	}
+	// As in a deployment, the standby is waiting for the lease when the
+	// holder dies: it has read who holds it, so the server's report of the
+	// holder's closed connection means something to it.
+	if !wait.Sleep(ctx, time.Second) {
+		return 0, ctx.Err()
+	}
+	t0 := time.Now()
+	for _, nc := range old.conns {
+		nc.Close()
+	}
+	// A status request every 2 ms, each waiting up to a second without
+	// holding up the next: one sent as the connections close may reach
+	// the dead coordinator, and the new one answers what reached it
+	// before it was ready only when it is. The first answer of a newer
+	// epoch is the time.
+	answered := make(chan time.Duration, 1)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var polls sync.WaitGroup
+	defer polls.Wait()
+	poll := time.NewTicker(2 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case d := <-answered:
+			s.crashed.Go(func() { _ = old.node.Close(context.Background()) })
+			return d, nil
+		case <-pctx.Done():
+			return 0, pctx.Err()
+		case <-poll.C:
+			if time.Since(t0) > 60*time.Second {
+				return 0, errors.New("no new coordinator 60 s after the coordinator's crash")
+			}
+			polls.Go(func() {
+				st, err := s.statusWithin(time.Second)
+				if err == nil && st.Coordinator.Epoch > before.Coordinator.Epoch {
+					select {
+					case answered <- time.Since(t0):
+					default:
+					}
+				}
+			})
+		}
+	}
 }
 
 // close stops the nodes and, on a server given with --nats, deletes the
@@ -317,8 +411,8 @@ func (s *benchSystem) close() {
 		cancel()
 	}
 	s.crashed.Wait()
-	if s.coordinator != nil {
-		_ = s.coordinator.Close(context.Background())
+	if s.coordinator != nil && s.coordinator.node != nil {
+		_ = s.coordinator.node.Close(context.Background())
 	}
 	if s.cfg.NATS != "" && s.created {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
@@ -340,9 +434,12 @@ func (s *benchSystem) close() {
 }
 
 // status asks the coordinator for its status.
-func (s *benchSystem) status() (protocol.Status, error) {
+func (s *benchSystem) status() (protocol.Status, error) { return s.statusWithin(s.cfg.Timeout) }
+
+// statusWithin is status with a timeout of its own.
+func (s *benchSystem) statusWithin(timeout time.Duration) (protocol.Status, error) {
 	var st protocol.Status
-	m, err := s.admin.Request(s.subjects.Admin(protocol.AdminStatus), nil, s.cfg.Timeout)
+	m, err := s.admin.Request(s.subjects.Admin(protocol.AdminStatus), nil, timeout)
 	if err != nil {
 		return st, err
 	}

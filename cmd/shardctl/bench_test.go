@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"math"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -13,7 +17,7 @@ import (
 )
 
 // bench runs shardctl with args and decodes its JSON output.
-func benchJSON(t *testing.T, args ...string) benchResult {
+func benchJSON(t testing.TB, args ...string) benchResult {
 	t.Helper()
 	res, _ := benchJSONRaw(t, args...)
 	return res
@@ -21,7 +25,7 @@ func benchJSON(t *testing.T, args ...string) benchResult {
 
 // benchJSONRaw is benchJSON that also returns the JSON as generic
 // values, to check the field names.
-func benchJSONRaw(t *testing.T, args ...string) (benchResult, map[string]any) {
+func benchJSONRaw(t testing.TB, args ...string) (benchResult, map[string]any) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
@@ -64,6 +68,18 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 			t.Errorf("%s latency: %+v, want %d requests answered and ordered percentiles", name, side, requests)
 		}
 	}
+	cr := res.Concurrent
+	if cr == nil {
+		t.Fatal("no concurrent callers' run")
+	}
+	for name, side := range map[string]concurrentSide{"natshard": cr.Natshard, "raw": cr.Raw} {
+		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != concurrentRounds {
+			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, concurrentRounds)
+		}
+	}
+	if cr.Callers != res.Config.Callers || cr.Requests != requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != concurrentRounds {
+		t.Errorf("concurrent callers: %+v, config %+v", cr, res.Config)
+	}
 }
 
 // TestBench runs shardctl bench with tiny sizes against a NATS server of
@@ -94,10 +110,15 @@ func TestBench(t *testing.T) {
 	if res.Config.Server != "embedded" || res.Config.Type != "bench" {
 		t.Errorf("config %+v", res.Config)
 	}
+	if p := res.Pipelined; p == nil || p.Window != 256 || p.Requests != 4*50 || len(p.RoundsRatio) != 3 || p.Ratio <= 0 ||
+		p.Natshard.ReqsPerSec <= 0 || p.Raw.ReqsPerSec <= 0 || p.Natshard.Errors != 0 || p.Raw.Errors != 0 {
+		t.Errorf("pipelined %+v", res.Pipelined)
+	}
 	if h := res.Handoff; h == nil || len(h.Samples) != 2 || h.P50MS <= 0 || h.MaxMS < h.P50MS {
 		t.Errorf("handoff %+v", res.Handoff)
 	}
-	if f := res.Failover; f == nil || len(f.Rehomed) != 1 || f.RehomedP50MS <= 0 || f.ParkedP50MS <= 0 || f.ParkedP50MS > f.RehomedP50MS {
+	if f := res.Failover; f == nil || len(f.Rehomed) != 1 || f.RehomedP50MS <= 0 || f.ParkedP50MS <= 0 || f.ParkedP50MS > f.RehomedP50MS ||
+		len(f.Coordinator) != 1 || f.CoordinatorP50MS <= 0 {
 		t.Errorf("failover %+v", res.Failover)
 	}
 }
@@ -232,10 +253,13 @@ func TestBenchTable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"NATSHARD", "RAW NATS", "msgs/s (median)", "CPU us/msg", "100/100   100/100", "request p99.9"} {
+	for _, want := range []string{"NATSHARD", "RAW NATS", "msgs/s (median)", "CPU us/msg", "request p99.9", "req/s, 64 callers"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
+	}
+	if !regexp.MustCompile(`received/sent +100/100 +100/100`).MatchString(stdout.String()) {
+		t.Errorf("table lacks the counts 100/100 of each side:\n%s", stdout.String())
 	}
 	if !strings.Contains(stderr.String(), "throughput natshard 1/1") || !strings.Contains(stderr.String(), "\r\033[K") {
 		t.Errorf("--progress drew no bar on stderr: %q", stderr.String())
@@ -307,5 +331,40 @@ func TestBenchFlags(t *testing.T) {
 	}
 	if _, err := natstest.JetStream(t, nc).KeyValue(context.Background(), kvstate.BucketName("mine")); err != nil {
 		t.Errorf("the existing type's bucket is gone: %v", err)
+	}
+}
+
+// BenchmarkEntities is issue 14's curve of the cost per message as the
+// entities of the workload grow from 1 000 to 1 000 000: shardctl bench's
+// throughput rounds (2 regions, 128 shards, echo entities, messages
+// spread uniformly: message i to entity i mod N), each run a whole
+// `shardctl bench --entities N --requests 0 --json`, so the ratio to raw
+// NATS is of the same run. A round sends max(300 000, N) messages per
+// side, so that each round reaches every entity; the first natshard
+// round activates them (first-round-msgs/s), the medians of the 5 rounds
+// are steady state (entities active and idle). Run with
+//
+//	go test -run '^$' -bench BenchmarkEntities -benchtime 1x ./cmd/shardctl/
+func BenchmarkEntities(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("entities=%d", n), func(b *testing.B) {
+			msgs := max(300_000, n)
+			for range b.N {
+				res := benchJSON(b, "bench", "--json", "--entities", strconv.Itoa(n), "--msgs", strconv.Itoa(msgs), "--requests", "0")
+				t := res.Throughput
+				if want := int64(msgs * 5); t.Natshard.Received != want || t.Raw.Received != want {
+					b.Fatalf("received %d (natshard) and %d (raw) of %d", t.Natshard.Received, t.Raw.Received, want)
+				}
+				b.ReportMetric(t.Natshard.CPUPerMsgUS, "cpu-us/msg")
+				b.ReportMetric(t.Raw.CPUPerMsgUS, "raw-cpu-us/msg")
+				b.ReportMetric(t.CPURatio, "cpu-ratio")
+				b.ReportMetric(t.Ratio, "ratio")
+				b.ReportMetric(t.Natshard.MsgsPerSec, "msgs/s")
+				b.ReportMetric(t.Natshard.RoundsPerSec[0], "first-round-msgs/s")
+				slog.Info("entities curve", "entities", n, "msgs_per_round", msgs,
+					"natshard_cpu_us", t.Natshard.CPUPerMsgUS, "raw_cpu_us", t.Raw.CPUPerMsgUS, "cpu_ratio", t.CPURatio,
+					"ratio", t.Ratio, "rounds_ratio", t.RoundsRatio, "natshard_rounds", t.Natshard.RoundsPerSec)
+			}
+		})
 	}
 }

@@ -171,7 +171,7 @@ func (c config) natshard(log *slog.Logger) (natshard.Options, natshard.Type, err
 	}
 	typ := natshard.Type{
 		Name: c.Type, Kind: c.Kind, Entity: entity, Shards: c.Shards, Strategy: c.Strategy, Delivery: natshard.Delivery(c.Delivery), Replicas: c.Replicas,
-		IdleTimeout: offZero(c.IdleTimeout), MaxActive: c.MaxActive, HandOffTimeout: c.HandOffTimeout, RebalanceInterval: offZero(c.RebalanceInterval),
+		IdleTimeout: offZero(c.IdleTimeout), MaxActive: c.MaxActive, PassivationPolicy: c.Passivation, HandOffTimeout: c.HandOffTimeout, RebalanceInterval: offZero(c.RebalanceInterval),
 		MaxMoves: c.MaxMoves, BufferSize: c.BufferSize, MinRegions: c.MinRegions, Remember: c.Remember, RestartRate: c.RestartRate,
 		BucketBytes: int64(c.BucketBytes), BufferBytes: int64(c.BufferBytes), StreamBytes: int64(c.StreamBytes),
 	}

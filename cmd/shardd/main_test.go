@@ -57,6 +57,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--remember", "--idle-timeout", "5s"}, nil, "--idle-timeout: 5s with --remember"},
 		{[]string{"--remember"}, map[string]string{"NATSHARD_IDLE_TIMEOUT": "1m"}, "--idle-timeout: 1m0s with --remember"},
 		{[]string{"--restart-rate", "0"}, nil, "--restart-rate"},
+		{[]string{"--passivation-policy", "lfu"}, nil, "--passivation-policy"},
+		{nil, map[string]string{"NATSHARD_PASSIVATION_POLICY": "mru"}, "--passivation-policy"},
 		{[]string{"--kind", "http"}, nil, "--app: needed with --kind http"},
 		{[]string{"--app", "http://127.0.0.1:8080"}, nil, `--app: only with --kind http (the kind is "kv")`},
 		{nil, map[string]string{"NATSHARD_APP_TIMEOUT": "soon"}, "NATSHARD_APP_TIMEOUT"},

@@ -12,15 +12,24 @@ import "time"
 // the holder must give up.
 const Retry = 250 * time.Millisecond
 
-// Wait is how long from now the next renewal is due: Retry (at most a
-// quarter of ttl) after a failure; otherwise a quarter of ttl after the
-// last successful renewal was sent (renewed), which may be at once when
-// that renewal took long to be acknowledged.
+// Interval is how often a holder renews: a quarter of ttl, at most a
+// second. A holder that cannot renew gives up 3/4 of ttl after its last
+// renewal (Deadline); when a NATS server is lost, JetStream elects the
+// bucket's new leader within 4 to 9 s (nats-server's raft election
+// timeout) and nothing can be renewed meanwhile. With a 15 s ttl renewed
+// every 3.75 s, a holder could give up 7.5 s after the loss, within the
+// election; renewed every second it has at least 10.25 s.
+func Interval(ttl time.Duration) time.Duration { return min(ttl/4, time.Second) }
+
+// Wait is how long from now the next renewal is due: Retry (at most
+// Interval) after a failure; otherwise Interval after the last successful
+// renewal was sent (renewed), which may be at once when that renewal took
+// long to be acknowledged.
 func Wait(renewed time.Time, ttl time.Duration, failed bool, now time.Time) time.Duration {
 	if failed {
-		return min(Retry, ttl/4)
+		return min(Retry, Interval(ttl))
 	}
-	return max(0, renewed.Add(ttl/4).Sub(now))
+	return max(0, renewed.Add(Interval(ttl)).Sub(now))
 }
 
 // Deadline is when a holder whose last successful renewal was sent at
@@ -30,4 +39,19 @@ func Wait(renewed time.Time, ttl time.Duration, failed bool, now time.Time) time
 // network it would otherwise wait past the expiry on the server.
 func Deadline(renewed time.Time, ttl time.Duration) time.Time {
 	return renewed.Add(ttl * 3 / 4)
+}
+
+// AttemptDeadline bounds one renewal sent at now: at the holder's Deadline,
+// and an eighth of ttl (1 to 2 s) after now. A request sent while the
+// stream elects a leader may get no answer at all (the cluster test saw
+// one wait 8 s, until the deadline, while the same holder's other requests
+// got "no response from stream" at once and were retried): a bounded
+// attempt is retried Retry later, with the time left, and the renewal
+// succeeds soon after the election.
+func AttemptDeadline(renewed, now time.Time, ttl time.Duration) time.Time {
+	d := Deadline(renewed, ttl)
+	if a := now.Add(min(max(ttl/8, time.Second), 2*time.Second)); a.Before(d) {
+		return a
+	}
+	return d
 }

@@ -1,4 +1,5 @@
-// Package wait has the one timed wait natshard's packages share.
+// Package wait has the timed wait and the retry backoff that natshard's
+// packages share.
 package wait
 
 import (
@@ -18,3 +19,14 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// The backoff between attempts of something that failed and may pass
+// when tried again (JetStream electing a stream leader takes seconds):
+// RetryFirst, then doubled (Next) up to RetryMax.
+const (
+	RetryFirst = 100 * time.Millisecond
+	RetryMax   = 2 * time.Second
+)
+
+// Next is the backoff after d: twice d, at most RetryMax.
+func Next(d time.Duration) time.Duration { return min(2*d, RetryMax) }

@@ -1,0 +1,92 @@
+package bench
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// BenchmarkRegions is the real counterpart of the coordinator's scale
+// benchmarks (coordinator.BenchmarkCoreAllocate, BenchmarkCoreRound):
+// R regions (echo entities, no traffic) and one coordinator on an embedded
+// server, every one on a connection of its own. It measures the first
+// allocation (the coordinator starts with every region registered: time
+// to every shard active and balanced) and the rebalance when one more
+// region joins (its start to balanced again, including the settle window
+// of 1 s), and counts on the wire the shard table writes and the commands
+// to regions (probes excluded) of each. Run with
+//
+//	go test -run '^$' -bench BenchmarkRegions -benchtime 1x ./bench/
+func BenchmarkRegions(b *testing.B) {
+	for _, shards := range []int{1024, 4096} {
+		for _, regions := range []int{10, 30} {
+			b.Run(fmt.Sprintf("shards=%d/regions=%d", shards, regions), func(b *testing.B) {
+				for range b.N {
+					r := runRegions(b, shards, regions)
+					b.ReportMetric(r.allocate.Seconds(), "allocate-s")
+					b.ReportMetric(float64(r.allocWrites), "allocate-kv-writes")
+					b.ReportMetric(r.join.Seconds(), "join-s")
+					b.ReportMetric(float64(r.joinWrites), "join-kv-writes")
+					b.ReportMetric(float64(r.moves), "join-moves")
+					b.Log(r)
+					report("BenchmarkRegions: " + r.String())
+				}
+			})
+		}
+	}
+}
+
+type regionsReport struct {
+	shards, regions int
+	allocate        time.Duration // coordinator start -> every shard active, balanced
+	allocWrites     int           // shard table writes meanwhile
+	allocCommands   int           // commands to regions meanwhile (probes excluded)
+	join            time.Duration // one more region started -> balanced again
+	joinWrites      int
+	joinCommands    int
+	moves           int // rows written in state handoff: moves begun
+}
+
+func (r regionsReport) String() string {
+	return fmt.Sprintf("%d shards, %d regions: allocation %v (%d table writes, %d commands); one more region: balanced after %v, %d moves (%d table writes, %d commands)",
+		r.shards, r.regions, r.allocate.Round(time.Millisecond), r.allocWrites, r.allocCommands,
+		r.join.Round(time.Millisecond), r.moves, r.joinWrites, r.joinCommands)
+}
+
+func runRegions(tb testing.TB, shards, regions int) regionsReport {
+	ids := make([]string, regions)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%02d", i)
+	}
+	s := startSystem(tb, sysConfig{regions: ids, minRegions: regions, plain: true, shards: shards})
+	defer s.close()
+	r := regionsReport{shards: shards, regions: regions, allocate: s.allocated}
+	r.allocWrites, r.allocCommands, _ = s.tracer.count(s.allocatedAt)
+
+	t0 := now()
+	s.startRegion(fmt.Sprintf("r%02d", regions))
+	s.waitSettled(time.Minute, regions+1, shards)
+	r.join = now() - t0
+	r.joinWrites, r.joinCommands, r.moves = s.tracer.count(t0)
+	return r
+}
+
+// count returns the shard table writes, the commands to regions and the
+// moves begun (rows written in state handoff) that the tracer saw since
+// from. (Commands include those resent after Retry ticks unanswered.)
+func (t *tracer) count(from time.Duration) (writes, commands, handoffs int) {
+	for _, e := range t.since(from) {
+		switch e.kind {
+		case evWrite:
+			writes++
+			if e.state == protocol.StateHandoff {
+				handoffs++
+			}
+		case evCommand:
+			commands++
+		}
+	}
+	return writes, commands, handoffs
+}
