@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/strategies"
@@ -90,14 +91,17 @@ type Core struct {
 	epoch     uint64
 	tick      int
 	regions   map[string]*regionState
-	table     []protocol.ShardRecord // index is the shard number
-	steps     []step                 // index is the shard number
-	order     uint64                 // largest allocation order or handoff id used
-	moving    int                    // moves of live shards in flight (rows in handoff, or binding from a region)
-	started   bool                   // MinRegions was reached once (or the table had owners)
-	lastFlux  int                    // tick of the last membership change
-	lastRound int                    // tick of the last rebalance round
-	rounds    roundState             // the current rebalance round and its plan (rebalance.go)
+	ids       []string                // the keys of regions, sorted; a new slice at each change
+	table     []protocol.ShardRecord  // index is the shard number
+	steps     []step                  // index is the shard number
+	order     uint64                  // largest allocation order or handoff id used
+	moving    int                     // moves of live shards in flight (rows in handoff, or binding from a region)
+	parked    int                     // rows parked
+	rows      map[string]map[int]bool // per region ID, the shards whose row names it as Region
+	started   bool                    // MinRegions was reached once (or the table had owners)
+	lastFlux  int                     // tick of the last membership change
+	lastRound int                     // tick of the last rebalance round
+	rounds    roundState              // the current rebalance round and its plan (rebalance.go)
 	out       []Action
 	stats     *Stats // CoreConfig.Stats, or a discarded one
 }
@@ -146,6 +150,7 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 		self:    self,
 		epoch:   epoch,
 		regions: make(map[string]*regionState),
+		rows:    map[string]map[int]bool{},
 		table:   make([]protocol.ShardRecord, cfg.Shards),
 		steps:   make([]step, cfg.Shards),
 		pins:    make(map[int]string),
@@ -174,6 +179,7 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 	for _, r := range regions {
 		c.regions[r.Info.ID] = &regionState{RegionSeen: r}
 	}
+	c.ids = slices.Sorted(maps.Keys(c.regions))
 	for sh := range c.table {
 		c.takeOver(sh)
 	}
@@ -359,6 +365,7 @@ func (c *Core) regionUp(seen RegionSeen) {
 		c.regionGone(id)
 	}
 	c.regions[id] = &regionState{RegionSeen: seen, probedAt: c.tick}
+	c.ids = slices.Sorted(maps.Keys(c.regions))
 	c.flux()
 	c.allocate()
 }
@@ -371,6 +378,7 @@ func (c *Core) regionGone(id string) {
 		return
 	}
 	delete(c.regions, id)
+	c.ids = slices.Sorted(maps.Keys(c.regions))
 	c.flux()
 	inc := r.Info.Incarnation
 	for sh, rec := range c.table {
@@ -551,8 +559,8 @@ func (c *Core) reconcile(r *regionState, held []int, at int) {
 	if len(drop) > 0 {
 		c.send(r, protocol.CmdDrop, drop, nil)
 	}
-	for sh, rec := range c.table {
-		if rec.State == protocol.StateActive && rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation && !has[sh] && c.steps[sh].at < at {
+	for _, sh := range c.rowsOf(r.Info.ID) {
+		if rec := c.table[sh]; rec.State == protocol.StateActive && rec.Incarnation == r.Info.Incarnation && !has[sh] && c.steps[sh].at < at {
 			c.park(sh)
 		}
 	}
@@ -573,19 +581,24 @@ func (c *Core) park(sh int) {
 // The first allocation waits for MinRegions; later ones never do.
 func (c *Core) allocate() {
 	c.started = c.started || len(c.regions) >= max(c.cfg.MinRegions, 1)
-	if !c.started {
+	if !c.started || c.parked == 0 {
 		return
 	}
 	var binds map[string][]int
+	var view []strategies.Region // built at the first parked shard, then kept up to date
 	for sh, rec := range c.table {
 		if rec.State != protocol.StateParked {
 			continue
 		}
-		target, ok := c.pickTarget(sh, "")
+		if view == nil {
+			view = c.strategyView("")
+		}
+		target, ok := c.pickTargetIn(sh, "", view)
 		if !ok {
 			return // no region can take shards now
 		}
 		c.bindTo(sh, target, "", "")
+		c.placeInView(view, sh)
 		if binds == nil {
 			binds = map[string][]int{}
 		}
@@ -692,12 +705,20 @@ func (c *Core) handOffTimedOut(sh int) {
 // pickTarget chooses where shard sh goes: the operator's wish if it can
 // take it, else the strategy's choice among the regions other than exclude.
 func (c *Core) pickTarget(sh int, exclude string) (string, bool) {
+	return c.pickTargetIn(sh, exclude, nil)
+}
+
+// pickTargetIn is pickTarget with the strategy's view built already (nil:
+// built here), which must leave out exclude.
+func (c *Core) pickTargetIn(sh int, exclude string, view []strategies.Region) (string, bool) {
 	if want := c.steps[sh].want; want != "" && want != exclude {
 		if r, ok := c.regions[want]; ok && !r.Info.Leaving {
 			return want, true
 		}
 	}
-	view := c.strategyView(exclude)
+	if view == nil {
+		view = c.strategyView(exclude)
+	}
 	if len(view) == 0 {
 		return "", false
 	}
@@ -762,15 +783,43 @@ func (c *Core) write(rec protocol.ShardRecord) {
 	c.out = append(c.out, WriteShard{Record: rec})
 }
 
-// setRow changes a row of the table, keeping count of the moves in flight.
+// setRow changes a row of the table, keeping count of the moves in flight
+// and the parked rows, and the shards of each region.
 func (c *Core) setRow(rec protocol.ShardRecord) {
-	if isMove(c.table[rec.Shard]) {
+	old := c.table[rec.Shard]
+	if isMove(old) {
 		c.moving--
 	}
 	if isMove(rec) {
 		c.moving++
 	}
+	if old.State == protocol.StateParked {
+		c.parked--
+	}
+	if rec.State == protocol.StateParked {
+		c.parked++
+	}
+	if old.Region != rec.Region {
+		if m := c.rows[old.Region]; m != nil {
+			delete(m, rec.Shard)
+			if len(m) == 0 {
+				delete(c.rows, old.Region)
+			}
+		}
+		if rec.Region != "" {
+			if c.rows[rec.Region] == nil {
+				c.rows[rec.Region] = map[int]bool{}
+			}
+			c.rows[rec.Region][rec.Shard] = true
+		}
+	}
 	c.table[rec.Shard] = rec
+}
+
+// rowsOf is the shards whose row names region id, in shard order: a walk of
+// the region's rows instead of the whole table.
+func (c *Core) rowsOf(id string) []int {
+	return slices.Sorted(maps.Keys(c.rows[id]))
 }
 
 // isMove says whether a row is a move of a live shard: a handoff, or a
@@ -791,26 +840,34 @@ func (c *Core) live(id, inc string) bool {
 // it is until it binds elsewhere, so that placing one move's shard does
 // not see its source emptier than it is because of the others in flight.
 func (c *Core) strategyView(exclude string) []strategies.Region {
+	at := make(map[string]int, len(c.regions))
 	view := make([]strategies.Region, 0, len(c.regions))
 	for _, id := range c.sortedRegionIDs() {
 		if id == exclude {
 			continue
 		}
 		r := c.regions[id]
-		var held []protocol.ShardRecord
-		for _, rec := range c.table {
-			if (rec.State == protocol.StateActive || rec.State == protocol.StateBinding || rec.State == protocol.StateHandoff) && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
-				held = append(held, rec)
-			}
+		at[id] = len(view)
+		view = append(view, strategies.Region{ID: id, Version: r.Info.Version, Leaving: r.Info.Leaving})
+	}
+	// One walk of the table for all regions (regions x shards was the
+	// cost of a first allocation: docs/BENCHMARKS.md).
+	held := make([][]protocol.ShardRecord, len(view))
+	for _, rec := range c.table {
+		i, ok := at[rec.Region]
+		if ok && holds(rec) && rec.Incarnation == c.regions[rec.Region].Info.Incarnation {
+			held[i] = append(held[i], rec)
 		}
-		slices.SortFunc(held, func(a, b protocol.ShardRecord) int {
+	}
+	for i := range view {
+		slices.SortFunc(held[i], func(a, b protocol.ShardRecord) int {
 			return cmp.Or(cmp.Compare(a.Order, b.Order), cmp.Compare(a.Shard, b.Shard))
 		})
-		shards := make([]int, len(held))
+		shards := make([]int, len(held[i]))
 		var load []strategies.ShardLoad
 		known := true
-		for i, h := range held {
-			shards[i] = h.Shard
+		for j, h := range held[i] {
+			shards[j] = h.Shard
 			// Load is positional: it stops at the first shard whose load
 			// is not known yet, and the strategy estimates the rest.
 			l, ok := c.load[h.Shard]
@@ -818,12 +875,45 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 				load = append(load, l)
 			}
 		}
-		view = append(view, strategies.Region{ID: id, Shards: shards, Version: r.Info.Version, Leaving: r.Info.Leaving, Load: load})
+		view[i].Shards, view[i].Load = shards, load
 	}
 	return view
 }
 
-func (c *Core) sortedRegionIDs() []string { return slices.Sorted(maps.Keys(c.regions)) }
+// holds says whether a row counts as its region's in the strategy's view:
+// active, binding to it, or pausing on it for a handoff.
+func holds(rec protocol.ShardRecord) bool {
+	return rec.State == protocol.StateActive || rec.State == protocol.StateBinding || rec.State == protocol.StateHandoff
+}
+
+// placeInView adds shard sh, just bound, to its region in view, where
+// strategyView would put it now (oldest allocation first, its load where
+// the known prefix reaches it), so that one view serves a whole
+// allocation instead of one walk of the table per shard.
+func (c *Core) placeInView(view []strategies.Region, sh int) {
+	rec := c.table[sh]
+	i, ok := slices.BinarySearchFunc(view, rec.Region, func(r strategies.Region, id string) int { return strings.Compare(r.ID, id) })
+	if !ok {
+		return
+	}
+	r := &view[i]
+	pos, _ := slices.BinarySearchFunc(r.Shards, rec, func(s int, rec protocol.ShardRecord) int {
+		return cmp.Or(cmp.Compare(c.table[s].Order, rec.Order), cmp.Compare(s, rec.Shard))
+	})
+	r.Shards = slices.Insert(r.Shards, pos, sh)
+	if pos <= len(r.Load) {
+		if l, known := c.load[sh]; known {
+			r.Load = slices.Insert(r.Load, pos, l)
+		} else {
+			r.Load = r.Load[:pos]
+		}
+	}
+}
+
+// sortedRegionIDs is the IDs of the live regions, sorted. The slice is
+// replaced, never changed, when a region comes or goes, so a loop over it
+// may add or remove regions; callers must not modify it.
+func (c *Core) sortedRegionIDs() []string { return c.ids }
 
 func (c *Core) flush() []Action {
 	out := c.out

@@ -483,3 +483,58 @@ func TestRandomHistories(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceInViewMatchesStrategyView: the view that allocate keeps up to
+// date as it binds shards is the one strategyView would build afresh after
+// each bind (the same shards in the same order, the same load prefix), on
+// random tables with random orders, owners, states and known loads.
+func TestPlaceInViewMatchesStrategyView(t *testing.T) {
+	states := []protocol.ShardState{protocol.StateActive, protocol.StateBinding, protocol.StateHandoff, protocol.StateParked, protocol.StateUnowned}
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		ids := []string{"a", "b", "c", "d"}[:1+rng.IntN(4)]
+		regions := make([]RegionSeen, len(ids))
+		for i, id := range ids {
+			regions[i] = RegionSeen{Info: protocol.RegionInfo{ID: id, Incarnation: id + "-1"}, Revision: 1}
+		}
+		shards := 1 + rng.IntN(40)
+		var table []protocol.ShardRecord
+		for sh := range shards {
+			id := ids[rng.IntN(len(ids))]
+			inc := id + "-1"
+			if rng.IntN(8) == 0 {
+				inc = id + "-0" // an earlier incarnation's row: not the region's
+			}
+			table = append(table, protocol.ShardRecord{Shard: sh, Region: id, Incarnation: inc,
+				State: states[rng.IntN(len(states))], Order: uint64(rng.IntN(5)), Epoch: 1})
+		}
+		c, _ := NewCore(testConfig(shards), "coord", 2, table, regions)
+		for sh := range shards {
+			if rng.IntN(3) > 0 {
+				c.load[sh] = strategies.ShardLoad{MessagesPerSecond: float64(sh), Entities: sh}
+			}
+		}
+		var parked []int
+		for sh := range shards {
+			if rng.IntN(2) == 0 {
+				c.setRow(protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Order: uint64(rng.IntN(5))})
+				parked = append(parked, sh)
+			}
+		}
+		view := c.strategyView("")
+		for _, sh := range parked {
+			c.bindTo(sh, ids[rng.IntN(len(ids))], "", "")
+			c.placeInView(view, sh)
+			if want := c.strategyView(""); !sameView(view, want) {
+				t.Fatalf("seed %d, after binding shard %d:\nkept  %+v\nfresh %+v", seed, sh, view, want)
+			}
+		}
+	}
+}
+
+// sameView compares views, an empty slice equal to nil.
+func sameView(a, b []strategies.Region) bool {
+	return slices.EqualFunc(a, b, func(x, y strategies.Region) bool {
+		return x.ID == y.ID && x.Version == y.Version && x.Leaving == y.Leaving && slices.Equal(x.Shards, y.Shards) && slices.Equal(x.Load, y.Load)
+	})
+}

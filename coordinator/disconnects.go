@@ -23,26 +23,29 @@ type Disconnect struct {
 	Conn protocol.ConnID
 	// ByClient: the client's end closed it: the server read the end of
 	// its socket ("Client Closed": the process closed the connection, or
-	// died with nothing unread) or a reset ("Read Error": the process died
-	// with data it had not read, as a process killed under load usually
-	// has). No process is reconnecting behind it. Otherwise the
-	// server closed it (a stale connection, a slow consumer, a server
-	// shutting down...) and the client may be reconnecting.
+	// died with nothing unread), or found it reset when reading ("Read
+	// Error": the process died with data it had not read, as a process
+	// killed under load usually has) or when writing to it ("Write
+	// Error": the server was sending it messages when the reset came).
+	// No process is reconnecting behind it. Otherwise the server closed it
+	// (a stale connection, a slow consumer, a server shutting down...)
+	// and the client may be reconnecting.
 	ByClient bool
 }
 
 // Reasons of a DisconnectEventMsg (nats-server's ClosedState strings) for
 // a connection that its client's end closed: the end of its socket (EOF),
-// or any other read error, a reset above all.
+// or any other error reading from it or writing to it, a reset above all.
 const (
 	reasonClientClosed = "Client Closed"
 	reasonReadError    = "Read Error"
+	reasonWriteError   = "Write Error"
 )
 
 // byClient reports whether a DisconnectEventMsg's reason says the
 // client's end closed the connection (Disconnect.ByClient).
 func byClient(reason string) bool {
-	return reason == reasonClientClosed || reason == reasonReadError
+	return reason == reasonClientClosed || reason == reasonReadError || reason == reasonWriteError
 }
 
 // DisconnectSubject is where NATS servers publish, on their system

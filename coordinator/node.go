@@ -397,6 +397,19 @@ func (l *leader) renew(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// renewIfDue renews the lease when its renewal is due. The loop that
+// renews also carries out the table writes one after another, and a first
+// allocation of thousands of shards (3 writes each) takes longer than the
+// lease: without this its writes would be refused as fenced halfway, and
+// the next term would start over (docs/BENCHMARKS.md, the coordinator).
+func (l *leader) renewIfDue(ctx context.Context) error {
+	if renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()) > 0 {
+		return nil
+	}
+	_, err := l.renew(ctx)
+	return err
+}
+
 // execute carries out actions in order. Table writes are synchronous and
 // fenced: a refused write ends the term. Commands run concurrently and
 // report back through l.results.
@@ -405,6 +418,9 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 	for _, a := range acts {
 		switch a := a.(type) {
 		case WriteShard:
+			if err := l.renewIfDue(ctx); err != nil {
+				return err
+			}
 			if _, err := l.cfg.Store.PutShard(ctx, l.lease, a.Record); err != nil {
 				return fmt.Errorf("%w: write shard %d: %w", errStepDown, a.Record.Shard, err)
 			}

@@ -264,6 +264,31 @@ func (s *sim) check() {
 	for sh := range s.c.cfg.Shards {
 		s.checkShard(sh)
 	}
+	s.checkIndexes()
+}
+
+// checkIndexes asserts that the core's counts and per-region rows are
+// those of its table.
+func (s *sim) checkIndexes() {
+	s.t.Helper()
+	moving, parked, rows := 0, 0, map[string]map[int]bool{}
+	for sh, rec := range s.c.table {
+		if isMove(rec) {
+			moving++
+		}
+		if rec.State == protocol.StateParked {
+			parked++
+		}
+		if rec.Region != "" {
+			if rows[rec.Region] == nil {
+				rows[rec.Region] = map[int]bool{}
+			}
+			rows[rec.Region][sh] = true
+		}
+	}
+	if moving != s.c.moving || parked != s.c.parked || !maps.EqualFunc(rows, s.c.rows, maps.Equal) {
+		s.t.Fatalf("core's indexes differ from its table: moving %d (table %d), parked %d (table %d), rows %v (table %v)", s.c.moving, moving, s.c.parked, parked, s.c.rows, rows)
+	}
 }
 
 // checkShard asserts the invariants for shard sh.
