@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -599,10 +600,12 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 	if _, err := client.Request(b.ctx, b.sys.typ, b.ids[0], b.reqBody); err != nil { // learns the type
 		return nil, fmt.Errorf("client request: %w", err)
 	}
-	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: c.Requests, Rounds: concurrentRounds}}
+	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: c.Requests, Rounds: concurrentRounds},
+		WithID: requestRuns{Requests: c.Requests, Rounds: concurrentRounds}}
 	var done atomic.Int64
-	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(2*concurrentRounds*c.Requests), done.Load)
+	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(4*concurrentRounds*c.Requests), done.Load)
 	defer b.prog.clear()
+	withID := false // the raw side's requests carry a Nats-Msg-Id, as the client's do
 	run := func(nat bool) (float64, int64, error) {
 		var next, errs atomic.Int64
 		var firstErr atomic.Pointer[error]
@@ -617,9 +620,14 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 					}
 					e := i % len(b.ids)
 					var err error
-					if nat {
+					switch {
+					case nat:
 						_, err = client.Request(b.ctx, b.sys.typ, b.ids[e], b.reqBody)
-					} else {
+					case withID:
+						m := &nats.Msg{Subject: b.rawSubj[e], Data: b.reqBody, Header: nats.Header{}}
+						m.Header.Set(protocol.HeaderMsgID, nuid.Next())
+						_, err = b.requester.RequestMsg(m, c.Timeout)
+					default:
 						_, err = b.requester.Request(b.rawSubj[e], b.reqBody, c.Timeout)
 					}
 					done.Add(1)
@@ -642,6 +650,10 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 	}
 	if err := res.alternate(run); err != nil {
 		return nil, fmt.Errorf("concurrent callers' run: %w", err)
+	}
+	withID = true
+	if err := res.WithID.alternate(run); err != nil {
+		return nil, fmt.Errorf("concurrent callers' run, raw with Nats-Msg-Id: %w", err)
 	}
 	return res, nil
 }
