@@ -40,7 +40,10 @@
 // nowhere else. The entity reads its state back before each new attempt,
 // so that a save that was stored although its answer was lost is not
 // applied twice. In durable delivery the region gives the message again
-// instead (region.ErrUnavailable).
+// instead (region.ErrUnavailable). A load of the state that JetStream did
+// not answer (at activation, or to reload it after a conflict) is tried
+// again for as long, in either delivery: the message waits for the
+// election instead of failing.
 //
 // # echo
 //

@@ -52,7 +52,7 @@ func KV(store StateStore) region.Factory {
 			store = env.Store
 		}
 		e := &kvEntity{store: store, id: id, retryFor: SaveRetryFor}
-		if err := e.load(ctx); err != nil {
+		if err := e.loadAgain(ctx); err != nil {
 			return nil, err
 		}
 		return e, nil
@@ -77,6 +77,10 @@ type kvEntity struct {
 // loss takes a few seconds, 4-12 s measured), before it answers the error. The message
 // exists nowhere else: failing at once would lose it. In durable delivery
 // the region gives the message again instead (region.ErrUnavailable).
+// A load of the state (at activation, or to reload it after a conflict)
+// is tried again for as long, in either delivery: the chaos test's NATS
+// server kill refused 16 requests whose entity could not load its state
+// during the election.
 const SaveRetryFor = 30 * time.Second
 
 // load reads the document, and in durable delivery (a store that keeps
@@ -108,6 +112,21 @@ func (e *kvEntity) load(ctx context.Context) error {
 	}
 	e.doc, e.rev, e.seq = doc, rev, seq
 	return nil
+}
+
+// loadAgain is load, tried again while JetStream does not answer, for up
+// to e.retryFor or until ctx ends (the shard leaves the region). A read
+// changes nothing, so trying it again needs no care.
+func (e *kvEntity) loadAgain(ctx context.Context) error {
+	deadline := time.Now().Add(e.retryFor)
+	err := e.load(ctx)
+	for backoff := wait.RetryFirst; unanswered(err) && time.Now().Before(deadline); backoff = wait.Next(backoff) {
+		if !wait.Sleep(ctx, min(backoff, time.Until(deadline))) {
+			return err
+		}
+		err = e.load(ctx)
+	}
+	return err
 }
 
 // save writes next at the revision held, with the applied sequence seq
@@ -387,7 +406,7 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		}
 		// Someone else wrote the state: take theirs and apply once more
 		// (unless theirs applied this message already).
-		if lerr := e.load(ctx); lerr != nil {
+		if lerr := e.loadAgain(ctx); lerr != nil {
 			return failure(fmt.Errorf("save state: %w; reload: %w", err, lerr))
 		}
 	}

@@ -437,6 +437,27 @@ func TestKVSaveTriedAgain(t *testing.T) {
 		mustFail(t, e, `{"op":"set","key":"a","value":1}`, kvstate.ErrUnavailable, "no response from stream")
 	})
 
+	// The state's load at activation is tried again too: the request
+	// waits for the election instead of failing.
+	t.Run("load at activation", func(t *testing.T) {
+		store := newMemStore()
+		store.put("doc", `{"v":[1]}`)
+		loads := 0
+		store.fail = func(op, _ string) error {
+			if op == "load" {
+				if loads++; loads <= 3 {
+					return errDown
+				}
+			}
+			return nil
+		}
+		e := newKV(t, store, "doc")
+		if loads != 4 {
+			t.Fatalf("%d loads, want 3 unanswered and one more", loads)
+		}
+		mustOK(t, e, `{"op":"append","key":"v","value":2}`, `[1,2]`)
+	})
+
 }
 
 func TestKVConflictReloadAndRetry(t *testing.T) {
@@ -479,6 +500,7 @@ func TestKVConflictTwice(t *testing.T) {
 		return nil
 	}
 	mustFail(t, e, `{"op":"incr","key":"n"}`, kvstate.ErrConflict, "save state")
+	e.(*kvEntity).retryFor = 200 * time.Millisecond // the reload below is tried again this long
 	if saves != 2 {
 		t.Fatalf("%d save attempts, want 2 (one retry)", saves)
 	}
@@ -547,7 +569,10 @@ func TestKVFactoryErrors(t *testing.T) {
 		}
 		return nil
 	}
-	if _, err := KV(store)(context.Background(), "doc"); !errors.Is(err, kvstate.ErrUnavailable) {
+	// Tried again until the activation's context ends (or SaveRetryFor).
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := KV(store)(ctx, "doc"); !errors.Is(err, kvstate.ErrUnavailable) {
 		t.Fatalf("factory with a failing store: %v", err)
 	}
 	store.fail = nil
