@@ -71,7 +71,7 @@ var (
 	mRegionShards     = metricDesc{"natshard_region_shards", "Shards held by the region, by mode: replaying (bound, replaying the buffer), live, paused (handing off), suspended (held while the region confirms them after a reconnect to NATS).", prometheus.GaugeValue, []string{"mode"}}
 	mRegistered       = metricDesc{"natshard_region_registered", "1 while the region has a registration (its lease), 0 while it is fenced.", prometheus.GaugeValue, nil}
 	mSuspended        = metricDesc{"natshard_region_suspensions_total", "Times the region's connection to NATS dropped while it was registered: its live shards held what arrived until it confirmed them (or fenced).", prometheus.CounterValue, nil}
-	mFenced           = metricDesc{"natshard_region_fenced_total", "Times the region fenced itself: stopped serving every shard (lost registration, renewals failing, connection lost).", prometheus.CounterValue, nil}
+	mFenced           = metricDesc{"natshard_region_fenced_total", "Times the region fenced itself: stopped serving every shard (registration lost or removed, renewals failing past their deadline, shards not confirmed in time after a reconnect).", prometheus.CounterValue, nil}
 	mRegionRenewFails = metricDesc{"natshard_region_lease_renewals_failed_total", "Renewals of the region's registration that failed.", prometheus.CounterValue, nil}
 	mCommandsRefused  = metricDesc{"natshard_region_commands_refused_total", "Coordinator commands the region refused (stale epoch, another incarnation, malformed).", prometheus.CounterValue, nil}
 

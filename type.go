@@ -261,8 +261,8 @@ func (t *Type) validate() error {
 	if t.MaxActive < 0 {
 		errs = append(errs, fmt.Errorf("MaxActive: %d is negative (0: no limit)", t.MaxActive))
 	}
-	if t.PassivationPolicy != "" && t.PassivationPolicy != PassivationWTinyLFU && t.PassivationPolicy != PassivationLRU {
-		errs = append(errs, fmt.Errorf("PassivationPolicy: %q is neither %q nor %q", t.PassivationPolicy, PassivationWTinyLFU, PassivationLRU))
+	if err := passivation.Check(t.PassivationPolicy); err != nil {
+		errs = append(errs, fmt.Errorf("PassivationPolicy: %w", err))
 	}
 	if t.MaxMoves < 0 {
 		errs = append(errs, fmt.Errorf("MaxMoves: %d is negative", t.MaxMoves))

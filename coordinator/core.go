@@ -179,7 +179,7 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 	for _, r := range regions {
 		c.regions[r.Info.ID] = &regionState{RegionSeen: r}
 	}
-	c.ids = slices.Sorted(maps.Keys(c.regions))
+	c.regionsChanged()
 	for sh := range c.table {
 		c.takeOver(sh)
 	}
@@ -365,7 +365,7 @@ func (c *Core) regionUp(seen RegionSeen) {
 		c.regionGone(id)
 	}
 	c.regions[id] = &regionState{RegionSeen: seen, probedAt: c.tick}
-	c.ids = slices.Sorted(maps.Keys(c.regions))
+	c.regionsChanged()
 	c.flux()
 	c.allocate()
 }
@@ -378,7 +378,7 @@ func (c *Core) regionGone(id string) {
 		return
 	}
 	delete(c.regions, id)
-	c.ids = slices.Sorted(maps.Keys(c.regions))
+	c.regionsChanged()
 	c.flux()
 	inc := r.Info.Incarnation
 	for sh, rec := range c.table {
@@ -585,13 +585,10 @@ func (c *Core) allocate() {
 		return
 	}
 	var binds map[string][]int
-	var view []strategies.Region // built at the first parked shard, then kept up to date
+	view := c.strategyView("") // kept up to date as shards are placed
 	for sh, rec := range c.table {
 		if rec.State != protocol.StateParked {
 			continue
-		}
-		if view == nil {
-			view = c.strategyView("")
 		}
 		target, ok := c.pickTargetIn(sh, "", view)
 		if !ok {
@@ -909,6 +906,9 @@ func (c *Core) placeInView(view []strategies.Region, sh int) {
 		}
 	}
 }
+
+// regionsChanged sorts the region IDs again after a region came or went.
+func (c *Core) regionsChanged() { c.ids = slices.Sorted(maps.Keys(c.regions)) }
 
 // sortedRegionIDs is the IDs of the live regions, sorted. The slice is
 // replaced, never changed, when a region comes or goes, so a loop over it

@@ -27,10 +27,7 @@ type RegionsSynced struct{ IDs []string }
 // again at the next tick: the probe is the proof. ByClient: the client's
 // end closed or reset it (see Disconnect), so that the first "no
 // responders" removes the region without waiting for Silence.
-type ConnClosed struct {
-	Conn     protocol.ConnID
-	ByClient bool
-}
+type ConnClosed Disconnect
 
 // Outcome classifies the answer to a command.
 type Outcome int

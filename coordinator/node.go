@@ -68,8 +68,8 @@ type Config struct {
 	Region     string
 	Strategy   strategies.Strategy // default least-shard with the default limits
 	MinRegions int
-	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4, at
-	// most every second (renewal.Interval).
+	// LeaseTTL of the coordinator lease; renewed every LeaseTTL/4 or
+	// every second, whichever is sooner (renewal.Interval).
 	LeaseTTL       time.Duration
 	Tick           time.Duration // one core tick
 	CommandTimeout time.Duration // bound on each command to a region

@@ -216,11 +216,11 @@ func (c *Core) moveOffLeaving() {
 		if !r.Info.Leaving {
 			continue
 		}
-		for sh, rec := range c.table {
+		for _, sh := range c.rowsOf(id) {
 			if c.moving >= c.cfg.MaxMoves {
 				return
 			}
-			if rec.State == protocol.StateActive && rec.Region == id && rec.Incarnation == r.Info.Incarnation {
+			if rec := c.table[sh]; rec.State == protocol.StateActive && rec.Incarnation == r.Info.Incarnation {
 				c.startMove(sh)
 			}
 		}

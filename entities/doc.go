@@ -33,10 +33,10 @@
 // empty document stored, never a deleted entry. Stop does nothing: the state
 // is already saved.
 //
-// A save that JetStream did not answer (kvstate.ErrUnavailable, but not
-// ErrNoSpace, which is answered at once: the bucket elects a leader for a
-// few seconds after a NATS server's loss) is tried
-// again, in core delivery, for up to SaveRetryFor: the message exists
+// A save that JetStream did not answer (kvstate.ErrUnavailable, as while
+// the bucket elects a leader for a few seconds after a NATS server's loss;
+// not ErrNoSpace, which is answered at once) is tried again, in core
+// delivery, for up to SaveRetryFor: the message exists
 // nowhere else. The entity reads its state back before each new attempt,
 // so that a save that was stored although its answer was lost is not
 // applied twice. In durable delivery the region gives the message again

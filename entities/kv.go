@@ -67,20 +67,20 @@ type kvEntity struct {
 	doc   map[string]any // never nil; values as decoded with UseNumber
 	rev   uint64         // revision of doc in the store; 0: not stored yet
 	seq   uint64         // stream sequence of the message doc applied last (durable delivery)
-	// retryFor bounds saveAgain (SaveRetryFor).
+	// retryFor bounds saveAgain and loadAgain (SaveRetryFor).
 	retryFor time.Duration
 }
 
-// SaveRetryFor bounds how long a kv entity in core delivery tries again a
-// save that failed because JetStream did not answer (kvstate.ErrUnavailable
-// but not ErrNoSpace: the bucket electing a leader after a NATS server's
-// loss takes a few seconds, 4-12 s measured), before it answers the error. The message
-// exists nowhere else: failing at once would lose it. In durable delivery
-// the region gives the message again instead (region.ErrUnavailable).
-// A load of the state (at activation, or to reload it after a conflict)
-// is tried again for as long, in either delivery: the chaos test's NATS
-// server kill refused 16 requests whose entity could not load its state
-// during the election.
+// SaveRetryFor bounds how long a kv entity tries again what JetStream did
+// not answer (kvstate.ErrUnavailable but not ErrNoSpace): the bucket
+// electing a leader after a NATS server's loss takes a few seconds (4 to
+// 12 s measured). A save is tried again in core delivery, where the message
+// exists nowhere else and failing at once would lose it (in durable
+// delivery the region gives the message again instead:
+// region.ErrUnavailable). A load of the state (at activation, or to reload
+// it after a conflict) is tried again in either delivery: the chaos test's
+// NATS server kill refused 16 requests whose entity could not load its
+// state during the election.
 const SaveRetryFor = 30 * time.Second
 
 // load reads the document, and in durable delivery (a store that keeps

@@ -500,10 +500,10 @@ func TestKVConflictTwice(t *testing.T) {
 		return nil
 	}
 	mustFail(t, e, `{"op":"incr","key":"n"}`, kvstate.ErrConflict, "save state")
-	e.(*kvEntity).retryFor = 200 * time.Millisecond // the reload below is tried again this long
 	if saves != 2 {
 		t.Fatalf("%d save attempts, want 2 (one retry)", saves)
 	}
+	e.(*kvEntity).retryFor = 200 * time.Millisecond // the reload below is tried again this long
 	// A reload failure after a conflict is reported too.
 	store.fail = func(op, _ string) error {
 		switch op {

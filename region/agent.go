@@ -64,8 +64,8 @@ type Config struct {
 	// segmented LRU guarded by a frequency sketch) or "lru" (the least
 	// recently used). See internal/passivation.
 	PassivationPolicy string
-	// LeaseTTL of the registration; renewed every LeaseTTL/4 (at most
-	// every second: renewal.Interval), and soon again after a failure
+	// LeaseTTL of the registration; renewed every LeaseTTL/4 or every
+	// second, whichever is sooner (renewal.Interval), and soon again after a failure
 	// (package renewal). The region stops serving when it could not
 	// renew for 3/4 of it (self-fencing).
 	LeaseTTL time.Duration
@@ -227,7 +227,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if _, err := passivation.New[struct{}](cfg.PassivationPolicy, 1); err != nil {
+	if err := passivation.Check(cfg.PassivationPolicy); err != nil {
 		return nil, fmt.Errorf("region: PassivationPolicy: %w", err)
 	}
 	a := &Agent{
@@ -545,7 +545,8 @@ func (a *Agent) Suspend(reason string) {
 	}
 	a.mu.Unlock()
 	// At once, not when the driver gets to it: nats.go may resubscribe
-	// within milliseconds.
+	// within milliseconds. The core's Suspend actions (driver) suspend
+	// again the shards that went live between this and the core's turn.
 	for _, st := range held {
 		st.suspend()
 	}

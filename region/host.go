@@ -251,7 +251,7 @@ type cell struct {
 	passivate  bool // the entity asked to stop once its message is handled
 	remembered bool // hostConfig.Remember recorded the entity
 	// lim is the entity's entry in the limit's policy; nil without
-	// MaxActive. (The cell is 64 bytes with it or without.)
+	// MaxActive. (The cell is 48 bytes with it.)
 	lim *limitEntry
 }
 
@@ -369,10 +369,8 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 		c.stop = stopNone // cancel a passivation whose Stop has not begun
 	}
 	if c.running {
-		if c.mailbox == nil {
-			c.mailbox = newMailq()
-		}
-		c.mailbox.q = append(c.mailbox.q, e)
+		mb := c.box()
+		mb.q = append(mb.q, e)
 		se.mu.Unlock()
 		return
 	}
@@ -714,11 +712,24 @@ func freeMailq(m *mailq) {
 	if m == nil {
 		return
 	}
+	m.trim()
+	mailqs.Put(m)
+}
+
+// trim empties m, dropping an array a burst grew beyond maxSpare.
+func (m *mailq) trim() {
 	if cap(m.q) > maxSpare {
-		m.q = m.inline[:0] // a burst's array is not kept
+		m.q = m.inline[:0]
 	}
 	m.q = m.q[:0]
-	mailqs.Put(m)
+}
+
+// box is c's mailbox, made if it has none (se.mu held).
+func (c *cell) box() *mailq {
+	if c.mailbox == nil {
+		c.mailbox = newMailq()
+	}
+	return c.mailbox
 }
 
 // len is how many messages m holds (0 for nil).
@@ -742,9 +753,7 @@ type workerState struct {
 // keep makes the empty mailbox mq w's spare, without an array grown
 // beyond maxSpare.
 func (w *workerState) keep(mq *mailq) {
-	if cap(mq.q) > maxSpare {
-		mq.q = mq.inline[:0]
-	}
+	mq.trim()
 	w.spare = mq
 }
 
@@ -794,10 +803,8 @@ func (h *host) run(t task, w *workerState) (again bool) {
 				calls = h.passivateCalls.Load()
 				se.mu.Lock()
 				if c.passivate {
-					if c.mailbox == nil {
-						c.mailbox = newMailq()
-					}
-					c.mailbox.q = append(slices.Clone(rest), c.mailbox.q...)
+					mb := c.box()
+					mb.q = append(slices.Clone(rest), mb.q...)
 					clear(rest)
 					se.mu.Unlock()
 					break
@@ -1219,8 +1226,8 @@ func (h *host) touchLimit(c *cell, shard int, id string) {
 	h.limitMu.Unlock()
 }
 
-// passivateOverLimit starts stopping the idle entities (empty mailbox, no
-// goroutine running them) that the limit's policy values least, until the
+// passivateOverLimit starts stopping the idle entities (empty mailbox, not
+// running) that the limit's policy values least, until the
 // policy holds no more than MaxActive, and returns how many it started.
 // The entities being stopped for the limit are detached from the policy,
 // so they count as gone already. A busy entity is never chosen: the policy

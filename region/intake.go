@@ -79,15 +79,15 @@ func (st *shardState) suspend() {
 func (st *shardState) resume() {
 	a := st.a
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	if st.mode != modeSuspended {
+		st.mu.Unlock()
 		return
 	}
-	held := len(st.held)
-	a.deliverHeldLocked(st, held)
-	st.held, st.heldAt, st.heldNext, st.heldDups, st.seen = nil, nil, 0, 0, nil
-	st.mode = modeLive
-	a.log.Debug("shard resumed", "shard", st.n, "held", held)
+	held, skipped := a.flushHeldLocked(st)
+	st.seen = nil
+	st.mu.Unlock()
+	a.stats.DuplicatesSkipped.Add(uint64(skipped))
+	a.log.Debug("shard resumed", "shard", st.n, "held", held, "duplicates_skipped", skipped)
 }
 
 func (st *shardState) settle(context.Context) error { return nil }
@@ -191,7 +191,9 @@ func (ss *streamShard) resume() {
 // pull delivers the shard's messages to their entities while the shard is
 // live; a message pulled when it no longer is goes back to the stream
 // (Nak), for the shard's next owner. It returns when its iterator is
-// closed (pause, stop) or the consumer is gone (a new owner replaced it).
+// closed (pause, stop), the consumer is gone (a new owner replaced it),
+// or the shard is suspended (a resume starts a new pull; an older one
+// that sees it returns).
 func (ss *streamShard) pull(done chan struct{}) {
 	defer close(done)
 	a := ss.a

@@ -131,6 +131,18 @@ func (a *Agent) trace(st *shardState, what, mid string) {
 	}
 }
 
+// flushHeldLocked ends the holding of st's arrivals (a replay's, or a
+// suspension's): it delivers those not delivered yet (deliverHeldLocked),
+// forgets them and makes the shard live; st.mu is held. It returns how
+// many were held and, of those, how many were skipped as copies.
+func (a *Agent) flushHeldLocked(st *shardState) (held, skipped int) {
+	a.deliverHeldLocked(st, len(st.held))
+	held, skipped = len(st.held), st.heldDups
+	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
+	st.mode = modeLive
+	return held, skipped
+}
+
 // deliverHeldLocked delivers the held arrivals from st.heldNext up to
 // (not including) upTo, in arrival order, skipping those whose Nats-Msg-Id
 // was delivered already, and moves st.heldNext to upTo; st.mu is held.
@@ -161,8 +173,7 @@ func (a *Agent) goLive(st *shardState) bool {
 		st.mu.Unlock()
 		return false
 	}
-	a.deliverHeldLocked(st, len(st.held))
-	held, skipped := len(st.held), st.heldDups
+	held, skipped := a.flushHeldLocked(st)
 	// A copy of a replayed message may still come: the subscription may
 	// not have delivered everything it received before this point (its
 	// callback is busy), or a copy may be on its way. Such copies were
@@ -176,8 +187,6 @@ func (a *Agent) goLive(st *shardState) bool {
 	if len(st.seen) == 0 {
 		st.seen = nil
 	}
-	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
-	st.mode = modeLive
 	handoff, replayed := st.handoff, st.replayed
 	st.mu.Unlock()
 	a.stats.DuplicatesSkipped.Add(uint64(skipped))

@@ -583,10 +583,11 @@ func (b *bench) latency(label, what string, sample func(nat bool, subject string
 	return l, nil
 }
 
-// concurrentRounds is the rounds per side of the concurrent callers' run.
-const concurrentRounds = 3
+// requestRounds is the rounds per side of the concurrent callers' run and
+// of the pipelined run.
+const requestRounds = 3
 
-// concurrent runs cfg.Callers callers, concurrentRounds rounds per side
+// concurrent runs cfg.Callers callers, requestRounds rounds per side
 // alternating which goes first, each round cfg.Requests requests to the
 // entities round-robin: through a natshard.Client on the requester's
 // connection, and with nc.Request on it to the raw responders.
@@ -600,59 +601,61 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 	if _, err := client.Request(b.ctx, b.sys.typ, b.ids[0], b.reqBody); err != nil { // learns the type
 		return nil, fmt.Errorf("client request: %w", err)
 	}
-	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: c.Requests, Rounds: concurrentRounds},
-		WithID: requestRuns{Requests: c.Requests, Rounds: concurrentRounds}}
+	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: c.Requests, Rounds: requestRounds},
+		WithID: requestRuns{Requests: c.Requests, Rounds: requestRounds}}
 	var done atomic.Int64
-	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(4*concurrentRounds*c.Requests), done.Load)
+	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(4*requestRounds*c.Requests), done.Load)
 	defer b.prog.clear()
-	withID := false // the raw side's requests carry a Nats-Msg-Id, as the client's do
-	run := func(nat bool) (float64, int64, error) {
-		var next, errs atomic.Int64
-		var firstErr atomic.Pointer[error]
-		var wg sync.WaitGroup
-		t0 := time.Now()
-		for range c.Callers {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= c.Requests || b.ctx.Err() != nil {
-						return
+	// runs is the round of one side: natshard's, or raw NATS's with or
+	// without a Nats-Msg-Id on each request (the client puts one).
+	runs := func(withID bool) func(nat bool) (float64, int64, error) {
+		return func(nat bool) (float64, int64, error) {
+			var next, errs atomic.Int64
+			var firstErr atomic.Pointer[error]
+			var wg sync.WaitGroup
+			t0 := time.Now()
+			for range c.Callers {
+				wg.Go(func() {
+					for {
+						i := int(next.Add(1)) - 1
+						if i >= c.Requests || b.ctx.Err() != nil {
+							return
+						}
+						e := i % len(b.ids)
+						var err error
+						switch {
+						case nat:
+							_, err = client.Request(b.ctx, b.sys.typ, b.ids[e], b.reqBody)
+						case withID:
+							m := &nats.Msg{Subject: b.rawSubj[e], Data: b.reqBody, Header: nats.Header{}}
+							m.Header.Set(protocol.HeaderMsgID, nuid.Next())
+							_, err = b.requester.RequestMsg(m, c.Timeout)
+						default:
+							_, err = b.requester.Request(b.rawSubj[e], b.reqBody, c.Timeout)
+						}
+						done.Add(1)
+						if err != nil {
+							errs.Add(1)
+							firstErr.CompareAndSwap(nil, &err)
+						}
 					}
-					e := i % len(b.ids)
-					var err error
-					switch {
-					case nat:
-						_, err = client.Request(b.ctx, b.sys.typ, b.ids[e], b.reqBody)
-					case withID:
-						m := &nats.Msg{Subject: b.rawSubj[e], Data: b.reqBody, Header: nats.Header{}}
-						m.Header.Set(protocol.HeaderMsgID, nuid.Next())
-						_, err = b.requester.RequestMsg(m, c.Timeout)
-					default:
-						_, err = b.requester.Request(b.rawSubj[e], b.reqBody, c.Timeout)
-					}
-					done.Add(1)
-					if err != nil {
-						errs.Add(1)
-						firstErr.CompareAndSwap(nil, &err)
-					}
-				}
-			})
+				})
+			}
+			wg.Wait()
+			d := time.Since(t0)
+			if err := b.ctx.Err(); err != nil {
+				return 0, 0, err
+			}
+			if n := errs.Load(); n > maxLatencyErrors {
+				return 0, n, fmt.Errorf("%d of %d requests failed, the first with: %w", n, c.Requests, *firstErr.Load())
+			}
+			return float64(c.Requests) / d.Seconds(), errs.Load(), nil
 		}
-		wg.Wait()
-		d := time.Since(t0)
-		if err := b.ctx.Err(); err != nil {
-			return 0, 0, err
-		}
-		if n := errs.Load(); n > maxLatencyErrors {
-			return 0, n, fmt.Errorf("%d of %d requests failed, the first with: %w", n, c.Requests, *firstErr.Load())
-		}
-		return float64(c.Requests) / d.Seconds(), errs.Load(), nil
 	}
-	if err := res.alternate(run); err != nil {
+	if err := res.alternate(runs(false)); err != nil {
 		return nil, fmt.Errorf("concurrent callers' run: %w", err)
 	}
-	withID = true
-	if err := res.WithID.alternate(run); err != nil {
+	if err := res.WithID.alternate(runs(true)); err != nil {
 		return nil, fmt.Errorf("concurrent callers' run, raw with Nats-Msg-Id: %w", err)
 	}
 	return res, nil
@@ -695,7 +698,7 @@ const (
 // against a plain responder's).
 func (b *bench) pipelined() (*pipelinedResult, error) {
 	n := pipelineFactor * b.cfg.Requests
-	res := &pipelinedResult{Window: pipelineWindow, requestRuns: requestRuns{Requests: n, Rounds: concurrentRounds}}
+	res := &pipelinedResult{Window: pipelineWindow, requestRuns: requestRuns{Requests: n, Rounds: requestRounds}}
 	type run struct {
 		nat      bool // to the entities
 		slots    chan struct{}
@@ -733,7 +736,7 @@ func (b *bench) pipelined() (*pipelinedResult, error) {
 		return nil, fmt.Errorf("pipelined requests: %w", err)
 	}
 	var done atomic.Int64
-	b.prog.phase(fmt.Sprintf("requests, %d in flight", pipelineWindow), int64(2*concurrentRounds*n), done.Load)
+	b.prog.phase(fmt.Sprintf("requests, %d in flight", pipelineWindow), int64(2*requestRounds*n), done.Load)
 	defer b.prog.clear()
 	one := func(nat bool) (float64, int64, error) {
 		subjects := b.rawSubj

@@ -73,11 +73,11 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 		t.Fatal("no concurrent callers' run")
 	}
 	for name, side := range map[string]concurrentSide{"natshard": cr.Natshard, "raw": cr.Raw, "natshard (beside raw with ids)": cr.WithID.Natshard, "raw with ids": cr.WithID.Raw} {
-		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != concurrentRounds {
-			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, concurrentRounds)
+		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != requestRounds {
+			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, requestRounds)
 		}
 	}
-	if cr.Callers != res.Config.Callers || cr.Requests != requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != concurrentRounds || cr.WithID.Ratio <= 0 || len(cr.WithID.RoundsRatio) != concurrentRounds {
+	if cr.Callers != res.Config.Callers || cr.Requests != requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds || cr.WithID.Ratio <= 0 || len(cr.WithID.RoundsRatio) != requestRounds {
 		t.Errorf("concurrent callers: %+v, config %+v", cr, res.Config)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/sidecar"
 	"github.com/natshard/natshard/strategies"
@@ -136,7 +137,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", natshard.DefaultMinRegions), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
 	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", natshard.DefaultReplicas), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", natshard.DefaultIdleTimeout), "passivate entities idle this long; 0 never (and never with --remember) [NATSHARD_IDLE_TIMEOUT]")
-	fs.IntVar(&c.MaxActive, "max-active", envInt("NATSHARD_MAX_ACTIVE", 0), "passivate the idle entities --passivation-policy values least beyond this many in this region; 0 no limit [NATSHARD_MAX_ACTIVE]")
+	fs.IntVar(&c.MaxActive, "max-active", envInt("NATSHARD_MAX_ACTIVE", 0), "most active entities in this region: beyond it, idle ones are passivated, chosen by --passivation-policy; 0 no limit [NATSHARD_MAX_ACTIVE]")
 	fs.StringVar(&c.Passivation, "passivation-policy", env("NATSHARD_PASSIVATION_POLICY", natshard.PassivationWTinyLFU), "which entities --max-active passivates: w-tinylfu (frequency-aware, Akka's default) or lru (least recently used) [NATSHARD_PASSIVATION_POLICY]")
 	fs.BoolVar(&c.Remember, "remember", envBool("NATSHARD_REMEMBER"), "remember the active entities, stored per type: a shard's new owner starts them again without a message, after a move, a crash or a full restart; they are never passivated for idleness (an http app's entity ends with Natshard-Passivate) [NATSHARD_REMEMBER]")
 	fs.IntVar(&c.RestartRate, "restart-rate", envInt("NATSHARD_RESTART_RATE", natshard.DefaultRestartRate), "remembered entities this process starts per second [NATSHARD_RESTART_RATE]")
@@ -258,8 +259,8 @@ func (c *config) Validate() error {
 	if c.MaxActive < 0 {
 		errs = append(errs, fmt.Errorf("--max-active: %d is negative (0: no limit)", c.MaxActive))
 	}
-	if c.Passivation != "" && c.Passivation != natshard.PassivationWTinyLFU && c.Passivation != natshard.PassivationLRU {
-		errs = append(errs, fmt.Errorf("--passivation-policy: %q is neither %q nor %q", c.Passivation, natshard.PassivationWTinyLFU, natshard.PassivationLRU))
+	if err := passivation.Check(c.Passivation); err != nil {
+		errs = append(errs, fmt.Errorf("--passivation-policy: %w", err))
 	}
 	if c.LeaseTTL != auto && (c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))

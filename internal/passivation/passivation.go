@@ -44,6 +44,15 @@ const (
 // Names lists the policies New accepts.
 func Names() []string { return []string{WTinyLFU, LRU} }
 
+// Check reports whether New accepts name ("" is Default).
+func Check(name string) error {
+	switch name {
+	case "", WTinyLFU, LRU:
+		return nil
+	}
+	return fmt.Errorf("passivation: unknown policy %q (known: %q, %q)", name, WTinyLFU, LRU)
+}
+
 // Policy orders active entities for passivation beyond a limit.
 type Policy[T any] interface {
 	// Touch records a message to e's entity. A detached entry (new, or
@@ -65,15 +74,15 @@ func New[T any](name string, limit int) (Policy[T], error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("passivation: limit %d is not positive", limit)
 	}
-	switch name {
-	case "", WTinyLFU:
-		return newWTinyLFU[T](limit), nil
-	case LRU:
+	if err := Check(name); err != nil {
+		return nil, err
+	}
+	if name == LRU {
 		p := &lru[T]{}
 		p.order.init()
 		return p, nil
 	}
-	return nil, fmt.Errorf("passivation: unknown policy %q (known: %q, %q)", name, WTinyLFU, LRU)
+	return newWTinyLFU[T](limit), nil
 }
 
 // Entry is one active entity in a Policy. Hash, the entity's hash (any
