@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,7 +33,10 @@ const attemptTimeout = 5 * time.Second
 // Client sends messages to entities of any type: it needs nothing but a
 // NATS connection, and no process it talks to needs to know it. It learns
 // each type's shard count from the type's KV bucket once and keeps it (a
-// type's shard count never changes). It is safe for concurrent use.
+// type's shard count never changes). It is safe for concurrent use. The
+// core requests of every Client of a connection wait for their answers on
+// one subscription, on an inbox of its own, made at the first request and
+// ended with the connection (as nc.Request's).
 //
 // Every message it sends carries a Nats-Msg-Id, unique unless MsgID gives
 // one: while a shard moves, its messages may reach both the old and the
@@ -61,8 +67,16 @@ type Client struct {
 	timeout time.Duration
 	resend  time.Duration
 
+	// types is what the client learnt of each type: a map replaced (under
+	// mu) when a type is learnt, read without a lock by every call.
 	mu    sync.Mutex
-	types map[string]clientType
+	types atomic.Pointer[map[string]clientType]
+
+	// ids makes the messages' default Nats-Msg-Id: a NUID of the
+	// client's, then a count (nuid.Next takes a lock shared by the
+	// process at every call).
+	idPrefix string
+	ids      atomic.Uint64
 }
 
 type clientType struct {
@@ -93,7 +107,7 @@ func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resen
 
 // NewClient returns a client on nc. The connection stays the caller's.
 func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
-	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, types: map[string]clientType{}}
+	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, idPrefix: nuid.Next() + "."}
 	for _, o := range opts {
 		o(c)
 	}
@@ -138,23 +152,26 @@ func (e *EntityError) Error() string {
 // Request sends data to entity id of type typ and returns its answer. An
 // error the entity returned comes back as an *EntityError.
 func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts ...SendOption) ([]byte, error) {
-	ctx, cancel := c.bound(ctx)
-	defer cancel()
-	t, m, err := c.message(ctx, typ, id, data, opts)
+	until := c.until(ctx)
+	t, m, err := c.message(ctx, until, typ, id, data, opts)
 	if err != nil {
 		return nil, err
 	}
 	if t.durable {
+		ctx, cancel := within(ctx, until)
+		defer cancel()
 		return c.requestDurable(ctx, typ, id, m)
 	}
+	replies := repliesOf(c.nc) // the connection's, shared by its clients
 	var b backoff
 	for {
-		actx, acancel := ctx, context.CancelFunc(func() {})
+		attempt, resend := until, false
 		if c.resend > 0 {
-			actx, acancel = context.WithTimeout(ctx, c.resend)
+			if next := time.Now().Add(c.resend); until.IsZero() || next.Before(until) {
+				attempt, resend = next, true
+			}
 		}
-		reply, err := c.nc.RequestMsgWithContext(actx, m)
-		acancel()
+		reply, err := replies.request(ctx, m, attempt)
 		if done, data, err := answer(typ, id, reply, err); done {
 			return data, err
 		}
@@ -164,13 +181,15 @@ func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts 
 			err = fmt.Errorf("refused (%s): %s", reply.Header.Get(protocol.HeaderRefused), reply.Header.Get(protocol.HeaderError))
 		case errors.Is(err, nats.ErrNoResponders):
 			// Nobody serves the shard this moment. Again.
-		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+		case errors.Is(err, errNoAnswer) && resend:
 			continue // WithResend: no answer in time; send it again now
+		case errors.Is(err, errNoAnswer):
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, context.DeadlineExceeded)
 		default:
 			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
 		}
-		if !b.wait(ctx) {
-			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w (retried %d times, last: %v)", id, typ, ctx.Err(), b.n, err)
+		if !b.wait(ctx, until) {
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w (retried %d times, last: %v)", id, typ, ended(ctx), b.n, err)
 		}
 	}
 }
@@ -241,7 +260,7 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 			// caller decides whether to wait for its entities to catch up.
 			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
-		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx) {
+		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
 			return fmt.Errorf("not stored in the type's stream: %w", err)
 		}
 	}
@@ -253,13 +272,14 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 // durable delivery a publish to its stream, which returns once the stream
 // acknowledged it. ctx bounds learning the type, and the acknowledgement.
 func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts ...SendOption) error {
-	ctx, cancel := c.bound(ctx)
-	defer cancel()
-	t, m, err := c.message(ctx, typ, id, data, opts)
+	until := c.until(ctx)
+	t, m, err := c.message(ctx, until, typ, id, data, opts)
 	if err != nil {
 		return err
 	}
 	if t.durable {
+		ctx, cancel := within(ctx, until)
+		defer cancel()
 		if err := c.publishDurable(ctx, m); err != nil {
 			return fmt.Errorf("natshard: publish to entity %s of type %s: %w", id, typ, err)
 		}
@@ -297,12 +317,13 @@ func (e EntityRef) Publish(ctx context.Context, data []byte, opts ...SendOption)
 	return e.c.Publish(ctx, e.typ, e.id, data, opts...)
 }
 
-// message builds the message to entity id of typ.
-func (c *Client) message(ctx context.Context, typ, id string, data []byte, opts []SendOption) (clientType, *nats.Msg, error) {
+// message builds the message to entity id of typ; learning the type
+// ends at until.
+func (c *Client) message(ctx context.Context, until time.Time, typ, id string, data []byte, opts []SendOption) (clientType, *nats.Msg, error) {
 	if err := protocol.ValidateEntityID(id); err != nil {
 		return clientType{}, nil, fmt.Errorf("natshard: %w", err)
 	}
-	t, err := c.typeOf(ctx, typ)
+	t, err := c.typeOf(ctx, until, typ)
 	if err != nil {
 		return t, nil, err
 	}
@@ -311,7 +332,8 @@ func (c *Client) message(ctx context.Context, typ, id string, data []byte, opts 
 		o(m)
 	}
 	if m.Header.Get(protocol.HeaderMsgID) == "" {
-		m.Header.Set(protocol.HeaderMsgID, nuid.Next())
+		var n [13]byte
+		m.Header.Set(protocol.HeaderMsgID, c.idPrefix+string(strconv.AppendUint(n[:0], c.ids.Add(1), 36)))
 	}
 	injectTrace(ctx, m)
 	return t, m, nil
@@ -319,14 +341,16 @@ func (c *Client) message(ctx context.Context, typ, id string, data []byte, opts 
 
 // typeOf returns what the client knows of typ, reading the type's shard
 // count from its KV bucket the first time (retried while JetStream is
-// unavailable, until ctx ends).
-func (c *Client) typeOf(ctx context.Context, typ string) (clientType, error) {
-	c.mu.Lock()
-	t, ok := c.types[typ]
-	c.mu.Unlock()
-	if ok {
-		return t, nil
+// unavailable, until ctx ends or until).
+func (c *Client) typeOf(ctx context.Context, until time.Time, typ string) (clientType, error) {
+	if types := c.types.Load(); types != nil {
+		if t, ok := (*types)[typ]; ok {
+			return t, nil
+		}
 	}
+	var t clientType
+	ctx, cancel := within(ctx, until)
+	defer cancel()
 	subjects, err := protocol.NewSubjects(c.prefix, "", typ)
 	if err != nil {
 		return t, fmt.Errorf("natshard: %w", err)
@@ -353,8 +377,11 @@ func (c *Client) typeOf(ctx context.Context, typ string) (clientType, error) {
 			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
 		case !errors.Is(err, kvstate.ErrUnavailable):
 			return t, fmt.Errorf("natshard: type %q: %w", typ, err)
+		case c.nc.IsClosed():
+			// Unavailable for good: nothing to wait for.
+			return t, fmt.Errorf("natshard: type %q: %w", typ, nats.ErrConnectionClosed)
 		}
-		if !b.wait(ctx) {
+		if !b.wait(ctx, time.Time{}) {
 			return t, fmt.Errorf("natshard: type %q: %w (last: %v)", typ, ctx.Err(), err)
 		}
 	}
@@ -375,24 +402,62 @@ func (c *Client) jetStream() error {
 func (c *Client) learn(subjects protocol.Subjects, shards int, delivery Delivery) clientType {
 	t := clientType{subjects: subjects, shards: shards, durable: delivery == Durable}
 	c.mu.Lock()
-	c.types[subjects.Type()] = t
+	types := map[string]clientType{}
+	if old := c.types.Load(); old != nil {
+		types = maps.Clone(*old)
+	}
+	types[subjects.Type()] = t
+	c.types.Store(&types)
 	c.mu.Unlock()
 	return t
 }
 
-// bound gives ctx the client's timeout when it has no deadline.
-func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok || c.timeout <= 0 {
+// until is when a call with ctx ends: ctx's deadline, or else the
+// client's timeout from now (zero: never). A call waits for a core
+// request's answer against that time, with a timer reused from call to
+// call; only what waits on a context (learning a type, JetStream) gets a
+// context bounded by it (within).
+func (c *Client) until(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	if c.timeout > 0 {
+		return time.Now().Add(c.timeout)
+	}
+	return time.Time{}
+}
+
+// within is ctx, ended at until if it would end later.
+func within(ctx context.Context, until time.Time) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); until.IsZero() || ok && !d.After(until) {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, c.timeout)
+	return context.WithDeadline(ctx, until)
+}
+
+// ended is why a call with ctx and an end of its own ended: ctx's error,
+// or the end (context.DeadlineExceeded).
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // backoff waits 10 ms, then twice as long each time, 500 ms at most.
 type backoff struct{ n int }
 
-func (b *backoff) wait(ctx context.Context) bool {
+// wait waits for the next backoff and reports whether the call goes on:
+// false when ctx ended, or when until (if not zero) came first (it waits
+// until then).
+func (b *backoff) wait(ctx context.Context, until time.Time) bool {
 	d := min(10*time.Millisecond<<min(b.n, 6), 500*time.Millisecond)
 	b.n++
+	if !until.IsZero() {
+		if left := time.Until(until); left < d {
+			wait.Sleep(ctx, left)
+			return false
+		}
+	}
 	return wait.Sleep(ctx, d)
 }

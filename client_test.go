@@ -3,6 +3,7 @@ package natshard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,6 +123,53 @@ func TestClientRetriesRefusals(t *testing.T) {
 	}
 }
 
+// TestClientsShareASubscription: the clients of a connection wait for
+// their answers on one subscription, however many are made (a client per
+// call is fine); once the connection is closed, a request says so.
+func TestClientsShareASubscription(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	subjects := newType(t, url, "t", 4)
+	region := natstest.Connect(t, url)
+	if _, err := region.Subscribe(subjects.AllData(), func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := region.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := natstest.Connect(t, url)
+	ctx := context.Background()
+	first := natshard.NewClient(nc)
+	request := func(c *natshard.Client) error {
+		if c == nil {
+			c = natshard.NewClient(nc)
+		}
+		got, err := c.Request(ctx, "t", "x", []byte("hi"))
+		if err == nil && string(got) != "hi" {
+			err = fmt.Errorf("answer %q", got)
+		}
+		return err
+	}
+	if err := request(first); err != nil {
+		t.Fatal(err)
+	}
+	subs := nc.NumSubscriptions()
+	for range 5 {
+		if err := request(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := nc.NumSubscriptions(); n != subs {
+		t.Fatalf("%d subscriptions after five more clients' requests, %d after the first", n, subs)
+	}
+	nc.Close()
+	// A client that knows the type, and one that would learn it.
+	for _, c := range []*natshard.Client{first, nil} {
+		if err := request(c); !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("request on a closed connection: %v", err)
+		}
+	}
+}
+
 // TestClientResend: with WithResend, a request that got no answer (its
 // region died with it) is sent again with the same Nats-Msg-Id; without,
 // it waits for its deadline.
@@ -155,8 +203,18 @@ func TestClientResend(t *testing.T) {
 	// ids is empty again: this request is the one lost.
 	_, err = natshard.NewClient(nc).Request(ctx, "t", "y", nil, natshard.MsgID("k1"))
 	mu.Lock()
-	defer mu.Unlock()
 	if !errors.Is(err, context.DeadlineExceeded) || len(ids) != 1 || ids[0] != "k1" {
 		t.Fatalf("without resend: %v, sent %q", err, ids)
+	}
+	ids = nil
+	mu.Unlock()
+	// A context without a deadline: the client's timeout ends the call,
+	// and a resend due after it is not sent.
+	c := natshard.NewClient(nc, natshard.WithTimeout(200*time.Millisecond), natshard.WithResend(time.Hour))
+	_, err = c.Request(context.Background(), "t", "z", nil)
+	mu.Lock()
+	defer mu.Unlock()
+	if !errors.Is(err, context.DeadlineExceeded) || len(ids) != 1 {
+		t.Fatalf("past the client's timeout: %v, sent %q", err, ids)
 	}
 }

@@ -217,7 +217,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 		d metricDesc
 		n uint64
 	}{
-		{mDelivered, s.Delivered.Load()}, {mHandled, e.Handled}, {mFailed, e.Failed},
+		{mDelivered, e.Delivered}, {mHandled, e.Handled}, {mFailed, e.Failed},
 		{mBuffered, s.Buffered.Load()}, {mReplayed, s.Replayed.Load()}, {mHeld, s.Held.Load()},
 		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
 		{mRestarts, s.Restarted.Load()},

@@ -317,18 +317,10 @@ func (n *Node) watchConn() {
 	for st := range n.status {
 		switch st {
 		case nats.RECONNECTING:
-			for _, h := range n.hostedTypes() {
-				if h.agent != nil {
-					h.agent.Suspend("disconnected from NATS")
-				}
-			}
+			n.eachAgent(func(a *region.Agent) { a.Suspend("disconnected from NATS") })
 		case nats.CONNECTED:
 			n.log.Info("reconnected to NATS", "url", n.nc.ConnectedUrl())
-			for _, h := range n.hostedTypes() {
-				if h.agent != nil {
-					h.agent.Reconnected()
-				}
-			}
+			n.eachAgent((*region.Agent).Reconnected)
 		case nats.CLOSED:
 			n.fence("the NATS connection is closed")
 			n.finish(ErrConnectionClosed)
@@ -336,10 +328,13 @@ func (n *Node) watchConn() {
 	}
 }
 
-func (n *Node) fence(why string) {
+func (n *Node) fence(why string) { n.eachAgent(func(a *region.Agent) { a.Fence(why) }) }
+
+// eachAgent calls f with the region agent of every hosted type that has one.
+func (n *Node) eachAgent(f func(*region.Agent)) {
 	for _, h := range n.hostedTypes() {
 		if h.agent != nil {
-			h.agent.Fence(why)
+			f(h.agent)
 		}
 	}
 }
@@ -685,7 +680,7 @@ func (n *Node) Stats(name string) (Stats, bool) {
 		e := a.EntityCounts()
 		return Stats{
 			Shards: a.Held(), Entities: e.Active,
-			Delivered: s.Delivered.Load(), Malformed: s.Malformed.Load(), NotOwned: s.NotOwned.Load(),
+			Delivered: e.Delivered, Malformed: s.Malformed.Load(), NotOwned: s.NotOwned.Load(),
 			Buffered: s.Buffered.Load(), BufferFailed: s.BufferFailed.Load(), Replayed: s.Replayed.Load(),
 			Held: s.Held.Load(), HeldOverflow: s.HeldOverflow.Load(), DuplicatesSkipped: s.DuplicatesSkipped.Load(),
 			CommandsRefused: s.Refused.Load(), BufferFull: s.BufferFull.Load(), RefusedStopping: e.RefusedStopping,

@@ -625,7 +625,7 @@ func (c *Core) startMove(sh int) {
 // and release the source.
 func (c *Core) chooseTarget(sh int, exclude string) {
 	rec := c.table[sh]
-	target, ok := c.pickTarget(sh, exclude)
+	target, ok := c.pickTargetIn(sh, exclude, nil)
 	if !ok {
 		src := c.regions[rec.Source]
 		h := rec.Handoff
@@ -642,7 +642,7 @@ func (c *Core) chooseTarget(sh int, exclude string) {
 // retarget gives a binding shard whose target died another target.
 func (c *Core) retarget(sh int) {
 	rec := c.table[sh]
-	target, ok := c.pickTarget(sh, rec.Source)
+	target, ok := c.pickTargetIn(sh, rec.Source, nil)
 	if !ok {
 		if rec.Source == "" {
 			c.park(sh)
@@ -699,14 +699,10 @@ func (c *Core) handOffTimedOut(sh int) {
 	c.chooseTarget(sh, source)
 }
 
-// pickTarget chooses where shard sh goes: the operator's wish if it can
-// take it, else the strategy's choice among the regions other than exclude.
-func (c *Core) pickTarget(sh int, exclude string) (string, bool) {
-	return c.pickTargetIn(sh, exclude, nil)
-}
-
-// pickTargetIn is pickTarget with the strategy's view built already (nil:
-// built here), which must leave out exclude.
+// pickTargetIn chooses where shard sh goes: the operator's wish if it can
+// take it, else the strategy's choice among the regions other than
+// exclude, in view (the strategy's view, which must leave out exclude;
+// nil: built here).
 func (c *Core) pickTargetIn(sh int, exclude string, view []strategies.Region) (string, bool) {
 	if want := c.steps[sh].want; want != "" && want != exclude {
 		if r, ok := c.regions[want]; ok && !r.Info.Leaving {

@@ -12,7 +12,7 @@ import (
 
 // TestLongBatchRenewsTheLease: the leader carries out its table writes
 // one after another in the loop that renews its lease, so a long batch (a
-// first allocation of thousands of shards: 2 writes each at once, 0.07 to
+// first allocation of thousands of shards: 3 writes each at once, 0.07 to
 // 0.35 ms a write here) could outlast the lease; its writes would then be
 // refused as fenced and the next term would start over. A write whose
 // renewal is due renews first. The test makes the renewal due without

@@ -45,10 +45,6 @@ func scaleCells(b *testing.B, work func(shards, regions int) float64, f func(b *
 	}
 }
 
-// scaleConfig is the coordinator's default configuration (in ticks) for
-// shards.
-func scaleConfig(shards int) CoreConfig { return defaultsConfig(shards) }
-
 // simRegions returns n regions r0000, r0001, ...
 func simRegions(n int) []*simRegion {
 	rs := make([]*simRegion, n)
@@ -85,7 +81,7 @@ func reportCounts(b *testing.B, s *sim, ops int) {
 // shard: shards^2 x (regions + 30).)
 func BenchmarkCoreAllocate(b *testing.B) {
 	scaleCells(b, func(s, r int) float64 { return float64(s) * float64(r+30) }, func(b *testing.B, shards, regions int) {
-		cfg := scaleConfig(shards)
+		cfg := defaultsConfig(shards)
 		cfg.MinRegions = regions
 		var s *sim
 		b.ResetTimer()
@@ -114,7 +110,7 @@ func BenchmarkCoreAllocate(b *testing.B) {
 // cost per move.
 func BenchmarkCoreRound(b *testing.B) {
 	scaleCells(b, func(s, r int) float64 { return float64(s) * float64(r) }, func(b *testing.B, shards, regions int) {
-		cfg := scaleConfig(shards)
+		cfg := defaultsConfig(shards)
 		cfg.Settle = -1
 		cfg.RebalanceEvery = math.MaxInt32 // only the join makes a round due
 		var s *sim
@@ -154,7 +150,7 @@ func BenchmarkCoreRound(b *testing.B) {
 // sorted the region IDs: regions x (shards + 10 x regions).)
 func BenchmarkCoreTick(b *testing.B) {
 	scaleCells(b, func(s, r int) float64 { return float64(s) + float64(r)*float64(r) }, func(b *testing.B, shards, regions int) {
-		cfg := scaleConfig(shards)
+		cfg := defaultsConfig(shards)
 		s := balancedSim(b, cfg, simRegions(regions))
 		w0, c0 := s.writes, s.sends
 		for b.Loop() {

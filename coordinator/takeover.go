@@ -175,8 +175,9 @@ func (n *Node) waitForVacancy(ctx context.Context, s *silence) {
 }
 
 // probeHolder probes the lease holder once and counts the outcome; it
-// deposes the holder once it has been silent for the whole window, and
-// reports whether it did.
+// deposes the holder once it has been silent for the whole window, or at
+// its first "no responders" after the server reported its connection
+// closed or reset, and reports whether it did.
 func (n *Node) probeHolder(ctx context.Context, holder protocol.CoordinatorInfo, s *silence) bool {
 	// A short timeout: a probe that crossed the holder's death on the way
 	// is lost with its connection, and a timeout starts the count over.

@@ -153,21 +153,18 @@ func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint6
 		}
 		stored, rev, lerr := e.store.LoadEntity(ctx, e.id)
 		switch {
-		case errors.Is(lerr, kvstate.ErrNotFound) && e.rev == 0:
+		case errors.Is(lerr, kvstate.ErrNotFound) && e.rev == 0, lerr == nil && rev == e.rev:
 			// Not stored: save again.
 		case lerr != nil && !errors.Is(lerr, kvstate.ErrNotFound):
 			err = lerr
 			continue
-		case lerr == nil && rev == e.rev:
-			// Not stored: save again.
 		case lerr == nil && bytes.Equal(stored, data):
 			return rev, nil // stored: the answer was lost
 		default:
 			return 0, fmt.Errorf("%w: the state of %q changed while its save was unanswered (%w)", kvstate.ErrConflict, e.id, err)
 		}
-		var rev2 uint64
-		if rev2, err = e.save(ctx, data, 0); err == nil {
-			return rev2, nil
+		if rev, err = e.save(ctx, data, 0); err == nil {
+			return rev, nil
 		}
 	}
 	return 0, err

@@ -104,7 +104,8 @@ func (s Subjects) Type() string { return s.typ }
 
 // Entity is the data subject of entity id in shard.
 func (s Subjects) Entity(shard int, id string) string {
-	return s.data + strconv.Itoa(shard) + "." + id
+	var n [20]byte // the shard's digits, without a string of their own
+	return s.data + string(strconv.AppendInt(n[:0], int64(shard), 10)) + "." + id
 }
 
 // EntityOf is the data subject of entity id among n shards.

@@ -179,7 +179,6 @@ type Agent struct {
 
 // Stats are counters of an Agent. Read them with Agent.Stats.
 type Stats struct {
-	Delivered atomic.Uint64 // messages handed to entities (live, replayed or held)
 	Malformed atomic.Uint64 // malformed subjects or wrong shard
 	NotOwned  atomic.Uint64 // messages for a shard this region no longer serves
 	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage)

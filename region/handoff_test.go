@@ -222,7 +222,7 @@ func (c *cluster) logStats() {
 	for _, id := range slices.Sorted(maps.Keys(c.agents)) {
 		s := c.agents[id].Stats()
 		c.t.Logf("region %s: delivered %d, buffered %d, buffer failed %d, replayed %d, duplicates skipped %d, held overflow %d, not owned %d",
-			id, s.Delivered.Load(), s.Buffered.Load(), s.BufferFailed.Load(), s.Replayed.Load(),
+			id, c.agents[id].EntityCounts().Delivered, s.Buffered.Load(), s.BufferFailed.Load(), s.Replayed.Load(),
 			s.DuplicatesSkipped.Load(), s.HeldOverflow.Load(), s.NotOwned.Load())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -93,7 +94,8 @@ type hostConfig struct {
 // most idleKeep) and exits after that.
 //
 // A Handle may block (I/O), so the workers are not a fixed pool: a worker
-// counts as searching except while it runs a cell, and whenever a cell is
+// counts as searching except while it runs a cell or is parked, and
+// whenever a cell is
 // queued with no worker searching, a parked worker is woken or a new one
 // started (the Go scheduler's rule for spinning threads). So a queued
 // cell never waits for a blocked one, and the number of workers follows
@@ -167,8 +169,8 @@ type host struct {
 	stopSem chan struct{}   // bounds concurrent Stop hooks
 
 	// The scheduler (see Execution): the cells ready to run, in order,
-	// and how many workers are not running a cell (about to take one, or
-	// started and not yet running).
+	// and how many workers are searching: neither running a cell nor
+	// parked (about to take one, or started and not yet running).
 	qmu       sync.Mutex
 	ready     taskQueue
 	searching int
@@ -176,7 +178,13 @@ type host struct {
 
 	mu     sync.RWMutex
 	shards map[int]*shardEntities
-	gone   handledCounts // of the shards forgotten since; guarded by mu (see counts)
+	// view is a copy of shards, replaced (under mu) when a shard comes or
+	// goes: shardFor reads it without a lock, where an RWMutex's read
+	// lock, taken by every shard's subscription for every message, was
+	// 14 % of the CPU of BenchmarkDeliver and BenchmarkOnMessage (its
+	// reader count's cache line going from core to core).
+	view atomic.Pointer[map[int]*shardEntities]
+	gone msgCounts // of the shards forgotten since; guarded by mu (see counts)
 
 	// passivateCalls counts the cells marked passivate: a worker that
 	// sees it change while it runs a batch checks its cell (run).
@@ -219,18 +227,19 @@ type shardEntities struct {
 	peak    int           // largest len(cells) since the map was last rebuilt
 	closing bool          // stopShard began: deliveries are refused
 	drained chan struct{} // closed when closing and cells is empty
-	// delivered counts the messages queued for the shard's entities (see
-	// load.go).
-	delivered uint64
-	// handled counts the messages the shard's entities finished (see
-	// status.go), under the lock each entity's worker takes anyway.
-	handled handledCounts
+	// counts: the messages queued for the shard's entities and those
+	// they finished (see status.go and load.go), under the lock that
+	// deliveries and each entity's worker take anyway.
+	counts msgCounts
 	// forgotten: the remembered entities that passivated themselves
 	// before the restart of the shard's remembered entities ended
 	// (restarted); start skips them, since the list it works from may
 	// have been read before they were forgotten.
 	forgotten map[string]struct{}
 	restarted bool
+	// touches: the limit's policy's touches of the shard's entities not
+	// given to it yet (touchLimit).
+	touches []*limitEntry
 }
 
 // Stop states of a cell.
@@ -351,7 +360,7 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 		}
 		return
 	}
-	se.delivered++
+	se.counts.delivered++
 	c, key := se.cells[id], id
 	if c == nil {
 		// Clone: id may point into a larger buffer (the subject).
@@ -363,7 +372,10 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 		}
 	}
 	if h.limit != nil {
-		h.touchLimit(c, shard, key)
+		// An entity chosen to be passivated has its entry detached: a
+		// message that cancels the passivation (queued), or goes to the
+		// next incarnation (running), adds it again at once.
+		h.touchLimit(se, c, key, c.stop != stopNone)
 	}
 	if c.stop == stopQueued {
 		c.stop = stopNone // cancel a passivation whose Stop has not begun
@@ -378,7 +390,7 @@ func (h *host) enqueue(shard int, id string, e envelope) {
 	// mailbox stays empty (no allocation) unless more come meanwhile.
 	c.running = true
 	se.mu.Unlock()
-	h.schedule(task{se: se, c: c, id: key, first: e, hasFirst: true})
+	h.schedule(task{se: se, c: c, id: key, first: e})
 }
 
 // start activates entity id of shard without a message (a remembered
@@ -398,7 +410,7 @@ func (h *host) start(shard int, id string) bool {
 	se.cells[id] = c
 	se.peak = max(se.peak, len(se.cells))
 	if h.limit != nil {
-		h.touchLimit(c, shard, id)
+		h.touchLimit(se, c, id, true)
 	}
 	se.mu.Unlock()
 	h.schedule(task{se: se, c: c, id: id})
@@ -408,9 +420,7 @@ func (h *host) start(shard int, id string) bool {
 // restartsDone: the restart of shard's remembered entities ended; the
 // entities that passivate themselves from now on need not be kept.
 func (h *host) restartsDone(shard int) {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se != nil {
 		se.mu.Lock()
 		se.restarted, se.forgotten = true, nil
@@ -421,9 +431,7 @@ func (h *host) restartsDone(shard int) {
 // passivate asks entity id of shard to stop once the message it handles
 // is done; the messages queued after it go to a new incarnation.
 func (h *host) passivate(shard int, id string) {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se == nil {
 		return
 	}
@@ -435,49 +443,58 @@ func (h *host) passivate(shard int, id string) {
 	se.mu.Unlock()
 }
 
+// lookup returns the shard's entities, nil if the host holds none.
+func (h *host) lookup(shard int) *shardEntities {
+	if v := h.view.Load(); v != nil {
+		return (*v)[shard]
+	}
+	return nil
+}
+
 // shardFor returns the shard's entities, creating them if needed.
 func (h *host) shardFor(shard int) *shardEntities {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
-	if se != nil {
+	if se := h.lookup(shard); se != nil {
 		return se
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if se = h.shards[shard]; se == nil {
+	se := h.shards[shard]
+	if se == nil {
 		se = &shardEntities{n: shard, cells: make(map[string]*cell)}
 		se.ctx, se.cancel = context.WithCancel(h.ctx)
 		h.shards[shard] = se
+		h.viewLocked()
 	}
 	return se
+}
+
+// viewLocked replaces h.view with a copy of h.shards (h.mu held).
+func (h *host) viewLocked() {
+	v := maps.Clone(h.shards)
+	h.view.Store(&v)
 }
 
 // abortShard ends the context of shard's entities at once (see host). The
 // shard's stop is the caller's business.
 func (h *host) abortShard(shard int) {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se != nil {
 		se.cancel()
 	}
 }
 
-// snapshot returns the shards held, in no particular order.
+// snapshot returns the shards held, in no particular order: the view,
+// which is never changed (read it only).
 func (h *host) snapshot() map[int]*shardEntities {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	out := make(map[int]*shardEntities, len(h.shards))
-	for n, se := range h.shards {
-		out[n] = se
+	if v := h.view.Load(); v != nil {
+		return *v
 	}
-	return out
+	return nil
 }
 
 // removeLocked deletes cell c of id from se (locked) and completes a shard
 // stop that was waiting for it.
-func (h *host) removeLocked(se *shardEntities, shard int, id string, c *cell) {
+func (h *host) removeLocked(se *shardEntities, id string, c *cell) {
 	if se.cells[id] == c {
 		delete(se.cells, id)
 	}
@@ -486,14 +503,14 @@ func (h *host) removeLocked(se *shardEntities, shard int, id string, c *cell) {
 		h.limit.Remove(c.lim)
 		h.limitMu.Unlock()
 	}
-	h.drainedLocked(se, shard)
+	h.drainedLocked(se)
 }
 
-// drainedLocked completes the stop of shard when se (locked) is closing and
-// holds no cell any more: the host forgets the shard, then se.drained is
+// drainedLocked completes the stop of se's shard when se (locked) is
+// closing and holds no cell any more: the host forgets the shard, then se.drained is
 // closed, so that a deliver after stopShard returned starts the shard
 // afresh. (Taking h.mu under se.mu follows the lock order.)
-func (h *host) drainedLocked(se *shardEntities, shard int) {
+func (h *host) drainedLocked(se *shardEntities) {
 	if !se.closing || len(se.cells) > 0 {
 		return
 	}
@@ -503,9 +520,10 @@ func (h *host) drainedLocked(se *shardEntities, shard int) {
 	default:
 	}
 	h.mu.Lock()
-	if h.shards[shard] == se {
-		delete(h.shards, shard)
-		h.gone.add(se.handled)
+	if h.shards[se.n] == se {
+		delete(h.shards, se.n)
+		h.viewLocked()
+		h.gone.add(se.counts)
 	}
 	h.mu.Unlock()
 	se.cancel()
@@ -519,15 +537,14 @@ func (h *host) drainedLocked(se *shardEntities, shard int) {
 const turnBudget = 64
 
 // task is a cell made ready: its worker runs it until its mailbox is
-// empty or its budget spent. first is the message that made an idle cell
-// ready, handled before the mailbox (hasFirst); the cell's mailbox then
-// holds only the messages that came after it.
+// empty or its budget spent. first (when it has a message) is the message
+// that made an idle cell ready, handled before the mailbox; the cell's
+// mailbox then holds only the messages that came after it.
 type task struct {
-	se       *shardEntities
-	c        *cell
-	id       string // the cell's key in se.cells
-	first    envelope
-	hasFirst bool
+	se    *shardEntities
+	c     *cell
+	id    string // the cell's key in se.cells
+	first envelope
 }
 
 // taskQueue is a FIFO of tasks in a ring buffer; host.qmu guards it.
@@ -644,7 +661,7 @@ func (h *host) worker() {
 		h.qmu.Lock()
 		h.searching++
 		if again {
-			t.first, t.hasFirst = envelope{}, false
+			t.first = envelope{}
 			h.ready.push(t)
 		}
 	}
@@ -768,13 +785,12 @@ func (w *workerState) keep(mq *mailq) {
 func (h *host) run(t task, w *workerState) (again bool) {
 	se, c, id, shard := t.se, t.c, t.id, t.se.n
 	var (
-		handled bool
-		counts  handledCounts // since the last time se.mu was taken
-		budget  = turnBudget
-		mq      = w.spare // the batch's mailbox, the cell's before
-		batch   = mq.q[:0]
+		counts msgCounts // handled since the last time se.mu was taken
+		budget = turnBudget
+		mq     = w.spare // the batch's mailbox, the cell's before
+		batch  = mq.q[:0]
 	)
-	if t.hasFirst {
+	if t.first.m != nil {
 		batch = append(batch, t.first)
 	}
 	// The running cell is this worker's: no other goroutine writes its
@@ -787,12 +803,11 @@ func (h *host) run(t task, w *workerState) (again bool) {
 			batch[i] = envelope{}
 			budget--
 			if e.m == nil {
-				ent = h.startOne(se, shard, id, c, ent)
+				ent = h.startOne(se, id, ent)
 			} else {
-				handled = true
 				counts.handled++
 				var err error
-				if ent, err = h.deliverOne(se, shard, id, c, ent, e, &w.msg); err != nil {
+				if ent, err = h.deliverOne(se, id, c, ent, e, &w.msg); err != nil {
 					counts.failed++
 				}
 			}
@@ -815,6 +830,7 @@ func (h *host) run(t task, w *workerState) (again bool) {
 		batch = batch[:0]
 		mq.q = batch
 
+		handled := counts.handled > 0
 		var now int64
 		if handled {
 			now = h.now()
@@ -823,8 +839,8 @@ func (h *host) run(t task, w *workerState) (again bool) {
 		c.entity = ent
 		if handled {
 			c.lastActive = now
-			se.handled.add(counts)
-			counts, handled = handledCounts{}, false
+			se.counts.add(counts)
+			counts = msgCounts{}
 		}
 		if c.passivate && ent != nil && !se.closing {
 			// The entity asked to stop: it stops now, and a new
@@ -865,7 +881,7 @@ func (h *host) run(t task, w *workerState) (again bool) {
 			freeMailq(c.mailbox)
 			c.mailbox = nil
 			if ent == nil {
-				h.removeLocked(se, shard, id, c)
+				h.removeLocked(se, id, c)
 			}
 			se.mu.Unlock()
 			w.keep(mq)
@@ -887,13 +903,13 @@ func (h *host) run(t task, w *workerState) (again bool) {
 // startOne creates the remembered entity id unless ent exists, and
 // returns the entity (nil when the Factory failed: logged, and the
 // entity's next message tries again).
-func (h *host) startOne(se *shardEntities, shard int, id string, c *cell, ent Entity) Entity {
+func (h *host) startOne(se *shardEntities, id string, ent Entity) Entity {
 	if ent != nil {
 		return ent
 	}
-	ent, err := h.create(se.ctx, shard, id)
+	ent, err := h.create(se.ctx, se.n, id)
 	if err != nil {
-		h.log.Warn("region: a remembered entity could not be started; its next message tries again", "shard", shard, "entity", id, "error", err)
+		h.log.Warn("region: a remembered entity could not be started; its next message tries again", "shard", se.n, "entity", id, "error", err)
 		return nil
 	}
 	return ent
@@ -911,8 +927,8 @@ func (h *host) startOne(se *shardEntities, shard int, id string, c *cell, ent En
 // it stays in the stream for the next owner).
 //
 // It returns the error the message was answered with.
-func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
-	ctx := se.ctx
+func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
+	ctx, shard := se.ctx, se.n
 	if h.trace != nil && e.m.Header != nil {
 		var end func(error)
 		if ctx, end = h.trace(ctx, e.m); end != nil {
@@ -927,7 +943,7 @@ func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent 
 	for {
 		var data []byte
 		if ent == nil {
-			if err = h.rememberOnce(ctx, se, shard, id, c); err != nil {
+			if err = h.rememberOnce(ctx, se, id, c); err != nil {
 				err = fmt.Errorf("remember entity: %w", err)
 			} else if ent, err = h.create(ctx, shard, id); err != nil {
 				err = fmt.Errorf("create entity: %w", err)
@@ -959,7 +975,7 @@ func (h *host) deliverOne(se *shardEntities, shard int, id string, c *cell, ent 
 
 // rememberOnce records entity id before its first activation, with
 // hostConfig.Remember.
-func (h *host) rememberOnce(ctx context.Context, se *shardEntities, shard int, id string, c *cell) error {
+func (h *host) rememberOnce(ctx context.Context, se *shardEntities, id string, c *cell) error {
 	if h.remember == nil {
 		return nil
 	}
@@ -969,7 +985,7 @@ func (h *host) rememberOnce(ctx context.Context, se *shardEntities, shard int, i
 	if known {
 		return nil
 	}
-	if err := h.remember(ctx, shard, id); err != nil {
+	if err := h.remember(ctx, se.n, id); err != nil {
 		return err
 	}
 	se.mu.Lock()
@@ -1105,7 +1121,6 @@ func (h *host) stopEntity(shard int, id string, ent Entity) {
 // stopItem is a cell queued for a stop (passivation or shard stop).
 type stopItem struct {
 	se    *shardEntities
-	shard int
 	id    string
 	c     *cell
 	idle  bool // a passivation
@@ -1150,7 +1165,7 @@ func (h *host) stopCell(it stopItem) {
 	se.mu.Unlock()
 
 	if ent != nil {
-		h.stopEntity(it.shard, it.id, ent)
+		h.stopEntity(it.se.n, it.id, ent)
 		if it.idle {
 			h.passivations.Add(1)
 		}
@@ -1163,7 +1178,12 @@ func (h *host) stopCell(it stopItem) {
 	c.stop = stopNone
 	c.entity = nil
 	if c.mailbox.len() > 0 {
-		// Messages arrived during Stop: a new incarnation handles them.
+		// Messages arrived during Stop: a new incarnation handles them,
+		// counted by the limit at once (a check during Stop may have
+		// detached its entry again, after those messages' touches).
+		if h.limit != nil {
+			h.touchLimit(se, c, it.id, true)
+		}
 		se.mu.Unlock()
 		h.schedule(task{se: se, c: c, id: it.id})
 		return
@@ -1171,7 +1191,7 @@ func (h *host) stopCell(it stopItem) {
 	c.running = false
 	freeMailq(c.mailbox)
 	c.mailbox = nil
-	h.removeLocked(se, it.shard, it.id, c)
+	h.removeLocked(se, it.id, c)
 	se.mu.Unlock()
 }
 
@@ -1185,7 +1205,7 @@ func (h *host) passivateIdle() int {
 	}
 	deadline := h.now() - int64(h.idleTimeout)
 	var items []stopItem
-	for n, se := range h.snapshot() {
+	for _, se := range h.snapshot() {
 		se.mu.Lock()
 		if se.closing {
 			se.mu.Unlock()
@@ -1203,7 +1223,7 @@ func (h *host) passivateIdle() int {
 			}
 			c.running = true
 			c.stop = stopQueued
-			items = append(items, stopItem{se: se, shard: n, id: id, c: c, idle: true})
+			items = append(items, stopItem{se: se, id: id, c: c, idle: true})
 		}
 		se.mu.Unlock()
 	}
@@ -1211,19 +1231,58 @@ func (h *host) passivateIdle() int {
 	return len(items)
 }
 
-// touchLimit records a message to cell c of entity id of shard (se.mu
-// held; id is c's key in the map) in the limit's policy, giving the cell
-// its entry on its first message. A cell whose entry was detached for a
-// passivation that did not happen (a message cancelled it) is added
-// again as a newly activated entity.
-func (h *host) touchLimit(c *cell, shard int, id string) {
+// touchBatch is how many touches of the limit's policy a shard keeps
+// before it gives them to the policy under one lock of it (as Caffeine's
+// read buffers): the policy's mutex, shared by every shard, taken for
+// each message, made BenchmarkDeliver 1.8 times slower with MaxActive.
+const touchBatch = 32
+
+// touchLimit records a message to cell c of entity id (se.mu held; id is
+// c's key in se.cells) in the limit's policy. The cell's first message
+// gives it its entry, added at once, as is a touch said to be now (its
+// entry may be detached: an entry detached for a passivation that did not
+// happen, because a message cancelled it, is added again as a newly
+// activated entity). Other touches wait in se.touches, touchBatch at a
+// time: passivateOverLimit gives them to the policy before it asks it for
+// entities to passivate, so that it decides on every message so far; the
+// cost is the order among shards' touches, by shard rather than by time,
+// within one check (limitEvery). A cell being stopped (c.stop) may have
+// its entry detached: the caller says now.
+func (h *host) touchLimit(se *shardEntities, c *cell, id string, now bool) {
 	if c.lim == nil {
 		x := maphash.String(h.limitSeed, id)
-		c.lim = &limitEntry{Hash: uint32(x ^ x>>32), Value: limitRef{id: id, shard: shard}}
+		c.lim = &limitEntry{Hash: uint32(x ^ x>>32), Value: limitRef{id: id, shard: se.n}}
+		now = true
+	}
+	if !now {
+		se.touches = append(se.touches, c.lim)
+		if len(se.touches) >= touchBatch {
+			h.flushTouchesLocked(se)
+		}
+		return
 	}
 	h.limitMu.Lock()
 	h.limit.Touch(c.lim)
 	h.limitMu.Unlock()
+}
+
+// flushTouchesLocked gives se's waiting touches to the limit's policy
+// (se.mu held). A touch of an entry detached meanwhile is dropped: its
+// entity was removed, or chosen to be passivated (if a message cancels
+// that, the message's touch adds the entry again).
+func (h *host) flushTouchesLocked(se *shardEntities) {
+	if len(se.touches) == 0 {
+		return
+	}
+	h.limitMu.Lock()
+	for _, e := range se.touches {
+		if e.Attached() {
+			h.limit.Touch(e)
+		}
+	}
+	h.limitMu.Unlock()
+	clear(se.touches)
+	se.touches = se.touches[:0]
 }
 
 // passivateOverLimit starts stopping the idle entities (empty mailbox, not
@@ -1236,10 +1295,16 @@ func (h *host) touchLimit(c *cell, shard int, id string) {
 // that arrives before the Stop hook has begun cancels the passivation (the
 // entity was used again, and rejoins the policy as newly activated). It
 // does nothing when MaxActive is 0. The driver calls it often: under the
-// limit it costs one lock; over it, a lock of a shard per entity chosen.
+// limit it costs a lock of each shard (to flush its touches) and one of
+// the policy; over it, a lock of a shard per entity chosen.
 func (h *host) passivateOverLimit() int {
 	if h.limit == nil {
 		return 0
+	}
+	for _, se := range h.snapshot() {
+		se.mu.Lock()
+		h.flushTouchesLocked(se)
+		se.mu.Unlock()
 	}
 	var (
 		items   []stopItem
@@ -1279,9 +1344,7 @@ func (h *host) passivateOverLimit() int {
 // its next message attaches it again).
 func (h *host) takeOverLimit(e *limitEntry) (stopItem, bool) {
 	ref := e.Value
-	h.mu.RLock()
-	se := h.shards[ref.shard]
-	h.mu.RUnlock()
+	se := h.lookup(ref.shard)
 	if se == nil {
 		return stopItem{}, false
 	}
@@ -1292,12 +1355,12 @@ func (h *host) takeOverLimit(e *limitEntry) (stopItem, bool) {
 	case c == nil || c.lim != e || se.closing || c.stop != stopNone:
 		return stopItem{}, false
 	case c.running || c.mailbox.len() > 0 || c.entity == nil:
-		h.touchLimit(c, ref.shard, ref.id)
+		h.touchLimit(se, c, ref.id, true) // detached by Evict: added again
 		return stopItem{}, false
 	}
 	c.running = true
 	c.stop = stopQueued
-	return stopItem{se: se, shard: ref.shard, id: ref.id, c: c, idle: true, limit: true}, true
+	return stopItem{se: se, id: ref.id, c: c, idle: true, limit: true}, true
 }
 
 func cloneCells(m map[string]*cell) map[string]*cell {
@@ -1312,7 +1375,7 @@ func cloneCells(m map[string]*cell) map[string]*cell {
 // to items; running cells stop themselves when their mailbox is empty. It
 // returns the channel closed when the shard is drained (already closed when
 // it holds nothing).
-func (h *host) beginStop(shard int, se *shardEntities, items []stopItem) (<-chan struct{}, []stopItem) {
+func (h *host) beginStop(se *shardEntities, items []stopItem) (<-chan struct{}, []stopItem) {
 	se.mu.Lock()
 	if !se.closing {
 		se.closing = true
@@ -1323,11 +1386,11 @@ func (h *host) beginStop(shard int, se *shardEntities, items []stopItem) (<-chan
 			}
 			c.running = true
 			c.stop = stopQueued
-			items = append(items, stopItem{se: se, shard: shard, id: id, c: c})
+			items = append(items, stopItem{se: se, id: id, c: c})
 		}
 	}
 	drained := se.drained
-	h.drainedLocked(se, shard)
+	h.drainedLocked(se)
 	se.mu.Unlock()
 	return drained, items
 }
@@ -1338,13 +1401,11 @@ func (h *host) beginStop(shard int, se *shardEntities, items []stopItem) (<-chan
 // error when ctx ends first (the stops then go on in the background). The
 // driver unsubscribes the shard before calling it.
 func (h *host) stopShard(ctx context.Context, shard int) error {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se == nil {
 		return nil
 	}
-	drained, items := h.beginStop(shard, se, nil)
+	drained, items := h.beginStop(se, nil)
 	h.runStops(items)
 	select {
 	case <-drained:
@@ -1363,7 +1424,7 @@ func (h *host) stopAll(ctx context.Context) error {
 	)
 	for n, se := range h.snapshot() {
 		var d <-chan struct{}
-		d, items = h.beginStop(n, se, items)
+		d, items = h.beginStop(se, items)
 		shards = append(shards, n)
 		waits = append(waits, d)
 	}
@@ -1393,9 +1454,7 @@ func (h *host) active() int {
 
 // shardEntities returns the sorted ids of the entities held for shard.
 func (h *host) shardEntities(shard int) []string {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se == nil {
 		return nil
 	}

@@ -341,7 +341,6 @@ func (ss *streamShard) deliver(m jetstream.Msg) {
 	gen := ss.gen
 	ss.ackMu.Unlock()
 	a.host.deliverDurable(ss.n, id, msg, &durableMsg{seq: md.Sequence.Stream, done: func() { ss.handled(m, gen) }})
-	a.stats.Delivered.Add(1)
 }
 
 // handled acknowledges the message that was handled before m and keeps m:

@@ -101,13 +101,11 @@ func (a *Agent) loads(held []int) ([]protocol.ShardLoad, []bool) {
 // shardLoad returns how many messages the host queued for shard since it
 // began holding it, and how many entities it holds for it.
 func (h *host) shardLoad(shard int) (delivered uint64, entities int) {
-	h.mu.RLock()
-	se := h.shards[shard]
-	h.mu.RUnlock()
+	se := h.lookup(shard)
 	if se == nil {
 		return 0, 0
 	}
 	se.mu.Lock()
 	defer se.mu.Unlock()
-	return se.delivered, len(se.cells)
+	return se.counts.delivered, len(se.cells)
 }

@@ -120,7 +120,6 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 	a.host.deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
-	a.stats.Delivered.Add(1)
 }
 
 // trace logs, at debug level, what the replay of st did with the message
@@ -158,7 +157,6 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 		}
 		a.trace(st, "held message delivered", mid)
 		a.host.deliver(st.n, h.id, h.m)
-		a.stats.Delivered.Add(1)
 	}
 	st.heldNext = upTo
 }

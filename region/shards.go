@@ -155,7 +155,6 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 		}
 		a.host.deliver(st.n, id, m)
 		st.mu.Unlock()
-		a.stats.Delivered.Add(1)
 	case modeHold, modeSuspended:
 		if len(st.held) >= a.cfg.MaxHeld {
 			why := "is moving"

@@ -54,6 +54,9 @@ type EntityCounts struct {
 	Activations  uint64 // entities created by the Factory
 	Passivations uint64 // idle entities stopped (IdleTimeout or MaxActive)
 	OverLimit    uint64 // of those, stopped because the region held more than MaxActive
+	// Delivered: messages handed to entities (live, replayed or held;
+	// not those refused because their shard was being stopped).
+	Delivered uint64
 	// Handled: messages whose handling ended (Handle returned or
 	// panicked, or the entity could not be created); Failed: of those,
 	// the ones answered with an error.
@@ -69,16 +72,18 @@ func (a *Agent) EntityCounts() EntityCounts {
 	c := h.counts()
 	return EntityCounts{
 		Active: h.active(), Activations: h.activations.Load(), Passivations: h.passivations.Load(), OverLimit: h.overLimit.Load(),
-		Handled: c.handled, Failed: c.failed, RefusedStopping: h.refusedStopping.Load(),
+		Delivered: c.delivered, Handled: c.handled, Failed: c.failed, RefusedStopping: h.refusedStopping.Load(),
 	}
 }
 
-// handledCounts count the messages handled by a shard's entities; each
-// shard keeps its own under its lock, and the host keeps those of the
-// shards it forgot.
-type handledCounts struct{ handled, failed uint64 }
+// msgCounts count the messages queued for a shard's entities and those
+// they handled; each shard keeps its own under its lock, and the host
+// keeps those of the shards it forgot. (A count shared by the shards, an
+// atomic, was a cache line that every message moved from core to core.)
+type msgCounts struct{ delivered, handled, failed uint64 }
 
-func (c *handledCounts) add(d handledCounts) {
+func (c *msgCounts) add(d msgCounts) {
+	c.delivered += d.delivered
 	c.handled += d.handled
 	c.failed += d.failed
 }
@@ -87,7 +92,7 @@ func (c *handledCounts) add(d handledCounts) {
 // shard is either in h.shards or counted in h.gone (drainedLocked moves
 // it under h.mu), and its count only grows, so the sum never goes down
 // from one call to the next.
-func (h *host) counts() handledCounts {
+func (h *host) counts() msgCounts {
 	h.mu.RLock()
 	total := h.gone
 	held := make([]*shardEntities, 0, len(h.shards))
@@ -97,7 +102,7 @@ func (h *host) counts() handledCounts {
 	h.mu.RUnlock()
 	for _, se := range held {
 		se.mu.Lock()
-		total.add(se.handled)
+		total.add(se.counts)
 		se.mu.Unlock()
 	}
 	return total

@@ -45,7 +45,7 @@ func TestHostCounts(t *testing.T) {
 		rec.next(t)
 	}
 	eventually(t, "quiet", func() bool { return quiet(h) })
-	want := handledCounts{handled: 6, failed: 3}
+	want := msgCounts{delivered: 6, handled: 6, failed: 3}
 	if got := h.counts(); got != want {
 		t.Fatalf("counts %+v, want %+v", got, want)
 	}
@@ -82,7 +82,7 @@ func TestHostCounts(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	want = handledCounts{handled: 8, failed: 3}
+	want = msgCounts{delivered: 8, handled: 8, failed: 3} // the refused message is not delivered
 	if got := h.counts(); got != want {
 		t.Fatalf("after the shard's stop: counts %+v, want %+v", got, want)
 	}
@@ -115,14 +115,14 @@ func TestHostCountsNeverGoDown(t *testing.T) {
 			}
 		}
 	})
-	var last handledCounts
+	var last msgCounts
 	deadline := time.Now().Add(300 * time.Millisecond)
 	for reads := 0; time.Now().Before(deadline) || reads < 100; reads++ {
 		c := h.counts()
-		if c.handled < last.handled {
+		if c.handled < last.handled || c.delivered < last.delivered {
 			close(stop)
 			wg.Wait()
-			t.Fatalf("handled went down from %d to %d", last.handled, c.handled)
+			t.Fatalf("counts went down from %+v to %+v", last, c)
 		}
 		last = c
 	}

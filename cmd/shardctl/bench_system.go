@@ -371,8 +371,6 @@ func (s *benchSystem) crashCoordinator(ctx context.Context) (time.Duration, erro
 	// before it was ready only when it is. The first answer of a newer
 	// epoch is the time.
 	answered := make(chan time.Duration, 1)
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var polls sync.WaitGroup
 	defer polls.Wait()
 	poll := time.NewTicker(2 * time.Millisecond)
@@ -382,8 +380,8 @@ func (s *benchSystem) crashCoordinator(ctx context.Context) (time.Duration, erro
 		case d := <-answered:
 			s.crashed.Go(func() { _ = old.node.Close(context.Background()) })
 			return d, nil
-		case <-pctx.Done():
-			return 0, pctx.Err()
+		case <-ctx.Done():
+			return 0, ctx.Err()
 		case <-poll.C:
 			if time.Since(t0) > 60*time.Second {
 				return 0, errors.New("no new coordinator 60 s after the coordinator's crash")

@@ -77,7 +77,7 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, requestRounds)
 		}
 	}
-	if cr.Callers != res.Config.Callers || cr.Requests != requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds || cr.WithID.Ratio <= 0 || len(cr.WithID.RoundsRatio) != requestRounds {
+	if cr.Callers != res.Config.Callers || cr.Requests != requestFactor*requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds || cr.WithID.Ratio <= 0 || len(cr.WithID.RoundsRatio) != requestRounds {
 		t.Errorf("concurrent callers: %+v, config %+v", cr, res.Config)
 	}
 }
@@ -110,7 +110,7 @@ func TestBench(t *testing.T) {
 	if res.Config.Server != "embedded" || res.Config.Type != "bench" {
 		t.Errorf("config %+v", res.Config)
 	}
-	if p := res.Pipelined; p == nil || p.Window != 256 || p.Requests != 4*50 || len(p.RoundsRatio) != 3 || p.Ratio <= 0 ||
+	if p := res.Pipelined; p == nil || p.Window != pipelineWindow || p.Requests != requestFactor*50 || len(p.RoundsRatio) != requestRounds || p.Ratio <= 0 ||
 		p.Natshard.ReqsPerSec <= 0 || p.Raw.ReqsPerSec <= 0 || p.Natshard.Errors != 0 || p.Raw.Errors != 0 {
 		t.Errorf("pipelined %+v", res.Pipelined)
 	}

@@ -204,7 +204,10 @@ and a coordinator, and prints messages/s and request latency through
 entities beside the same workload on raw NATS, with the ratio.
 --delivery durable (or both) does the same with a type of durable
 delivery, publishing through JetStream, beside raw JetStream.
---handoff and --failover add handoffs under load and region crashes.`,
+It also runs requests from 64 concurrent callers (--callers) through
+natshard.Client beside nc.Request, and pipelined requests (256 in
+flight) beside a plain responder. --handoff and --failover add handoffs
+under load, and crashes of regions and of the coordinator.`,
 			examples: `shardctl bench
 shardctl bench --delivery both --json
 shardctl bench --handoff --failover --json`,

@@ -50,7 +50,7 @@ func Check(name string) error {
 	case "", WTinyLFU, LRU:
 		return nil
 	}
-	return fmt.Errorf("passivation: unknown policy %q (known: %q, %q)", name, WTinyLFU, LRU)
+	return fmt.Errorf("unknown passivation policy %q (known: %q, %q)", name, WTinyLFU, LRU)
 }
 
 // Policy orders active entities for passivation beyond a limit.

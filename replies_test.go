@@ -1,0 +1,159 @@
+package natshard
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
+)
+
+// TestRepliesRouteAnswers: concurrent requests each get their own answer,
+// an answer that comes after its request gave up reaches no later one,
+// and the ends of a wait (its bound, its context, no responders, the
+// connection closed) are told apart. Real NATS: the routing is by the
+// reply subjects the server delivers.
+func TestRepliesRouteAnswers(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	responder := natstest.Connect(t, url)
+	late := make(chan *nats.Msg, 1)
+	if _, err := responder.Subscribe("echo.*", func(m *nats.Msg) {
+		if m.Subject == "echo.late" {
+			late <- m // answered when the test says
+			return
+		}
+		_ = m.Respond(m.Data)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := natstest.Connect(t, url)
+	r := &replies{nc: nc}
+	ctx := context.Background()
+	soon := func() time.Time { return time.Now().Add(10 * time.Second) }
+
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			for j := range 50 {
+				body := strconv.Itoa(i) + "/" + strconv.Itoa(j)
+				a, err := r.request(ctx, &nats.Msg{Subject: "echo.x", Data: []byte(body)}, soon())
+				if err != nil || string(a.Data) != body {
+					t.Errorf("request %s: answer %v, %v", body, a, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(r.waiting); n != 0 {
+		t.Errorf("%d requests still registered after all were answered", n)
+	}
+
+	// A request that gave up; its answer comes during the next request,
+	// which must get its own.
+	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.late", Data: []byte("first")}, time.Now().Add(50*time.Millisecond)); !errors.Is(err, errNoAnswer) {
+		t.Fatalf("request past its bound: %v", err)
+	}
+	first := <-late
+	if err := first.Respond([]byte("first's answer")); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := r.request(ctx, &nats.Msg{Subject: "echo.x", Data: []byte("second")}, soon()); err != nil || string(a.Data) != "second" {
+		t.Fatalf("the request after one that gave up: %v, %v", a, err)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if _, err := r.request(cctx, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("request whose context was cancelled: %v", err)
+	}
+	<-late
+	// Nothing is sent for a call that has ended already.
+	ended, cancelEnded := context.WithCancel(ctx)
+	cancelEnded()
+	if _, err := r.request(ended, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("request with an ended context: %v", err)
+	}
+	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.late"}, time.Now().Add(-time.Second)); !errors.Is(err, errNoAnswer) {
+		t.Fatalf("request past its bound before it began: %v", err)
+	}
+	select {
+	case m := <-late:
+		t.Fatalf("a request that had ended was sent: %v", m)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if _, err := r.request(ctx, &nats.Msg{Subject: "nobody.here"}, soon()); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("request nobody listens to: %v", err)
+	}
+
+	// The connection closes while a request waits without a bound: it
+	// returns then, and the next fails at once.
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.request(ctx, &nats.Msg{Subject: "echo.late"}, time.Time{})
+		done <- err
+	}()
+	<-late
+	nc.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("request waiting when the connection closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request waiting when the connection closed still waits")
+	}
+	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.x"}, soon()); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("request on a closed connection: %v", err)
+	}
+}
+
+// TestRepliesNoStaleAnswer: requests that give up while their answer is
+// on its way (bounds of 0 to 1 ms) never leave that answer for
+// a later request: each answer a request gets is its own.
+func TestRepliesNoStaleAnswer(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	responder := natstest.Connect(t, url)
+	if _, err := responder.Subscribe("echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := &replies{nc: natstest.Connect(t, url)}
+	var wg sync.WaitGroup
+	var answered, gaveUp atomic.Int64
+	for i := range 32 {
+		wg.Go(func() {
+			for j := range 300 {
+				body := strconv.Itoa(i) + "/" + strconv.Itoa(j)
+				bound := time.Now().Add(time.Duration(j%40) * 25 * time.Microsecond)
+				a, err := r.request(context.Background(), &nats.Msg{Subject: "echo", Data: []byte(body)}, bound)
+				switch {
+				case errors.Is(err, errNoAnswer):
+					gaveUp.Add(1)
+				case err != nil:
+					t.Errorf("request %s: %v", body, err)
+					return
+				case string(a.Data) != body:
+					t.Errorf("request %s got the answer to %s", body, a.Data)
+					return
+				default:
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if answered.Load() == 0 || gaveUp.Load() == 0 {
+		t.Fatalf("%d answered, %d gave up: the test needs both", answered.Load(), gaveUp.Load())
+	}
+}
