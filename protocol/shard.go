@@ -27,3 +27,41 @@ func Hash(id string) uint32 {
 func ShardOf(id string, n int) int {
 	return int(Hash(id) % uint32(n))
 }
+
+// idByte classes the bytes of an entity id for hashEntityID: badByte for
+// those that ValidateEntityID refuses anywhere (white space, control
+// characters, the wildcards), dotByte for '.', which may not begin or end
+// an id nor follow another.
+const (
+	badByte = 1
+	dotByte = 2
+)
+
+var idByte = func() (t [256]uint8) {
+	for c := range 256 {
+		if c <= ' ' || c == 0x7f || c == '*' || c == '>' {
+			t[c] = badByte
+		}
+	}
+	t['.'] = dotByte
+	return t
+}()
+
+// hashEntityID is Hash(id) for an id that ValidateEntityID accepts, and ok
+// false for one it refuses, in one pass over the id's bytes: every message
+// to an entity goes through it (ParseEntity).
+func hashEntityID(id string) (h uint32, ok bool) {
+	if id == "" || len(id) > MaxEntityIDLen || id[0] == '.' || id[len(id)-1] == '.' {
+		return 0, false
+	}
+	h = fnvOffset32
+	var bad, last uint8
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		h = (h ^ uint32(c)) * fnvPrime32
+		k := idByte[c]
+		bad |= k & (badByte | last) // a bad byte, or a dot after a dot
+		last = k
+	}
+	return h, bad == 0
+}

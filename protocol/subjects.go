@@ -201,10 +201,11 @@ func (s Subjects) ParseEntity(subject string, n int) (shard int, id string, err 
 	if err != nil {
 		return 0, "", fmt.Errorf("%w: %q: %v", ErrInvalidSubject, subject, err)
 	}
-	if err := ValidateEntityID(id); err != nil {
-		return 0, "", err
+	h, ok := hashEntityID(id)
+	if !ok {
+		return 0, "", ValidateEntityID(id) // says why
 	}
-	if want := ShardOf(id, n); want != shard {
+	if want := int(h % uint32(n)); want != shard {
 		return 0, "", fmt.Errorf("%w: %q is in shard %d, not %d", ErrWrongShard, id, want, shard)
 	}
 	return shard, id, nil

@@ -94,10 +94,15 @@ func TestNewSubjects(t *testing.T) {
 // FuzzParseEntity: parsing never panics, and whatever parses round-trips.
 func FuzzParseEntity(f *testing.F) {
 	s := MustSubjects("", "", "kv")
-	for _, seed := range []string{"shard.kv.3.42", "shard.kv.89.user.7", "shard.kv.", "shard.kv.1..", "shard.kv.999999999.x", "x"} {
+	for _, seed := range []string{"shard.kv.3.42", "shard.kv.89.user.7", "shard.kv.", "shard.kv.1..", "shard.kv.999999999.x", "x", "a..b", ".a", "a.", "a b", "a*", "a>", "a\x7f", "a.b"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, subject string) {
+		// The hot path's one-pass check of an id agrees with
+		// ValidateEntityID and Hash (the input as an id).
+		if h, ok := hashEntityID(subject); ok != (ValidateEntityID(subject) == nil) || ok && h != Hash(subject) {
+			t.Fatalf("hashEntityID(%q) = %d, %t; ValidateEntityID: %v", subject, h, ok, ValidateEntityID(subject))
+		}
 		shard, id, err := s.ParseEntity(subject, 128)
 		if err != nil {
 			return
