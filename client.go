@@ -242,7 +242,8 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 // stream's acknowledgement, retrying while JetStream is unavailable (a
 // leader election): the same Nats-Msg-Id stores it once. A refusal for
 // lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
-// store full) is returned at once.
+// store full) is returned at once, and so is a closed connection's
+// nats.ErrConnectionClosed.
 func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 	if err := c.jetStream(); err != nil {
 		return err
@@ -260,7 +261,9 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 			// caller decides whether to wait for its entities to catch up.
 			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
-		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
+		// A closed connection looks unavailable to kvstate, but it never
+		// comes back: no retry.
+		if !errors.Is(err, kvstate.ErrUnavailable) || c.nc.IsClosed() || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
 			return fmt.Errorf("not stored in the type's stream: %w", err)
 		}
 	}

@@ -285,3 +285,32 @@ func TestDurableRequests(t *testing.T) {
 		t.Fatalf("after a publish: %s, %v", data, err)
 	}
 }
+
+// TestDurablePublishOnAClosedConnection: a publish to a type of durable
+// delivery on a closed connection fails at once with
+// nats.ErrConnectionClosed. A closed connection never comes back, so it
+// is not retried as JetStream's unavailability (a leader election) is:
+// with the client's timeout at an hour, the retries would hold the call
+// for that hour.
+func TestDurablePublishOnAClosedConnection(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	typ := natshard.Type{Name: "kv", Kind: "kv", Shards: 4, Delivery: natshard.Durable, Entity: entities.KV(nil)}
+	durableNode(t, url, "a", typ)
+	nc := natstest.Connect(t, url)
+	c := natshard.NewClient(nc, natshard.WithTimeout(time.Hour))
+	incr := []byte(`{"op":"incr","key":"n"}`)
+	if err := c.Publish(context.Background(), "kv", "x", incr); err != nil {
+		t.Fatal(err) // the client knows the type now
+	}
+	nc.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.Publish(context.Background(), "kv", "x", incr) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("publish on a closed connection: %v, want nats.ErrConnectionClosed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a publish on a closed connection still waits after 30 s: it is retried as if JetStream could come back")
+	}
+}
