@@ -35,8 +35,9 @@ const attemptTimeout = 5 * time.Second
 // each type's shard count from the type's KV bucket once and keeps it (a
 // type's shard count never changes). It is safe for concurrent use. The
 // core requests of every Client of a connection wait for their answers on
-// one subscription, on an inbox of its own, made at the first request and
-// ended with the connection (as nc.Request's).
+// one subscription of the connection (a wildcard on a new inbox;
+// nats.CustomInboxPrefix applies), made at the first core request and
+// ended when the connection closes, as nc.Request's is.
 //
 // Every message it sends carries a Nats-Msg-Id, unique unless MsgID gives
 // one: while a shard moves, its messages may reach both the old and the
@@ -261,9 +262,11 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 			// caller decides whether to wait for its entities to catch up.
 			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
-		// A closed connection looks unavailable to kvstate, but it never
-		// comes back: no retry.
-		if !errors.Is(err, kvstate.ErrUnavailable) || c.nc.IsClosed() || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
+		if errors.Is(err, kvstate.ErrUnavailable) && c.nc.IsClosed() {
+			// Unavailable for good (as in typeOf): nothing to wait for.
+			return fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
+		}
+		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
 			return fmt.Errorf("not stored in the type's stream: %w", err)
 		}
 	}

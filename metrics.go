@@ -73,7 +73,7 @@ var (
 	mSuspended        = metricDesc{"natshard_region_suspensions_total", "Times the region's connection to NATS dropped while it was registered: its live shards held what arrived until it confirmed them (or fenced).", prometheus.CounterValue, nil}
 	mFenced           = metricDesc{"natshard_region_fenced_total", "Times the region fenced itself: stopped serving every shard (registration lost or removed, renewals failing past their deadline, shards not confirmed in time after a reconnect).", prometheus.CounterValue, nil}
 	mRegionRenewFails = metricDesc{"natshard_region_lease_renewals_failed_total", "Renewals of the region's registration that failed.", prometheus.CounterValue, nil}
-	mCommandsRefused  = metricDesc{"natshard_region_commands_refused_total", "Coordinator commands the region refused (stale epoch, another incarnation, malformed).", prometheus.CounterValue, nil}
+	mCommandsRefused  = metricDesc{"natshard_region_commands_refused_total", "Coordinator commands the region refused (stale epoch, another incarnation, malformed, or the region closing, not registered or suspended).", prometheus.CounterValue, nil}
 
 	mLeader          = metricDesc{"natshard_coordinator_leader", "1 while this node's candidate holds the coordinator lease and leads.", prometheus.GaugeValue, nil}
 	mEpoch           = metricDesc{"natshard_coordinator_epoch", "The epoch this node's coordinator leads (the lease's revision); 0 when it does not lead.", prometheus.GaugeValue, nil}

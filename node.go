@@ -654,7 +654,7 @@ type Stats struct {
 	Held              uint64 // arrivals held while their shard's buffer was replayed
 	HeldOverflow      uint64 // arrivals refused while replaying: too many held
 	DuplicatesSkipped uint64 // copies skipped by their Nats-Msg-Id
-	CommandsRefused   uint64 // coordinator commands refused (stale epoch, another incarnation, garbage)
+	CommandsRefused   uint64 // coordinator commands refused (stale epoch, another incarnation, garbage, or closing, not registered, suspended)
 
 	BufferFull      uint64 // of BufferFailed, refused because the shard's buffer was full
 	RefusedStopping uint64 // messages refused because their shard's entities were stopping

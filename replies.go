@@ -69,8 +69,11 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*n
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if !until.IsZero() && !time.Now().Before(until) {
-		return nil, errNoAnswer
+	var left time.Duration // until's, read once
+	if !until.IsZero() {
+		if left = time.Until(until); left <= 0 {
+			return nil, errNoAnswer
+		}
 	}
 	ch := answers.Get().(chan *nats.Msg)
 	token, gone, err := r.expect(ch)
@@ -88,9 +91,9 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*n
 	if !until.IsZero() {
 		t, _ := timers.Get().(*time.Timer)
 		if t == nil {
-			t = time.NewTimer(time.Until(until))
+			t = time.NewTimer(left)
 		} else {
-			t.Reset(time.Until(until))
+			t.Reset(left)
 		}
 		defer func() {
 			if !t.Stop() {

@@ -203,7 +203,10 @@ func (s Subjects) ParseEntity(subject string, n int) (shard int, id string, err 
 	}
 	h, ok := hashEntityID(id)
 	if !ok {
-		return 0, "", ValidateEntityID(id) // says why
+		if err := ValidateEntityID(id); err != nil {
+			return 0, "", err // says why
+		}
+		return 0, "", fmt.Errorf("%w: %q", ErrInvalidEntityID, id) // FuzzParseEntity keeps the two checks in step
 	}
 	if want := int(h % uint32(n)); want != shard {
 		return 0, "", fmt.Errorf("%w: %q is in shard %d, not %d", ErrWrongShard, id, want, shard)

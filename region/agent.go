@@ -181,7 +181,7 @@ type Agent struct {
 type Stats struct {
 	Malformed atomic.Uint64 // malformed subjects or wrong shard
 	NotOwned  atomic.Uint64 // messages for a shard this region no longer serves
-	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage)
+	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage, or closing, not registered, suspended)
 
 	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
 	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error

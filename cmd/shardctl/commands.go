@@ -199,15 +199,17 @@ shardctl rebalance --wait`,
 		},
 		{
 			name: "bench", args: "[flags]", short: "throughput and latency through entities beside raw NATS or JetStream", group: "Set up and measure", local: localBench,
-			long: `Runs, in one process, an embedded NATS server (or uses --nats), regions
+			long: fmt.Sprintf(`Runs, in one process, an embedded NATS server (or uses --nats), regions
 and a coordinator, and prints messages/s and request latency through
 entities beside the same workload on raw NATS, with the ratio.
 --delivery durable (or both) does the same with a type of durable
 delivery, publishing through JetStream, beside raw JetStream.
-It also runs requests from 64 concurrent callers (--callers) through
-natshard.Client beside nc.Request, and pipelined requests (256 in
-flight) beside a plain responder. --handoff and --failover add handoffs
-under load, and crashes of regions and of the coordinator.`,
+It also runs requests from concurrent callers (--callers, 64 by default)
+through natshard.Client beside nc.Request, and beside nc.RequestMsg
+carrying a Nats-Msg-Id as the client's requests do, and pipelined
+requests (%d in flight) beside a plain responder. --handoff and
+--failover add handoffs under load, and crashes of regions and of the
+coordinator.`, pipelineWindow),
 			examples: `shardctl bench
 shardctl bench --delivery both --json
 shardctl bench --handoff --failover --json`,

@@ -31,6 +31,7 @@ package passivation
 import (
 	"fmt"
 	"math/bits"
+	"strings"
 )
 
 // Names of the policies, as New takes them.
@@ -50,7 +51,7 @@ func Check(name string) error {
 	case "", WTinyLFU, LRU:
 		return nil
 	}
-	return fmt.Errorf("unknown passivation policy %q (known: %q, %q)", name, WTinyLFU, LRU)
+	return fmt.Errorf("unknown passivation policy %q (known: %s)", name, strings.Join(Names(), ", "))
 }
 
 // Policy orders active entities for passivation beyond a limit.
