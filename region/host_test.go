@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 )
 
 // ---- helpers ----
@@ -476,7 +477,7 @@ func TestHostPassivationCancelledByDelivery(t *testing.T) {
 
 	// Queue a passivation by hand, as passivateIdle does, but deliver a
 	// message before its Stop begins.
-	se := h.snapshot()[0]
+	se := h.lookup(0)
 	se.mu.Lock()
 	c := se.cells["a"]
 	c.running, c.stop = true, stopQueued
@@ -531,7 +532,7 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.stopShard(context.Background(), 3) }()
 	eventually(t, "shard closing", func() bool {
-		se := h.snapshot()[3]
+		se := h.lookup(3)
 		se.mu.Lock()
 		defer se.mu.Unlock()
 		return se.closing
@@ -1010,7 +1011,7 @@ func TestHostEntityContext(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- h.stopShard(context.Background(), 0) }()
 	eventually(t, "shard 0 closing", func() bool {
-		se := h.snapshot()[0]
+		se := h.lookup(0)
 		se.mu.Lock()
 		defer se.mu.Unlock()
 		return se.closing
@@ -1329,5 +1330,36 @@ func TestHostCellSize(t *testing.T) {
 	}
 	if n := unsafe.Sizeof(limitEntry{}); n > 48 {
 		t.Errorf("limitEntry is %d bytes, more than 48", n)
+	}
+}
+
+// TestHostShardCostFlat: what a host allocates to take a new shard does
+// not grow with the shards it holds. The lookup table it replaced was a
+// copy of a map per change, O(shards held): a region filling 30 000
+// shards spent 3.5 s copying. Bytes, not time, so that the test is
+// deterministic.
+func TestHostShardCostFlat(t *testing.T) {
+	h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+	allocated := func(from, to int) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for n := from; n < to; n++ {
+			if h.shardFor(n) != h.lookup(n) {
+				t.Fatalf("lookup(%d) is not the shard shardFor made", n)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		return (after.TotalAlloc - before.TotalAlloc) / uint64(to-from)
+	}
+	first := allocated(0, 200)
+	h.shardFor(protocol.MaxShards - 1) // pages at both ends
+	_ = allocated(200, 20_000)
+	last := allocated(20_000, 20_200)
+	t.Logf("bytes per new shard: %d with 0-200 held, %d with 20 000 held", first, last)
+	if last > 2*first+4096 {
+		t.Fatalf("a new shard costs %d bytes with 20 000 held, %d with none: the cost grows with the shards held", last, first)
+	}
+	if h.lookup(-1) != nil || h.lookup(protocol.MaxShards) != nil || h.lookup(30_000) != nil {
+		t.Fatal("lookup found a shard out of range or never taken")
 	}
 }

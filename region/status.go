@@ -89,12 +89,12 @@ func (c *msgCounts) add(d msgCounts) {
 }
 
 // counts sums the counts of the shards held and of those forgotten. A
-// shard is either in the view or counted in h.gone (drainedLocked moves
-// it under h.mu), and its count only grows, so the sum never goes down
+// shard is either held or counted in h.gone (drainedLocked moves it
+// under h.mu), and its count only grows, so the sum never goes down
 // from one call to the next.
 func (h *host) counts() msgCounts {
 	h.mu.RLock()
-	total, held := h.gone, h.snapshot() // the view is replaced under h.mu too
+	total, held := h.gone, h.snapshotLocked()
 	h.mu.RUnlock()
 	for _, se := range held {
 		se.mu.Lock()
