@@ -36,34 +36,31 @@ func isNameByte(c byte) bool {
 // ValidateEntityID checks that id can be the tail of a data subject: one or
 // more non-empty tokens separated by dots, no white space or control
 // characters, no wildcard characters ('*', '>'), at most MaxEntityIDLen bytes.
+// The rules are hashEntityID's (idByte); this says which one id breaks.
 func ValidateEntityID(id string) error {
-	if id == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidEntityID)
+	if _, ok := hashEntityID(id); ok {
+		return nil
 	}
-	if len(id) > MaxEntityIDLen {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidEntityID)
+	case len(id) > MaxEntityIDLen:
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidEntityID, len(id), MaxEntityIDLen)
 	}
-	prevDot := true // an id may not start with a dot
 	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case c == '.':
-			if prevDot {
+		switch c := id[i]; idByte[c] {
+		case badByte:
+			if c == '*' || c == '>' {
+				return fmt.Errorf("%w: %q has a wildcard character %q", ErrInvalidEntityID, id, c)
+			}
+			return fmt.Errorf("%w: %q has white space or a control character", ErrInvalidEntityID, id)
+		case dotByte:
+			if i == 0 || id[i-1] == '.' {
 				return fmt.Errorf("%w: %q has an empty token", ErrInvalidEntityID, id)
 			}
-			prevDot = true
-			continue
-		case c <= ' ' || c == 0x7f:
-			return fmt.Errorf("%w: %q has white space or a control character", ErrInvalidEntityID, id)
-		case c == '*' || c == '>':
-			return fmt.Errorf("%w: %q has a wildcard character %q", ErrInvalidEntityID, id, c)
 		}
-		prevDot = false
 	}
-	if prevDot {
-		return fmt.Errorf("%w: %q ends with a dot", ErrInvalidEntityID, id)
-	}
-	return nil
+	return fmt.Errorf("%w: %q ends with a dot", ErrInvalidEntityID, id)
 }
 
 // validatePrefix checks a subject prefix: dot-separated tokens without

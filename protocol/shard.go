@@ -28,6 +28,17 @@ func ShardOf(id string, n int) int {
 	return int(Hash(id) % uint32(n))
 }
 
+// CheckedShardOf returns the shard of entity id among n shards, as
+// ShardOf, or ValidateEntityID's error for an id it refuses: one pass
+// over the id for both. n must be positive.
+func CheckedShardOf(id string, n int) (int, error) {
+	h, ok := hashEntityID(id)
+	if !ok {
+		return 0, ValidateEntityID(id)
+	}
+	return int(h % uint32(n)), nil
+}
+
 // idByte classes the bytes of an entity id for hashEntityID: badByte for
 // those that ValidateEntityID refuses anywhere (white space, control
 // characters, the wildcards), dotByte for '.', which may not begin or end
@@ -47,9 +58,10 @@ var idByte = func() (t [256]uint8) {
 	return t
 }()
 
-// hashEntityID is Hash(id) for an id that ValidateEntityID accepts, and ok
-// false for one it refuses, in one pass over the id's bytes: every message
-// to an entity goes through it (ParseEntity).
+// hashEntityID is Hash(id) for a valid entity id, and ok false for one
+// that is not, in one pass over the id's bytes: every message to an
+// entity goes through it (ParseEntity). It holds the rules of an id;
+// ValidateEntityID says which one an id breaks.
 func hashEntityID(id string) (h uint32, ok bool) {
 	if id == "" || len(id) > MaxEntityIDLen || id[0] == '.' || id[len(id)-1] == '.' {
 		return 0, false

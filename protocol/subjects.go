@@ -201,14 +201,11 @@ func (s Subjects) ParseEntity(subject string, n int) (shard int, id string, err 
 	if err != nil {
 		return 0, "", fmt.Errorf("%w: %q: %v", ErrInvalidSubject, subject, err)
 	}
-	h, ok := hashEntityID(id)
-	if !ok {
-		if err := ValidateEntityID(id); err != nil {
-			return 0, "", err // says why
-		}
-		return 0, "", fmt.Errorf("%w: %q", ErrInvalidEntityID, id) // FuzzParseEntity keeps the two checks in step
+	want, err := CheckedShardOf(id, n)
+	if err != nil {
+		return 0, "", err
 	}
-	if want := int(h % uint32(n)); want != shard {
+	if want != shard {
 		return 0, "", fmt.Errorf("%w: %q is in shard %d, not %d", ErrWrongShard, id, want, shard)
 	}
 	return shard, id, nil

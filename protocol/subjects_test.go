@@ -48,11 +48,34 @@ func TestValidateEntityID(t *testing.T) {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"", ".a", "a.", "a..b", "a b", "a\tb", "a*", ">", "a\x00"} {
-		if err := ValidateEntityID(bad); !errors.Is(err, ErrInvalidEntityID) {
-			t.Errorf("%q: err %v, want ErrInvalidEntityID", bad, err)
+	for bad, why := range map[string]string{
+		"": "empty", strings.Repeat("x", MaxEntityIDLen+1): "bytes, at most", ".a": "empty token", "a.": "ends with a dot",
+		"a..b": "empty token", "a b": "white space", "a\tb": "white space", "a\x00": "control", "a\x7f": "control",
+		"a*": "wildcard", ">": "wildcard", "a.>": "wildcard",
+	} {
+		if err := ValidateEntityID(bad); !errors.Is(err, ErrInvalidEntityID) || !strings.Contains(err.Error(), why) {
+			t.Errorf("%q: err %v, want ErrInvalidEntityID saying %q", bad, err, why)
 		}
 	}
+}
+
+// validID is the rules of an entity id as DESIGN.md gives them, written
+// plainly: the fuzzer holds hashEntityID's table to it.
+func validID(id string) bool {
+	if id == "" || len(id) > MaxEntityIDLen {
+		return false
+	}
+	for _, tok := range strings.Split(id, ".") {
+		if tok == "" {
+			return false
+		}
+		for i := range len(tok) {
+			if c := tok[i]; c <= ' ' || c == 0x7f || c == '*' || c == '>' {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func TestNewSubjects(t *testing.T) {
@@ -98,10 +121,19 @@ func FuzzParseEntity(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, subject string) {
-		// The hot path's one-pass check of an id agrees with
-		// ValidateEntityID and Hash (the input as an id).
-		if h, ok := hashEntityID(subject); ok != (ValidateEntityID(subject) == nil) || ok && h != Hash(subject) {
-			t.Fatalf("hashEntityID(%q) = %d, %t; ValidateEntityID: %v", subject, h, ok, ValidateEntityID(subject))
+		// The one-pass check of an id (the input as an id) follows the
+		// rules written plainly, and hashes as Hash; ValidateEntityID
+		// agrees and says why it refuses.
+		h, ok := hashEntityID(subject)
+		if ok != validID(subject) || ok && h != Hash(subject) {
+			t.Fatalf("hashEntityID(%q) = %d, %t; the rules say %t", subject, h, ok, validID(subject))
+		}
+		if err := ValidateEntityID(subject); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalidEntityID) ||
+			err != nil && strings.Contains(err.Error(), "ends with a dot") && !strings.HasSuffix(subject, ".") {
+			t.Fatalf("ValidateEntityID(%q) = %v; hashEntityID says %t", subject, err, ok)
+		}
+		if n, err := CheckedShardOf(subject, 128); ok && (err != nil || n != ShardOf(subject, 128)) || !ok && err == nil {
+			t.Fatalf("CheckedShardOf(%q) = %d, %v", subject, n, err)
 		}
 		shard, id, err := s.ParseEntity(subject, 128)
 		if err != nil {
