@@ -28,10 +28,10 @@ func ShardOf(id string, n int) int {
 	return int(Hash(id) % uint32(n))
 }
 
-// CheckedShardOf returns the shard of entity id among n shards, as
+// checkedShardOf returns the shard of entity id among n shards, as
 // ShardOf, or ValidateEntityID's error for an id it refuses: one pass
 // over the id for both. n must be positive.
-func CheckedShardOf(id string, n int) (int, error) {
+func checkedShardOf(id string, n int) (int, error) {
 	h, ok := hashEntityID(id)
 	if !ok {
 		return 0, ValidateEntityID(id)

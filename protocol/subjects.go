@@ -201,7 +201,7 @@ func (s Subjects) ParseEntity(subject string, n int) (shard int, id string, err 
 	if err != nil {
 		return 0, "", fmt.Errorf("%w: %q: %v", ErrInvalidSubject, subject, err)
 	}
-	want, err := CheckedShardOf(id, n)
+	want, err := checkedShardOf(id, n)
 	if err != nil {
 		return 0, "", err
 	}

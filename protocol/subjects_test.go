@@ -132,8 +132,8 @@ func FuzzParseEntity(f *testing.F) {
 			err != nil && strings.Contains(err.Error(), "ends with a dot") && !strings.HasSuffix(subject, ".") {
 			t.Fatalf("ValidateEntityID(%q) = %v; hashEntityID says %t", subject, err, ok)
 		}
-		if n, err := CheckedShardOf(subject, 128); ok && (err != nil || n != ShardOf(subject, 128)) || !ok && err == nil {
-			t.Fatalf("CheckedShardOf(%q) = %d, %v", subject, n, err)
+		if n, err := checkedShardOf(subject, 128); ok && (err != nil || n != ShardOf(subject, 128)) || !ok && err == nil {
+			t.Fatalf("checkedShardOf(%q) = %d, %v", subject, n, err)
 		}
 		shard, id, err := s.ParseEntity(subject, 128)
 		if err != nil {
