@@ -3,6 +3,7 @@ package natshard
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +21,7 @@ import (
 // It differs in what it costs a request (issue 14: with 64 callers, a
 // Client's requests took 2.5 times the CPU of nc.Request's): its own mutex
 // rather than the connection's, held only for a map insert and delete;
-// the token a number; the channel and the timer reused; and the call's
+// the token a random number; the channel and the timer reused; and the call's
 // bound a time, not a context made (and its timer started) per request.
 type replies struct {
 	nc *nats.Conn
@@ -28,7 +29,6 @@ type replies struct {
 	mu      sync.Mutex
 	sub     *nats.Subscription // nil until the first request, and after the connection closed
 	prefix  string             // "<inbox>.": a token follows
-	next    uint64
 	waiting map[uint64]chan *nats.Msg
 	gone    chan struct{} // closed when sub ended: the connection closed
 }
@@ -149,9 +149,16 @@ func (r *replies) expect(ch chan *nats.Msg) (uint64, <-chan struct{}, error) {
 			r.waiting = map[uint64]chan *nats.Msg{}
 		}
 	}
-	r.next++
-	r.waiting[r.next] = ch
-	return r.next, r.gone, nil
+	// A random token, as nats.go's own: whoever sees one reply subject
+	// (a region serving the request) cannot tell the next one's, to
+	// answer it before its entity does. math/rand/v2's source is ChaCha8,
+	// seeded by the system.
+	token := rand.Uint64()
+	for r.waiting[token] != nil {
+		token = rand.Uint64()
+	}
+	r.waiting[token] = ch
+	return token, r.gone, nil
 }
 
 // forget drops token's channel: its request no longer waits.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,46 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
 )
+
+// TestRepliesTokensUnpredictable: a request's reply token says nothing
+// of the next one's, so that a region that serves one request cannot
+// answer the next request of the connection before its entity does.
+func TestRepliesTokensUnpredictable(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	responder := natstest.Connect(t, url)
+	subjects := make(chan string, 100)
+	if _, err := responder.Subscribe("echo", func(m *nats.Msg) {
+		subjects <- m.Reply
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := &replies{nc: natstest.Connect(t, url)}
+	var tokens []uint64
+	for range 50 {
+		if _, err := r.request(context.Background(), &nats.Msg{Subject: "echo"}, time.Now().Add(10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		reply := <-subjects
+		tok, err := strconv.ParseUint(reply[strings.LastIndexByte(reply, '.')+1:], 36, 64)
+		if err != nil {
+			t.Fatalf("reply subject %q: %v", reply, err)
+		}
+		tokens = append(tokens, tok)
+	}
+	near := 0
+	for i := 1; i < len(tokens); i++ {
+		if d := int64(tokens[i] - tokens[i-1]); d >= -1000 && d <= 1000 {
+			near++
+		}
+	}
+	if near > 0 {
+		t.Fatalf("%d of %d reply tokens within 1000 of the one before: %d", near, len(tokens)-1, tokens)
+	}
+}
 
 // TestRepliesRouteAnswers: concurrent requests each get their own answer,
 // an answer that comes after its request gave up reaches no later one,
