@@ -153,7 +153,7 @@ func (e *EntityError) Error() string {
 // Request sends data to entity id of type typ and returns its answer. An
 // error the entity returned comes back as an *EntityError.
 func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts ...SendOption) ([]byte, error) {
-	until := c.until(ctx)
+	until := c.deadline(ctx)
 	t, m, err := c.message(ctx, until, typ, id, data, opts)
 	if err != nil {
 		return nil, err
@@ -278,7 +278,7 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 // durable delivery a publish to its stream, which returns once the stream
 // acknowledged it. ctx bounds learning the type, and the acknowledgement.
 func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts ...SendOption) error {
-	until := c.until(ctx)
+	until := c.deadline(ctx)
 	t, m, err := c.message(ctx, until, typ, id, data, opts)
 	if err != nil {
 		return err
@@ -418,12 +418,12 @@ func (c *Client) learn(subjects protocol.Subjects, shards int, delivery Delivery
 	return t
 }
 
-// until is when a call with ctx ends: ctx's deadline, or else the
+// deadline is when a call with ctx ends: ctx's deadline, or else the
 // client's timeout from now (zero: never). A call waits for a core
 // request's answer against that time, with a timer reused from call to
 // call; only what waits on a context (learning a type, JetStream) gets a
 // context bounded by it (within).
-func (c *Client) until(ctx context.Context) time.Time {
+func (c *Client) deadline(ctx context.Context) time.Time {
 	if d, ok := ctx.Deadline(); ok {
 		return d
 	}

@@ -97,8 +97,9 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*n
 		}
 		defer func() {
 			if !t.Stop() {
-				// Expired: its tick was taken, unless asynctimerchan=1
-				// (Go before 1.23) left it in the channel.
+				// Expired: its tick was taken, unless a process run
+				// with GODEBUG=asynctimerchan=1 (timers as before Go
+				// 1.23) left it in the channel.
 				select {
 				case <-t.C:
 				default:
