@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,13 @@ func newFixture(t *testing.T) *fixture { return newFixtureWith(t, entities.Echo(
 // newFixtureWith is newFixture with the agent's entities made by factory.
 func newFixtureWith(t *testing.T, factory region.Factory) *fixture {
 	t.Helper()
+	return newFixtureConfig(t, func(cfg *region.Config) { cfg.Factory = factory })
+}
+
+// newFixtureConfig is newFixture with the agent's configuration changed
+// by mod.
+func newFixtureConfig(t *testing.T, mod func(*region.Config)) *fixture {
+	t.Helper()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, natstest.URL(srv))
 	js := natstest.JetStream(t, nc)
@@ -66,9 +74,11 @@ func newFixtureWith(t *testing.T, factory region.Factory) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.agent, err = region.Open(context.Background(), region.Config{
-		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: factory,
-	})
+	cfg := region.Config{
+		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+	}
+	mod(&cfg)
+	f.agent, err = region.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,6 +405,56 @@ func TestRegionIDTakenOver(t *testing.T) {
 	info, _, err := f.store.Region(context.Background(), "r1")
 	if err != nil || info.Incarnation != "theirs" {
 		t.Fatalf("registration %+v, %v: the stopped region took it back", info, err)
+	}
+}
+
+// TestSuspendedHoldsAtMostMaxHeld: a suspended shard holds at most
+// MaxHeld arrivals; the next are refused at once as moving (safe to send
+// again), saying why, and counted; back on NATS the shard delivers what
+// it held, in order.
+func TestSuspendedHoldsAtMostMaxHeld(t *testing.T) {
+	const maxHeld, sent = 5, 8
+	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.MaxHeld = maxHeld })
+	ctx := context.Background()
+	f.bind(t, f.epoch, 0)
+	waitFor(t, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
+	if _, err := f.store.PutShard(ctx, f.lease, protocol.ShardRecord{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch}); err != nil {
+		t.Fatal(err)
+	}
+	answers, err := f.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.agent.Suspend("test")
+	waitFor(t, "shard 0 suspended", func() bool { return f.agent.Status().Suspended == 1 })
+	for i := range sent {
+		m := nats.NewMsg(f.subjects.EntityOf(idIn(0), shards))
+		m.Reply, m.Data = answers.Subject, fmt.Appendf(nil, "%d", i)
+		if err := f.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range sent - maxHeld {
+		m, err := answers.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("no refusal beyond MaxHeld: %v", err)
+		}
+		if m.Header.Get(protocol.HeaderRefused) != protocol.RefusedMoving || !strings.Contains(m.Header.Get(protocol.HeaderError), "suspended") {
+			t.Fatalf("beyond MaxHeld: answer %q, headers %v", m.Data, m.Header)
+		}
+	}
+	if n := f.agent.Stats().HeldOverflow.Load(); n != sent-maxHeld {
+		t.Fatalf("HeldOverflow = %d, want %d", n, sent-maxHeld)
+	}
+	f.agent.Reconnected()
+	for i := range maxHeld {
+		m, err := answers.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("held message %d: %v", i, err)
+		}
+		if want := strconv.Itoa(i); string(m.Data) != want || m.Header.Get(protocol.HeaderRefused) != "" {
+			t.Fatalf("held message %d answered %q (headers %v), want %q", i, m.Data, m.Header, want)
+		}
 	}
 }
 
