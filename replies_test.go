@@ -16,7 +16,9 @@ import (
 
 // TestRepliesTokensUnpredictable: a request's reply token says nothing
 // of the next one's, so that a region that serves one request cannot
-// answer the next request of the connection before its entity does.
+// answer the next request of the connection before its entity does; and
+// the reply subjects are on the connection's inbox, its
+// nats.CustomInboxPrefix applying (GUIDE says so).
 func TestRepliesTokensUnpredictable(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
 	responder := natstest.Connect(t, url)
@@ -30,13 +32,16 @@ func TestRepliesTokensUnpredictable(t *testing.T) {
 	if err := responder.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	r := &replies{nc: natstest.Connect(t, url)}
+	r := &replies{nc: natstest.Connect(t, url, nats.CustomInboxPrefix("_INBOX_mine"))}
 	var tokens []uint64
 	for range 50 {
 		if _, err := r.request(context.Background(), &nats.Msg{Subject: "echo"}, time.Now().Add(10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		reply := <-subjects
+		if !strings.HasPrefix(reply, "_INBOX_mine.") {
+			t.Fatalf("reply subject %q is not on the connection's inbox prefix _INBOX_mine", reply)
+		}
 		tok, err := strconv.ParseUint(reply[strings.LastIndexByte(reply, '.')+1:], 36, 64)
 		if err != nil {
 			t.Fatalf("reply subject %q: %v", reply, err)
