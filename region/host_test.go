@@ -1351,11 +1351,11 @@ func TestHostShardCostFlat(t *testing.T) {
 		runtime.ReadMemStats(&after)
 		return (after.TotalAlloc - before.TotalAlloc) / uint64(to-from)
 	}
-	first := allocated(0, 200)
+	first := allocated(0, 1000)
 	h.shardFor(protocol.MaxShards - 1) // pages at both ends
-	_ = allocated(200, 20_000)
-	last := allocated(20_000, 20_200)
-	t.Logf("bytes per new shard: %d with 0-200 held, %d with 20 000 held", first, last)
+	_ = allocated(1000, 20_000)
+	last := allocated(20_000, 21_000)
+	t.Logf("bytes per new shard: %d with 0 - 1 000 held, %d with 20 000 - 21 000", first, last)
 	if last > 2*first+4096 {
 		t.Fatalf("a new shard costs %d bytes with 20 000 held, %d with none: the cost grows with the shards held", last, first)
 	}
