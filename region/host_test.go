@@ -384,6 +384,9 @@ func TestHostPassivationSkipsBusyEntity(t *testing.T) {
 	})
 	h.deliver(0, "idle", req("idle", ""))
 	rec.next(t)
+	// The answer goes before the worker marks the cell idle: wait for
+	// that, or passivateIdle may find it still running.
+	eventually(t, "idle", func() bool { return quiet(h) })
 	h.deliver(0, "busy", req("busy", ""))
 	<-entered
 	clock.Advance(time.Hour)
