@@ -54,12 +54,12 @@ type metricDesc struct {
 // The metrics of one node; see docs/OPERATIONS.md.
 var (
 	mDelivered = metricDesc{"natshard_messages_delivered_total", "Messages handed to entities: live, replayed from the buffer, or held during a replay.", prometheus.CounterValue, nil}
-	mRefused   = metricDesc{"natshard_messages_refused_total", "Messages no entity got, by reason: malformed (subject or shard), not_owned (the shard is not served here), buffer_full and buffer_error (a moving shard's buffer refused it), held_limit (too many held during a replay), stopping (the shard's entities were stopping). Requests among them were answered with an error.", prometheus.CounterValue, []string{"reason"}}
+	mRefused   = metricDesc{"natshard_messages_refused_total", "Messages no entity got, by reason: malformed (subject or shard), not_owned (the shard is not served here), buffer_full and buffer_error (a moving shard's buffer refused it), held_limit (too many held during a replay or a suspension), stopping (the shard's entities were stopping). Requests among them were answered with an error.", prometheus.CounterValue, []string{"reason"}}
 	mHandled   = metricDesc{"natshard_messages_handled_total", "Messages whose handling ended: Handle returned or panicked, or the entity could not be activated.", prometheus.CounterValue, nil}
 	mFailed    = metricDesc{"natshard_messages_failed_total", "Of the messages handled, those that ended in an error: Handle's error, a panic, a failed activation.", prometheus.CounterValue, nil}
 	mBuffered  = metricDesc{"natshard_messages_buffered_total", "Messages of shards paused for a handoff appended to the buffer by this region (refusals included).", prometheus.CounterValue, nil}
 	mReplayed  = metricDesc{"natshard_messages_replayed_total", "Buffered messages replayed to entities.", prometheus.CounterValue, nil}
-	mHeld      = metricDesc{"natshard_messages_held_total", "Messages that arrived while their shard's buffer was replayed, held until it was.", prometheus.CounterValue, nil}
+	mHeld      = metricDesc{"natshard_messages_held_total", "Messages that arrived while their shard's buffer was replayed, or while the region was suspended (reconnecting to NATS), held until then.", prometheus.CounterValue, nil}
 	mDupes     = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their Nats-Msg-Id was delivered since the shard was bound.", prometheus.CounterValue, nil}
 
 	mActivations  = metricDesc{"natshard_entity_activations_total", "Entities activated (their factory returned one).", prometheus.CounterValue, nil}

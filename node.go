@@ -651,8 +651,8 @@ type Stats struct {
 	Buffered          uint64 // messages of shards being handed off given to the buffer
 	BufferFailed      uint64 // of those, refused by the buffer (full, or an error): lost, answered with an error
 	Replayed          uint64 // buffered messages replayed to entities
-	Held              uint64 // arrivals held while their shard's buffer was replayed
-	HeldOverflow      uint64 // arrivals refused while replaying: too many held
+	Held              uint64 // arrivals held while their shard's buffer was replayed or the region suspended
+	HeldOverflow      uint64 // arrivals refused while replaying or suspended: too many held
 	DuplicatesSkipped uint64 // copies skipped by their Nats-Msg-Id
 	CommandsRefused   uint64 // coordinator commands refused (stale epoch, another incarnation, garbage, or closing, not registered, suspended)
 

@@ -78,8 +78,9 @@ type Config struct {
 	// entities to stop before it answers Complete=false (default 1s).
 	HandOffWait time.Duration
 	// MaxHeld bounds the messages a binding shard holds while it replays
-	// the buffer (default kvstate.DefaultBufferPerShard); beyond it
-	// arrivals are refused visibly.
+	// the buffer, or a live one while its region is suspended (default
+	// kvstate.DefaultBufferPerShard); beyond it arrivals are refused
+	// visibly.
 	MaxHeld int
 	Logger  *slog.Logger
 	// Trace, when set, is called before the entity's factory and Handle
@@ -186,9 +187,9 @@ type Stats struct {
 	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
 	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
-	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed
+	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their Nats-Msg-Id was delivered since the bind
-	HeldOverflow      atomic.Uint64 // arrivals refused while replaying: MaxHeld reached
+	HeldOverflow      atomic.Uint64 // arrivals refused while replaying or suspended: MaxHeld reached
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 
 	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
@@ -204,6 +205,9 @@ type Stats struct {
 func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Conn == nil || cfg.Store == nil || cfg.Buffer == nil || cfg.Factory == nil || cfg.Shards <= 0 {
 		return nil, errors.New("region: Conn, Store, Buffer, Factory and Shards are required")
+	}
+	if cfg.Shards > protocol.MaxShards {
+		return nil, fmt.Errorf("region: %d shards, at most %d", cfg.Shards, protocol.MaxShards)
 	}
 	if err := protocol.ValidateName("region id", cfg.ID); err != nil {
 		return nil, err

@@ -342,6 +342,29 @@ func (failing) Handle(context.Context, *region.Message) ([]byte, error) {
 }
 func (failing) Stop(context.Context) error { return nil }
 
+// TestOpenRefusesBadConfig: Open refuses a configuration it cannot
+// serve, before it registers anything.
+func TestOpenRefusesBadConfig(t *testing.T) {
+	f := newFixture(t)
+	base := region.Config{Conn: f.nc, Store: f.store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r2", Factory: entities.Echo()}
+	for name, mod := range map[string]func(*region.Config){
+		"no shards":       func(c *region.Config) { c.Shards = 0 },
+		"too many shards": func(c *region.Config) { c.Shards = protocol.MaxShards + 1 },
+		"no factory":      func(c *region.Config) { c.Factory = nil },
+		"bad id":          func(c *region.Config) { c.ID = "a b" },
+	} {
+		cfg := base
+		mod(&cfg)
+		if a, err := region.Open(context.Background(), cfg); err == nil {
+			a.Close(context.Background())
+			t.Errorf("%s: Open accepted it", name)
+		}
+	}
+	if regions, err := f.store.Regions(context.Background()); err != nil || len(regions) != 1 {
+		t.Fatalf("regions %v, %v: want only the fixture's", regions, err)
+	}
+}
+
 // TestRegionIDInUse: a second process with the id of a live region
 // refuses to start; once that region's process is gone (its connection
 // closed, as after kill -9: its registration stays until its TTL), a new

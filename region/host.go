@@ -509,7 +509,9 @@ func (h *host) abortShard(shard int) {
 	}
 }
 
-// snapshot returns the shards held, in no particular order.
+// snapshot returns the shards held, in no particular order: a slice
+// made under h.mu, for the periodic walks (passivation, status), which
+// lock every shard anyway; the message path uses lookup.
 func (h *host) snapshot() []*shardEntities {
 	h.mu.RLock()
 	defer h.mu.RUnlock()

@@ -486,7 +486,7 @@ type pipelinedResult struct {
 }
 
 // requestRuns are the rounds of a requests' run, natshard's and raw
-// NATS's alternating.
+// NATS's taking turns (see alternate).
 type requestRuns struct {
 	Requests    int            `json:"requests"` // per round and side
 	Rounds      int            `json:"rounds"`
@@ -549,8 +549,8 @@ func (r *benchResult) print(out io.Writer) error {
 				[]any{"req/s (rounds)", joinRates(cr.Natshard.RoundsPerSec, "%.0f"), joinRates(cr.Raw.RoundsPerSec, "%.0f"), joinRates(cr.RoundsRatio, "%.2f")})
 			if w := cr.WithID; len(w.RoundsRatio) > 0 {
 				rows = append(rows,
-					[]any{"  raw with Nats-Msg-Id", fmt.Sprintf("%.0f (Client)", w.Natshard.ReqsPerSec), fmt.Sprintf("%.0f (nc.RequestMsg)", w.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", w.Ratio)},
-					[]any{"  req/s (rounds)", joinRates(w.Natshard.RoundsPerSec, "%.0f"), joinRates(w.Raw.RoundsPerSec, "%.0f"), joinRates(w.RoundsRatio, "%.2f")})
+					[]any{"  raw with Nats-Msg-Id", "(the same rounds)", fmt.Sprintf("%.0f (nc.RequestMsg)", w.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", w.Ratio)},
+					[]any{"  req/s (rounds)", "", joinRates(w.Raw.RoundsPerSec, "%.0f"), joinRates(w.RoundsRatio, "%.2f")})
 			}
 		}
 		if pr := r.Pipelined; pr != nil {
