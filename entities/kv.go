@@ -140,11 +140,12 @@ func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64) (uint64, e
 
 // saveAgain tries again, for up to e.retryFor, a save of data that failed
 // with err (kvstate.ErrUnavailable), without applying the message twice:
-// a save whose answer was lost may have been stored, so before each new
-// attempt it reads the state back. Data at a newer revision is the lost
-// answer's write (the entity is its state's only writer); other state at
-// a newer revision is someone else's: ErrConflict, for Handle to reload
-// and apply once more.
+// a save whose answer was lost may have been stored, or may still be in
+// flight and be stored later, so before each new attempt, and after one
+// refused for a conflict, it reads the state back. Data at a newer
+// revision is the lost answer's write (the entity is its state's only
+// writer); other state at a newer revision is someone else's:
+// ErrConflict, for Handle to reload and apply once more.
 func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint64, error) {
 	deadline := time.Now().Add(e.retryFor)
 	for backoff := wait.RetryFirst; unanswered(err) && time.Now().Before(deadline); backoff = wait.Next(backoff) {
@@ -154,7 +155,8 @@ func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint6
 		stored, rev, lerr := e.store.LoadEntity(ctx, e.id)
 		switch {
 		case errors.Is(lerr, kvstate.ErrNotFound) && e.rev == 0, lerr == nil && rev == e.rev:
-			// Not stored: save again.
+			// Not stored (yet): save again. The first save, if still in
+			// flight, may land before this one is checked.
 		case lerr != nil && !errors.Is(lerr, kvstate.ErrNotFound):
 			err = lerr
 			continue
@@ -166,6 +168,19 @@ func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint6
 		if rev, err = e.save(ctx, data, 0); err == nil {
 			return rev, nil
 		}
+		if !errors.Is(err, kvstate.ErrConflict) {
+			continue
+		}
+		// The first save landed meanwhile, or someone else wrote: the
+		// state read back tells which. Unreadable, the loop reads again.
+		stored, rev, lerr = e.store.LoadEntity(ctx, e.id)
+		switch {
+		case lerr == nil && bytes.Equal(stored, data):
+			return rev, nil // the first save, stored late
+		case lerr == nil || errors.Is(lerr, kvstate.ErrNotFound):
+			return 0, err
+		}
+		err = lerr
 	}
 	return 0, err
 }

@@ -395,6 +395,38 @@ func TestKVSaveTriedAgain(t *testing.T) {
 		})
 	}
 
+	// The chaos test saw this (a value appended twice): the first save
+	// was in flight, not yet stored, when the entity read the state back;
+	// it landed just before the entity saved again, whose check then
+	// failed. That conflict is the entity's own write, not another's.
+	t.Run("stored late, after the read back", func(t *testing.T) {
+		store := newMemStore()
+		e := newKV(t, store, "doc")
+		mustOK(t, e, `{"op":"append","key":"v","value":1}`, `[1]`)
+		saves := 0
+		store.fail = func(op, id string) error {
+			if op != "save" {
+				return nil
+			}
+			saves++
+			switch saves {
+			case 1:
+				return errDown // in flight: not stored yet
+			case 2: // the first lands now, before this one is checked
+				store.seq++
+				store.saves++
+				store.entries[id] = memEntry{data: []byte(`{"v":[1,2]}`), rev: store.seq}
+			}
+			return nil
+		}
+		mustOK(t, e, `{"op":"append","key":"v","value":2}`, `[1,2]`)
+		if got := store.get("doc"); got != `{"v":[1,2]}` {
+			t.Fatalf("stored %s, want the value appended once", got)
+		}
+		store.fail = nil
+		mustOK(t, e, `{"op":"append","key":"v","value":3}`, `[1,2,3]`)
+	})
+
 	t.Run("changed by another while unanswered", func(t *testing.T) {
 		store := newMemStore()
 		e := newKV(t, store, "doc")
