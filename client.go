@@ -262,8 +262,7 @@ func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
 			// caller decides whether to wait for its entities to catch up.
 			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
-		if errors.Is(err, kvstate.ErrUnavailable) && c.nc.IsClosed() {
-			// Unavailable for good (as in typeOf): nothing to wait for.
+		if c.closedFor(err) {
 			return fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
 		}
 		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
@@ -381,11 +380,10 @@ func (c *Client) typeOf(ctx context.Context, until time.Time, typ string) (clien
 			return c.learn(subjects, cfg.Shards, Delivery(cfg.DeliveryOf())), nil
 		case errors.Is(err, kvstate.ErrNotFound):
 			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
+		case c.closedFor(err):
+			return t, fmt.Errorf("natshard: type %q: %w", typ, nats.ErrConnectionClosed)
 		case !errors.Is(err, kvstate.ErrUnavailable):
 			return t, fmt.Errorf("natshard: type %q: %w", typ, err)
-		case c.nc.IsClosed():
-			// Unavailable for good: nothing to wait for.
-			return t, fmt.Errorf("natshard: type %q: %w", typ, nats.ErrConnectionClosed)
 		}
 		if !b.wait(ctx, time.Time{}) {
 			return t, fmt.Errorf("natshard: type %q: %w (last: %v)", typ, ctx.Err(), err)
@@ -431,6 +429,14 @@ func (c *Client) deadline(ctx context.Context) time.Time {
 		return time.Now().Add(c.timeout)
 	}
 	return time.Time{}
+}
+
+// closedFor reports whether err, JetStream's unavailability to kvstate
+// (which counts a closed connection as one, as it does a leader
+// election), is the connection's being closed: unavailable for good,
+// nothing to wait for.
+func (c *Client) closedFor(err error) bool {
+	return errors.Is(err, kvstate.ErrUnavailable) && c.nc.IsClosed()
 }
 
 // within is ctx, ended at until if it would end later.

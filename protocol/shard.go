@@ -40,9 +40,9 @@ func checkedShardOf(id string, n int) (int, error) {
 }
 
 // idByte classes the bytes of an entity id for hashEntityID: badByte for
-// those that ValidateEntityID refuses anywhere (white space, control
-// characters, the wildcards), dotByte for '.', which may not begin or end
-// an id nor follow another.
+// those refused anywhere in an id (white space, control characters, the
+// wildcards), dotByte for '.', which may not begin or end an id nor
+// follow another.
 const (
 	badByte = 1
 	dotByte = 2

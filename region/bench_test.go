@@ -182,3 +182,16 @@ func heapAfterGC() int64 {
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapAlloc)
 }
+
+// BenchmarkTakeShards: a host takes 30 000 shards one after another (one
+// op is all of them): what binding a region's shards costs the host, which
+// must not grow with the shards it holds (TestHostShardCostFlat holds it
+// by bytes).
+func BenchmarkTakeShards(b *testing.B) {
+	for b.Loop() {
+		h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+		for n := range 30_000 {
+			h.shardFor(n)
+		}
+	}
+}

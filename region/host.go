@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"maps"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -176,13 +175,12 @@ type host struct {
 	searching int
 	idle      []*workerState // parked workers, the last parked last
 
-	mu     sync.RWMutex
-	shards map[int]*shardEntities
-	// table holds the same shards for lookup, which reads it without a
-	// lock: an RWMutex's read lock, taken by every shard's subscription
-	// for every message, was 14 % of the CPU of BenchmarkDeliver and
-	// BenchmarkOnMessage (its reader count's cache line going from core
-	// to core). Written under mu.
+	// table holds the shards: written under mu, read without a lock by
+	// lookup (an RWMutex's read lock, taken by every shard's
+	// subscription for every message, was 14 % of the CPU of
+	// BenchmarkDeliver and BenchmarkOnMessage: its reader count's cache
+	// line going from core to core).
+	mu    sync.RWMutex
 	table shardTable
 	gone  msgCounts // of the shards forgotten since; guarded by mu (see counts)
 
@@ -282,7 +280,6 @@ func newHost(cfg hostConfig) *host {
 		forget:      cfg.Forget,
 		ctx:         cfg.Context,
 		stopSem:     make(chan struct{}, maxConcurrentStops),
-		shards:      make(map[int]*shardEntities),
 	}
 	if h.ctx == nil {
 		h.ctx = context.Background()
@@ -453,11 +450,10 @@ func (h *host) shardFor(shard int) *shardEntities {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	se := h.shards[shard]
+	se := h.table.get(shard)
 	if se == nil {
 		se = &shardEntities{n: shard, cells: make(map[string]*cell)}
 		se.ctx, se.cancel = context.WithCancel(h.ctx)
-		h.shards[shard] = se
 		h.table.set(shard, se)
 	}
 	return se
@@ -467,7 +463,9 @@ func (h *host) shardFor(shard int) *shardEntities {
 // lock: pages of shardPage slots, each page made when a shard of its
 // range first comes. A change writes one slot (under host.mu), where the
 // copy of a map that this table replaced cost O(shards held) per change:
-// binding 30 000 shards took 3.5 s of it.
+// taking 30 000 shards took 3.8 s of it (BenchmarkTakeShards). A shard
+// out of range (protocol.MaxShards; region.Open refuses more) is never
+// held.
 type shardTable struct {
 	pages [protocol.MaxShards / shardPage]atomic.Pointer[[shardPage]atomic.Pointer[shardEntities]]
 }
@@ -487,7 +485,6 @@ func (t *shardTable) get(shard int) *shardEntities {
 }
 
 // set makes se shard's entities (nil: none); the caller holds host.mu.
-// A shard out of range is not kept (get never finds it).
 func (t *shardTable) set(shard int, se *shardEntities) {
 	if uint(shard) >= protocol.MaxShards {
 		return
@@ -500,6 +497,22 @@ func (t *shardTable) set(shard int, se *shardEntities) {
 	p[shard%shardPage].Store(se)
 }
 
+// all returns the shards held, in shard order; the caller holds host.mu
+// (read or write).
+func (t *shardTable) all() []*shardEntities {
+	var out []*shardEntities
+	for i := range t.pages {
+		if p := t.pages[i].Load(); p != nil {
+			for j := range p {
+				if se := p[j].Load(); se != nil {
+					out = append(out, se)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // abortShard ends the context of shard's entities at once (see host). The
 // shard's stop is the caller's business.
 func (h *host) abortShard(shard int) {
@@ -509,18 +522,13 @@ func (h *host) abortShard(shard int) {
 	}
 }
 
-// snapshot returns the shards held, in no particular order: a slice
-// made under h.mu, for the periodic walks (passivation, status), which
-// lock every shard anyway; the message path uses lookup.
+// snapshot returns the shards held: a slice made under h.mu, for the
+// periodic walks (passivation, status), which lock every shard anyway;
+// the message path uses lookup.
 func (h *host) snapshot() []*shardEntities {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	return h.snapshotLocked()
-}
-
-// snapshotLocked is snapshot with h.mu held.
-func (h *host) snapshotLocked() []*shardEntities {
-	return slices.Collect(maps.Values(h.shards))
+	return h.table.all()
 }
 
 // removeLocked deletes cell c of id from se (locked) and completes a shard
@@ -551,8 +559,7 @@ func (h *host) drainedLocked(se *shardEntities) {
 	default:
 	}
 	h.mu.Lock()
-	if h.shards[se.n] == se {
-		delete(h.shards, se.n)
+	if h.table.get(se.n) == se {
 		h.table.set(se.n, nil)
 		h.gone.add(se.counts)
 	}

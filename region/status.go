@@ -94,7 +94,7 @@ func (c *msgCounts) add(d msgCounts) {
 // from one call to the next.
 func (h *host) counts() msgCounts {
 	h.mu.RLock()
-	total, held := h.gone, h.snapshotLocked()
+	total, held := h.gone, h.table.all()
 	h.mu.RUnlock()
 	for _, se := range held {
 		se.mu.Lock()

@@ -66,9 +66,7 @@ func TestHostCounts(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.stopShard(context.Background(), 1) }()
 	eventually(t, "the shard closing", func() bool {
-		h.mu.RLock()
-		se := h.shards[1]
-		h.mu.RUnlock()
+		se := h.lookup(1)
 		se.mu.Lock()
 		defer se.mu.Unlock()
 		return se.closing
