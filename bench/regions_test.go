@@ -16,30 +16,40 @@ import (
 // to every shard active and balanced) and the rebalance when one more
 // region joins (its start to balanced again, including the settle window
 // of 1 s), and counts on the wire the shard table writes and the commands
-// to regions (probes excluded) of each. Run with
+// to regions (probes excluded) of each. The last case runs on a
+// three-server cluster, the type's bucket and buffer with three replicas.
+// Run with
 //
 //	go test -run '^$' -bench BenchmarkRegions -benchtime 1x ./bench/
 func BenchmarkRegions(b *testing.B) {
-	for _, shards := range []int{1024, 4096} {
-		for _, regions := range []int{10, 30} {
-			b.Run(fmt.Sprintf("shards=%d/regions=%d", shards, regions), func(b *testing.B) {
-				for range b.N {
-					r := runRegions(b, shards, regions)
-					b.ReportMetric(r.allocate.Seconds(), "allocate-s")
-					b.ReportMetric(float64(r.allocWrites), "allocate-kv-writes")
-					b.ReportMetric(r.join.Seconds(), "join-s")
-					b.ReportMetric(float64(r.joinWrites), "join-kv-writes")
-					b.ReportMetric(float64(r.moves), "join-moves")
-					b.Log(r)
-					report("BenchmarkRegions: " + r.String())
-				}
-			})
+	type regionsCase struct {
+		shards, regions int
+		cluster         bool
+	}
+	cases := []regionsCase{{1024, 10, false}, {1024, 30, false}, {4096, 10, false}, {4096, 30, false}, {4096, 10, true}}
+	for _, c := range cases {
+		name := fmt.Sprintf("shards=%d/regions=%d", c.shards, c.regions)
+		if c.cluster {
+			name += "/cluster"
 		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				r := runRegions(b, c.shards, c.regions, c.cluster)
+				b.ReportMetric(r.allocate.Seconds(), "allocate-s")
+				b.ReportMetric(float64(r.allocWrites), "allocate-kv-writes")
+				b.ReportMetric(r.join.Seconds(), "join-s")
+				b.ReportMetric(float64(r.joinWrites), "join-kv-writes")
+				b.ReportMetric(float64(r.moves), "join-moves")
+				b.Log(r)
+				report("BenchmarkRegions: " + r.String())
+			}
+		})
 	}
 }
 
 type regionsReport struct {
 	shards, regions int
+	cluster         bool
 	allocate        time.Duration // coordinator start -> every shard active, balanced
 	allocWrites     int           // shard table writes meanwhile
 	allocCommands   int           // commands to regions meanwhile (probes excluded)
@@ -50,19 +60,23 @@ type regionsReport struct {
 }
 
 func (r regionsReport) String() string {
-	return fmt.Sprintf("%d shards, %d regions: allocation %v (%d table writes, %d commands); one more region: balanced after %v, %d moves (%d table writes, %d commands)",
-		r.shards, r.regions, r.allocate.Round(time.Millisecond), r.allocWrites, r.allocCommands,
+	on := "one server"
+	if r.cluster {
+		on = "a 3-server cluster"
+	}
+	return fmt.Sprintf("%d shards, %d regions on %s: allocation %v (%d table writes, %d commands); one more region: balanced after %v, %d moves (%d table writes, %d commands)",
+		r.shards, r.regions, on, r.allocate.Round(time.Millisecond), r.allocWrites, r.allocCommands,
 		r.join.Round(time.Millisecond), r.moves, r.joinWrites, r.joinCommands)
 }
 
-func runRegions(tb testing.TB, shards, regions int) regionsReport {
+func runRegions(tb testing.TB, shards, regions int, cluster bool) regionsReport {
 	ids := make([]string, regions)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("r%02d", i)
 	}
-	s := startSystem(tb, sysConfig{regions: ids, minRegions: regions, plain: true, shards: shards})
+	s := startSystem(tb, sysConfig{regions: ids, minRegions: regions, plain: true, shards: shards, cluster: cluster})
 	defer s.close()
-	r := regionsReport{shards: shards, regions: regions, allocate: s.allocated}
+	r := regionsReport{shards: shards, regions: regions, cluster: cluster, allocate: s.allocated}
 	r.allocWrites, r.allocCommands, _ = s.tracer.count(s.allocatedAt)
 
 	t0 := now()

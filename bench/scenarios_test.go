@@ -35,14 +35,20 @@ func TestScenarios(t *testing.T) {
 		}
 		t.Log(runDip(t, cfg).describe(cfg, true))
 	})
-	t.Run("regions", func(t *testing.T) {
-		t.Parallel()
-		r := runRegions(t, 16, 2)
-		if r.allocWrites < 2*16 || r.moves == 0 {
-			t.Errorf("%v: want every shard written at least twice and moves to the new region", r)
+	for _, cluster := range []bool{false, true} {
+		name := "regions"
+		if cluster {
+			name += "-cluster" // the table written in atomic batches of three replicas
 		}
-		t.Log(r)
-	})
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := runRegions(t, 16, 2, cluster)
+			if r.allocWrites < 2*16 || r.moves == 0 {
+				t.Errorf("%v: want every shard written at least twice and moves to the new region", r)
+			}
+			t.Log(r)
+		})
+	}
 	// Not parallel: it counts the process's goroutines and heap; it runs
 	// before the parallel ones resume.
 	t.Run("idle-entities", func(t *testing.T) {

@@ -77,9 +77,19 @@ type sysConfig struct {
 	// shards of the type; 0: shardCount. Entity subjects assume
 	// shardCount: a system of another count carries no entity traffic.
 	shards int
+	// cluster: a three-server cluster and the type's bucket and buffer
+	// with three replicas, instead of one server.
+	cluster bool
 }
 
 func (c sysConfig) shardCount() int { return cmp.Or(c.shards, shardCount) }
+
+func (c sysConfig) replicas() int {
+	if c.cluster {
+		return 3
+	}
+	return 1
+}
 
 // system is a NATS server with JetStream, regions and one coordinator,
 // all in this process, each on its own connection.
@@ -133,9 +143,19 @@ func startSystem(tb testing.TB, cfg sysConfig) *system {
 		s.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	tb.Cleanup(s.close)
-	srv := natstest.RunServer(tb)
-	s.onClose(func() { natstest.Shutdown(srv) })
-	s.url = natstest.URL(srv)
+	if cfg.cluster {
+		servers := natstest.RunCluster(tb, 3)
+		s.onClose(func() {
+			for _, srv := range servers {
+				natstest.Shutdown(srv)
+			}
+		})
+		s.url = natstest.ClusterURLs(servers)
+	} else {
+		srv := natstest.RunServer(tb)
+		s.onClose(func() { natstest.Shutdown(srv) })
+		s.url = natstest.URL(srv)
+	}
 
 	s.admin = s.connect("admin")
 	s.tracer = startTracer(tb, s.admin, s.subjects)
@@ -181,6 +201,7 @@ func (s *system) benchType(entity natshard.Factory) natshard.Type {
 	return natshard.Type{
 		Name: entityType, Kind: "echo", Entity: entity, Shards: s.cfg.shardCount(),
 		MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance,
+		Replicas: s.cfg.replicas(),
 	}
 }
 

@@ -50,3 +50,30 @@ func TestLongBatchRenewsTheLease(t *testing.T) {
 		t.Fatalf("table %+v, %v", table, err)
 	}
 }
+
+// TestWaitsForWrites: the table writes held for a batch go before every
+// action but log lines and the Park of a shard they do not touch.
+func TestWaitsForWrites(t *testing.T) {
+	writes := []protocol.ShardRecord{{Shard: 1}, {Shard: 2}}
+	for _, tc := range []struct {
+		a    Action
+		want bool
+	}{
+		{Park{Shard: 3}, false},
+		{Park{Shard: 2}, true},
+		{Warn{Msg: "x"}, false},
+		{RoundPlanned{}, false},
+		{RoundDone{}, false},
+		{NoRound{}, false},
+		{Send{Region: "r"}, true},
+		{Unpark{Shard: 3}, true},
+		{Mark{Shard: 3}, true},
+		{WritePin{Shard: 3}, true},
+		{RemoveRegion{ID: "r"}, true},
+		{StepDown{}, true},
+	} {
+		if got := waitsForWrites(tc.a, writes); got != tc.want {
+			t.Errorf("%T %+v: waits %v, want %v", tc.a, tc.a, got, tc.want)
+		}
+	}
+}

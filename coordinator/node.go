@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -350,6 +351,7 @@ func (l *leader) lead(ctx context.Context) error {
 			acts = core.Step(ev)
 		case ev := <-l.events:
 			acts = core.Step(ev)
+			acts = l.stepQueued(core, acts)
 		case <-tick.C:
 			if r := l.cfg.Conn.Stats().Reconnects; r != reconnects {
 				// Back from a reconnect: if a candidate deposed this
@@ -372,6 +374,28 @@ func (l *leader) lead(ctx context.Context) error {
 		}
 	}
 }
+
+// stepQueued steps the events queued behind the one that gave acts, up
+// to queuedSteps of them, and returns all their actions: executed
+// together, their table writes go as one batch (the activations that the
+// unparker reports one shard at a time, the bound shards a region's
+// answer names). The core decides as it would have; only the writes wait
+// for the steps.
+func (l *leader) stepQueued(core *Core, acts []Action) []Action {
+	for range queuedSteps {
+		select {
+		case ev := <-l.events:
+			acts = append(acts, core.Step(ev)...)
+		default:
+			return acts
+		}
+	}
+	return acts
+}
+
+// queuedSteps bounds the events stepped before their actions run: the
+// lease's renewal waits for them.
+const queuedSteps = 1024
 
 // renew extends the lease and reports whether it did. A lost lease ends
 // the term at once (the error); an unreachable server ends it when the
@@ -398,10 +422,12 @@ func (l *leader) renew(ctx context.Context) (bool, error) {
 }
 
 // renewIfDue renews the lease when its renewal is due. The loop that
-// renews also carries out the table writes one after another, and a first
-// allocation of thousands of shards (3 writes each) takes longer than the
-// lease: without this its writes would be refused as fenced halfway, and
-// the next term would start over (docs/BENCHMARKS.md, the coordinator).
+// renews also carries out the table writes, batch after batch, and a
+// first allocation of many shards (3 writes each; one after another,
+// 4 096 shards took longer than the lease before the batches) can take
+// longer than the lease: without this its writes would be refused as
+// fenced halfway, and the next term would start over
+// (docs/BENCHMARKS.md, the coordinator).
 func (l *leader) renewIfDue(ctx context.Context) error {
 	if renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()) > 0 {
 		return nil
@@ -411,22 +437,25 @@ func (l *leader) renewIfDue(ctx context.Context) error {
 }
 
 // execute carries out actions in order. Table writes are synchronous and
-// fenced: a refused write ends the term. Commands run concurrently and
-// report back through l.results.
+// fenced: a refused write ends the term. Consecutive writes go as one
+// batch (writeShards), which the next action that may depend on them
+// waits for: only log lines and the Park of a shard not in the batch go
+// first. Commands run concurrently and report back through l.results.
 func (l *leader) execute(ctx context.Context, acts []Action) error {
 	var unparks []Unpark
+	var writes []protocol.ShardRecord // not written yet
 	for _, a := range acts {
-		switch a := a.(type) {
-		case WriteShard:
-			if err := l.renewIfDue(ctx); err != nil {
+		if w, ok := a.(WriteShard); ok {
+			writes = append(writes, w.Record)
+			continue
+		}
+		if len(writes) > 0 && waitsForWrites(a, writes) {
+			if err := l.writeShards(ctx, writes); err != nil {
 				return err
 			}
-			if _, err := l.cfg.Store.PutShard(ctx, l.lease, a.Record); err != nil {
-				return fmt.Errorf("%w: write shard %d: %w", errStepDown, a.Record.Shard, err)
-			}
-			l.track.written(a.Record, time.Now())
-			l.log.Debug("shard", "shard", a.Record.Shard, "region", a.Record.Region, "state", a.Record.State)
-			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &a.Record.Shard, State: string(a.Record.State), Region: a.Record.Region, Source: a.Record.Source})
+			writes = writes[:0]
+		}
+		switch a := a.(type) {
 		case WritePin:
 			ev := protocol.Event{Kind: protocol.EventPin, Shard: &a.Shard, Region: a.Region}
 			var err error
@@ -489,34 +518,83 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			l.log.Info("no rebalance round", "reason", a.Reason)
 		}
 	}
+	if err := l.writeShards(ctx, writes); err != nil {
+		return err
+	}
 	if len(unparks) > 0 {
 		go l.unpark(ctx, unparks)
 	}
 	return nil
 }
 
+// waitsForWrites reports whether action a must wait for the table writes
+// before it: all but log lines and the Park of another shard do (a Park
+// starts diverting a shard's messages, whatever the other rows say).
+func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
+	switch a := a.(type) {
+	case Warn, RoundPlanned, RoundDone, NoRound:
+		return false
+	case Park:
+		return slices.ContainsFunc(writes, func(r protocol.ShardRecord) bool { return r.Shard == a.Shard })
+	}
+	return true
+}
+
+// writeShards writes rows of the table, in order, in batches of at most
+// kvstate.MaxShardBatch (each one atomic where the bucket takes atomic
+// batches), renewing the lease before a batch when that is due.
+func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) error {
+	for batch := range slices.Chunk(recs, kvstate.MaxShardBatch) {
+		if err := l.renewIfDue(ctx); err != nil {
+			return err
+		}
+		if err := l.cfg.Store.PutShards(ctx, l.lease, batch); err != nil {
+			return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(batch), batch[0].Shard, err)
+		}
+		now := time.Now()
+		for _, rec := range batch {
+			l.track.written(rec, now)
+			l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
+			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
+		}
+	}
+	return nil
+}
+
 // unpark ends the parking of shards whose new owner is replaying their
 // buffer: after the grace period (so that the owner's subscription is known
-// to every server of a cluster), it unsubscribes and appends the end
-// markers, then reports each shard Unparked. The buffer of a shard whose
-// owner was live already (Unpark.Live) is purged instead.
+// to every server of a cluster), it unsubscribes from each shard (a drain)
+// and appends its end marker, then reports it Unparked; unparksAtOnce
+// shards at a time. The buffer of a shard whose owner was live already
+// (Unpark.Live) is purged instead of marked.
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
 	wait.Sleep(ctx, l.cfg.ReleaseGrace)
+	var wg sync.WaitGroup
+	limit := make(chan struct{}, unparksAtOnce)
 	for _, u := range us {
-		l.parker.unsubscribe(u.Shard, u.Handoff)
+		limit <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-limit }()
+			l.parker.unsubscribe(u.Shard, u.Handoff)
+			done := false
+			if u.Live {
+				done = l.purgeRetrying(ctx, u.Shard)
+			} else {
+				done = l.markRetrying(ctx, u.Shard, u.Handoff)
+			}
+			if done {
+				l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
+			}
+		})
 	}
-	for _, u := range us {
-		done := false
-		if u.Live {
-			done = l.purgeRetrying(ctx, u.Shard)
-		} else {
-			done = l.markRetrying(ctx, u.Shard, u.Handoff)
-		}
-		if done {
-			l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
-		}
-	}
+	wg.Wait()
 }
+
+// unparksAtOnce bounds the shards one unpark ends at once: each one's
+// drain is a round trip to the server and its end marker (or purge) a
+// JetStream write of its own; one after another they took a first
+// allocation of 4 096 shards on 10 regions 1.5 s.
+const unparksAtOnce = 32
 
 // purgeRetrying empties a shard's buffer once the appends of its parking
 // are acknowledged: everything in it is a copy of what its live owner

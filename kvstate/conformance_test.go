@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
@@ -45,7 +47,7 @@ func storeFactory(url string, replicas int) func(t *testing.T) *Store {
 	}
 }
 
-func openStore(t *testing.T, url, typ string, opts Options) *Store {
+func openStore(t testing.TB, url, typ string, opts Options) *Store {
 	t.Helper()
 	nc := natstest.Connect(t, url)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
@@ -84,6 +86,8 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 		{"CoordinatorDepose", testCoordinatorDepose},
 		{"PutShardFenced", testPutShardFenced},
 		{"PutShardConcurrent", testPutShardConcurrent},
+		{"PutShards", testPutShards},
+		{"PutShardsWithoutBatches", testPutShardsWithoutBatches},
 		{"Pins", testPins},
 		{"ConsistentReads", testConsistentReads},
 		{"Registry", testRegistry},
@@ -170,6 +174,33 @@ func testOpenTwice(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if _, err := Open(t.Context(), p.js, "bad.type", o); err == nil {
 		t.Error("Open of an invalid type succeeded")
+	}
+	// Three processes open a new type's bucket at once (as three shardd
+	// started together do): each in its own time, not the store's whole
+	// timeout (an update of the stream racing another's once went
+	// unanswered on a cluster until the caller gave up).
+	typ := fmt.Sprintf("t%d", typeSeq.Add(1))
+	servers := strings.Join(s.nc.Servers(), ",")
+	ncs := make([]*nats.Conn, 3)
+	for i := range ncs {
+		ncs[i] = natstest.Connect(t, servers)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(ncs))
+	for i, nc := range ncs {
+		wg.Go(func() {
+			var st *Store
+			st, errs[i] = Open(t.Context(), natstest.JetStream(t, nc), typ, Options{Replicas: s.opts.Replicas, Timeout: 3 * time.Second})
+			if errs[i] == nil && !st.atomicBatches.Load() {
+				errs[i] = errors.New("opened; does not take atomic batches")
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open %d of three at once: %v", i, err)
+		}
 	}
 }
 
@@ -441,6 +472,117 @@ func testPutShardFenced(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if _, err := a.PutShard(ctx, Lease{Key: "regions.x", Revision: l2.Revision}, shardRec(1, "x", 0)); err == nil {
 		t.Fatal("PutShard fenced on another key succeeded")
+	}
+}
+
+// testPutShards writes the table in atomic batches (a bucket Open
+// created takes them): a batch lands whole, may write a row twice (the
+// last wins), and a fenced one writes nothing.
+func testPutShards(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	ctx := t.Context()
+	if !a.atomicBatches.Load() {
+		t.Fatal("a bucket Open created does not take atomic batches")
+	}
+	l1, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []protocol.ShardRecord
+	for n := range MaxShardBatch {
+		recs = append(recs, shardRec(n, "r1", l1.Revision))
+	}
+	again := shardRec(7, "r2", l1.Revision)
+	again.State = protocol.StateBinding
+	recs[len(recs)-1] = again // the batch's last row, 7 again
+	if err := a.PutShards(ctx, l1, recs); err != nil {
+		t.Fatalf("PutShards of %d rows: %v", len(recs), err)
+	}
+	want := map[int]string{}
+	for _, r := range recs {
+		want[r.Shard] = fmt.Sprintf("%s:%s", r.Region, r.State)
+	}
+	checkTable(t, peer(t, a, ""), want)
+
+	l2, err := a.Renew(ctx, l1, coordInfo("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stale []protocol.ShardRecord
+	for n := range MaxShardBatch {
+		stale = append(stale, shardRec(n+1, "x", 0))
+	}
+	if err := a.PutShards(ctx, l1, stale); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutShards with the revision before the renewal: %v, want ErrFenced", err)
+	}
+	checkTable(t, a, want)
+	if err := a.PutShards(ctx, l2, make([]protocol.ShardRecord, MaxShardBatch+1)); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("PutShards of %d rows: %v, want a refusal", MaxShardBatch+1, err)
+	}
+	if err := a.PutShards(ctx, l2, []protocol.ShardRecord{shardRec(1, "x", 0), shardRec(-1, "x", 0)}); err == nil {
+		t.Fatal("PutShards with shard -1 succeeded")
+	}
+	checkTable(t, a, want)
+	if !a.atomicBatches.Load() {
+		t.Fatal("the Store stopped sending batches")
+	}
+}
+
+// testPutShardsWithoutBatches: on a bucket that takes no atomic batches
+// (one made before them, or whose server refuses them) PutShards writes
+// the rows one at a time, and Open binds such a bucket as it is.
+func testPutShardsWithoutBatches(t *testing.T, newStore func(t *testing.T) *Store) {
+	a := newStore(t)
+	ctx := t.Context()
+	js := natstest.JetStream(t, a.nc)
+	st, err := js.Stream(ctx, "KV_"+a.bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowAtomicPublish = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]string{}
+	write := func(s *Store, from, to int) {
+		t.Helper()
+		var recs []protocol.ShardRecord
+		for n := from; n < to; n++ {
+			recs = append(recs, shardRec(n, "r", l.Revision))
+			want[n] = "r:active"
+		}
+		if err := s.PutShards(ctx, l, recs); err != nil {
+			t.Fatalf("PutShards: %v", err)
+		}
+		if s.atomicBatches.Load() {
+			t.Fatal("the Store still sends batches")
+		}
+		checkTable(t, s, want)
+	}
+	// a believed the bucket took batches; the server refuses the first.
+	write(a, 0, MaxShardBatch)
+	// b, opened since, knows it does not.
+	write(peer(t, a, ""), MaxShardBatch, MaxShardBatch+200)
+}
+
+// checkTable holds s's shard table to want (shard: "region:state").
+func checkTable(t *testing.T, s *Store, want map[int]string) {
+	t.Helper()
+	rows, err := s.Shards(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]string{}
+	for _, r := range rows {
+		got[r.Shard] = fmt.Sprintf("%s:%s", r.Region, r.State)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("table has %d rows, want %d; differs from what was written", len(got), len(want))
 	}
 }
 

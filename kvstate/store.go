@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,6 +46,10 @@ const (
 	kvOpPurge     = "PURGE"
 	hdrRollup     = "Nats-Rollup"
 	rollupSubject = "sub"
+	// Atomic batch publish (nats-server stream.go).
+	hdrBatchID     = "Nats-Batch-Id"
+	hdrBatchSeq    = "Nats-Batch-Sequence"
+	hdrBatchCommit = "Nats-Batch-Commit"
 )
 
 // Store is the JetStream KV bucket of one entity type. It is safe for
@@ -72,6 +77,12 @@ type Store struct {
 	// that has another write in flight (error 10164, see cas), so two such
 	// writes of the same coordinator would otherwise refuse each other.
 	fenceMu fenceLock
+
+	// atomicBatches: the bucket's stream takes atomic batches
+	// (AllowAtomicPublish), so PutShards commits batchFrom rows or more
+	// in one.
+	atomicBatches atomic.Bool
+	batchFrom     int
 }
 
 // fenceLock is Store.fenceMu: a lock whose writers of the lease itself
@@ -158,7 +169,9 @@ type CoordinatorEvent struct {
 // configuration (for example another replica count) it is bound as it is,
 // never updated: processes opening the bucket do not fight over its
 // configuration. A bound bucket must have history 1 and per-key TTLs,
-// otherwise Open fails with ErrConfigMismatch.
+// otherwise Open fails with ErrConfigMismatch. A bucket Open creates takes
+// atomic batches where the server has them (NATS 2.12 and later;
+// PutShards); one made before this version is bound as it is.
 func Open(ctx context.Context, js jetstream.JetStream, typ string, opts Options) (*Store, error) {
 	return open(ctx, js, typ, opts, true)
 }
@@ -200,19 +213,12 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 	var kv jetstream.KeyValue
 	var err error = jetstream.ErrBucketExists
 	if create {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:         bucket,
-			Description:    "natshard state of type " + typ,
-			History:        1,
-			Replicas:       opts.Replicas,
-			Storage:        jetstream.FileStorage,
-			LimitMarkerTTL: markerTTL,
-			MaxBytes:       max(opts.MaxBytes, 0),
-		})
-	}
-	if create && errors.Is(err, jetstream.ErrStreamNotFound) {
-		// A create racing another process's on a cluster (lookupStream).
-		err = jetstream.ErrBucketExists
+		_, err = js.CreateStream(ctx, bucketConfig(bucket, typ, opts))
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) ||
+			// A create racing another process's on a cluster (lookupStream).
+			errors.Is(err, jetstream.ErrStreamNotFound) {
+			err = jetstream.ErrBucketExists
+		}
 	}
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, bucket)
@@ -256,7 +262,8 @@ func lookupStream(ctx context.Context, js jetstream.JetStream, name string) (jet
 func settling(ctx context.Context) bool { return wait.Sleep(ctx, 50*time.Millisecond) }
 
 // openBudget reads the bucket's byte limit and size, and sets up its
-// budget (none without a limit, with a warning) and its log.
+// budget (none without a limit, with a warning) and its log; and whether
+// the bucket takes atomic batches.
 func (s *Store) openBudget(ctx context.Context) error {
 	stream := "KV_" + s.bucket
 	st, err := lookupStream(ctx, s.js, stream)
@@ -264,6 +271,12 @@ func (s *Store) openBudget(ctx context.Context) error {
 		return err
 	}
 	info := st.CachedInfo()
+	s.atomicBatches.Store(info.Config.AllowAtomicPublish)
+	s.batchFrom = batchFrom(info.Config.Replicas)
+	if !info.Config.AllowAtomicPublish && s.opts.Logger != nil {
+		s.opts.Logger.Warn("the type's KV bucket takes no atomic batches: the coordinator writes its shard table one row at a time (docs/OPERATIONS.md, Atomic batches)",
+			"stream", stream)
+	}
 	s.spaceLog = newSpaceLog(s.opts.Logger, stream, info.Config.MaxBytes)
 	s.space = newBudget(stream, info.Config.MaxBytes, int64(info.State.Bytes), "entity state that adds bytes",
 		streamBytes(s.js, stream))
@@ -272,6 +285,41 @@ func (s *Store) openBudget(ctx context.Context) error {
 			"stream", stream)
 	}
 	return nil
+}
+
+// bucketConfig is the stream of type typ's bucket: what nats.go's
+// CreateKeyValue makes of a KeyValueConfig with history 1, per-key TTLs
+// (LimitMarkerTTL) and file storage (prepareKeyValueConfig in
+// jetstream/kv.go; TestBucketConfig holds the two together), with atomic
+// batches allowed (PutShards), which a KeyValueConfig cannot ask for.
+// Processes that create the bucket at once send the same configuration,
+// which the server takes as one create; none updates it afterwards (an
+// update racing another on a cluster went unanswered for 20 s).
+func bucketConfig(bucket, typ string, opts Options) jetstream.StreamConfig {
+	maxBytes := opts.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = -1
+	}
+	return jetstream.StreamConfig{
+		Name:                   "KV_" + bucket,
+		Description:            "natshard state of type " + typ,
+		Subjects:               []string{"$KV." + bucket + ".>"},
+		MaxMsgsPerSubject:      1,
+		MaxBytes:               maxBytes,
+		MaxMsgSize:             -1,
+		MaxMsgs:                -1,
+		MaxConsumers:           -1,
+		Storage:                jetstream.FileStorage,
+		Replicas:               opts.Replicas,
+		AllowRollup:            true,
+		DenyDelete:             true,
+		Duplicates:             2 * time.Minute,
+		AllowDirect:            true,
+		Discard:                jetstream.DiscardNew,
+		AllowMsgTTL:            true,
+		SubjectDeleteMarkerTTL: markerTTL,
+		AllowAtomicPublish:     true,
+	}
 }
 
 // checkBucket verifies that an existing bucket can hold leases.
@@ -501,6 +549,12 @@ func (s *Store) write(ctx context.Context, key string, data []byte, hdr nats.Hea
 	for k, v := range hdr {
 		m.Header[k] = v
 	}
+	return s.publish(ctx, m)
+}
+
+// publish publishes m to the bucket's stream and returns its sequence.
+// The error is untranslated.
+func (s *Store) publish(ctx context.Context, m *nats.Msg) (uint64, error) {
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
 		s.spaceLog.noteIfNoSpace(err)
@@ -528,9 +582,17 @@ func (s *Store) cas(ctx context.Context, key string, data []byte, hdr nats.Heade
 	if checkKey != key {
 		h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject(checkKey))
 	}
+	return s.whileBusy(ctx, checkKey, expect, func() (uint64, error) { return s.write(ctx, key, data, h) })
+}
+
+// whileBusy runs write, a write checked against checkKey's revision
+// expect, again while a replicated stream refuses it with 10164 (another
+// write to checkKey in flight) and checkKey's revision is still expect;
+// with a short backoff, until ctx ends. The error is untranslated.
+func (s *Store) whileBusy(ctx context.Context, checkKey string, expect uint64, write func() (uint64, error)) (uint64, error) {
 	backoff := 2 * time.Millisecond
 	for {
-		rev, err := s.write(ctx, key, data, h)
+		rev, err := write()
 		if err == nil || !isSubjectBusy(err) {
 			return rev, err
 		}

@@ -1,0 +1,50 @@
+package kvstate
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
+)
+
+// TestBucketConfig: the bucket Open creates is the one nats.go's
+// CreateKeyValue makes of the same KeyValueConfig, with atomic batches
+// allowed besides (bucketConfig copies nats.go's mapping, which a new
+// nats.go may change).
+func TestBucketConfig(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	js := natstest.JetStream(t, nc)
+	ctx := t.Context()
+	for _, maxBytes := range []int64{0, 1 << 20} {
+		s, err := Open(ctx, js, fmt.Sprintf("ours%d", maxBytes), Options{MaxBytes: maxBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs := BucketName(fmt.Sprintf("theirs%d", maxBytes))
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: theirs, History: 1, Storage: jetstream.FileStorage,
+			LimitMarkerTTL: markerTTL, MaxBytes: maxBytes,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		config := func(bucket string) jetstream.StreamConfig {
+			st, err := js.Stream(ctx, "KV_"+bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := st.CachedInfo().Config
+			c.Name, c.Subjects, c.Description, c.Metadata = "", nil, "", nil
+			return c
+		}
+		ours, want := config(s.bucket), config(theirs)
+		if !ours.AllowAtomicPublish {
+			t.Errorf("MaxBytes %d: the bucket does not take atomic batches", maxBytes)
+		}
+		ours.AllowAtomicPublish = false
+		if !reflect.DeepEqual(ours, want) {
+			t.Errorf("MaxBytes %d: the bucket's stream is\n%+v\nnats.go's KV bucket's\n%+v", maxBytes, ours, want)
+		}
+	}
+}
