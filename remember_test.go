@@ -127,7 +127,7 @@ func waitRestarted(t *testing.T, n *natshard.Node, typ string, acts *activations
 			return fmt.Errorf("%d of %d restarted", st.Restarted, len(ids))
 		}
 		for _, id := range ids {
-			if got := acts.of(id); got[len(got)-1] != region {
+			if got := acts.of(id); len(got) == 0 || got[len(got)-1] != region {
 				return fmt.Errorf("entity %s was activated by %v", id, got)
 			}
 		}

@@ -10,11 +10,11 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// TestLongBatchRenewsTheLease: the leader carries out its table writes
-// one after another in the loop that renews its lease, so a long batch (a
-// first allocation of thousands of shards: 3 writes each at once, 0.07 to
-// 0.35 ms a write here) could outlast the lease; its writes would then be
-// refused as fenced and the next term would start over. A write whose
+// TestLongBatchRenewsTheLease: the leader carries out its table writes,
+// in batches of at most kvstate.MaxShardBatch rows, in the loop that
+// renews its lease, so a long run of them (a first allocation of many
+// shards: 3 writes each) could outlast the lease; its writes would then
+// be refused as fenced and the next term would start over. A batch whose
 // renewal is due renews first. The test makes the renewal due without
 // waiting: the last renewal is said to have been sent 300 ms ago (a
 // 1 s lease is renewed every 250 ms).
@@ -52,7 +52,8 @@ func TestLongBatchRenewsTheLease(t *testing.T) {
 }
 
 // TestWaitsForWrites: the table writes held for a batch go before every
-// action but log lines and the Park of a shard they do not touch.
+// action but log lines, the Park of a shard they do not touch and an
+// Unpark (execute starts those after its last writes).
 func TestWaitsForWrites(t *testing.T) {
 	writes := []protocol.ShardRecord{{Shard: 1}, {Shard: 2}}
 	for _, tc := range []struct {
@@ -66,7 +67,7 @@ func TestWaitsForWrites(t *testing.T) {
 		{RoundDone{}, false},
 		{NoRound{}, false},
 		{Send{Region: "r"}, true},
-		{Unpark{Shard: 3}, true},
+		{Unpark{Shard: 3}, false}, // gathered, and started after the last writes
 		{Mark{Shard: 3}, true},
 		{WritePin{Shard: 3}, true},
 		{RemoveRegion{ID: "r"}, true},

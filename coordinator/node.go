@@ -439,8 +439,8 @@ func (l *leader) renewIfDue(ctx context.Context) error {
 // execute carries out actions in order. Table writes are synchronous and
 // fenced: a refused write ends the term. Consecutive writes go as one
 // batch (writeShards), which the next action that may depend on them
-// waits for: only log lines and the Park of a shard not in the batch go
-// first. Commands run concurrently and report back through l.results.
+// waits for (waitsForWrites). Commands run concurrently and report back
+// through l.results.
 func (l *leader) execute(ctx context.Context, acts []Action) error {
 	var unparks []Unpark
 	var writes []protocol.ShardRecord // not written yet
@@ -528,11 +528,12 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 }
 
 // waitsForWrites reports whether action a must wait for the table writes
-// before it: all but log lines and the Park of another shard do (a Park
-// starts diverting a shard's messages, whatever the other rows say).
+// before it: all but log lines, the Park of another shard (a Park starts
+// diverting a shard's messages, whatever the other rows say) and an
+// Unpark (execute gathers them and starts them after its last writes) do.
 func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
 	switch a := a.(type) {
-	case Warn, RoundPlanned, RoundDone, NoRound:
+	case Warn, RoundPlanned, RoundDone, NoRound, Unpark:
 		return false
 	case Park:
 		return slices.ContainsFunc(writes, func(r protocol.ShardRecord) bool { return r.Shard == a.Shard })

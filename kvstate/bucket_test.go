@@ -3,6 +3,7 @@ package kvstate
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,6 +36,9 @@ func TestBucketConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := st.CachedInfo().Config
+			if want := []string{"$KV." + bucket + ".>"}; !slices.Equal(c.Subjects, want) {
+				t.Errorf("bucket %s's stream has subjects %v, want %v", bucket, c.Subjects, want)
+			}
 			c.Name, c.Subjects, c.Description, c.Metadata = "", nil, "", nil
 			return c
 		}

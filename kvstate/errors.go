@@ -31,7 +31,6 @@ const (
 	// Atomic batch publish (PutShards); nats.go names none of them.
 	codeAtomicDisabled  = 10174 // the stream does not allow atomic batches
 	codeBatchIncomplete = 10176 // a message of the batch was lost: nothing was written
-	codeBatchHeader     = 10177 // a header the server does not take in a batch
 	codeBatchTooLarge   = 10199 // more messages than the server's max_batch_size
 )
 

@@ -68,6 +68,14 @@ func testSpaceBucket(t *testing.T, url string, replicas int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The table's rows, as a first allocation writes them: one batch.
+	rows := make([]protocol.ShardRecord, kvstate.MaxShardBatch)
+	for i := range rows {
+		rows[i] = protocol.ShardRecord{Shard: i, Region: "r1", State: protocol.StateBinding}
+	}
+	if err := s.PutShards(ctx, coord, rows); err != nil {
+		t.Fatal(err)
+	}
 	// Fill the bucket with entity state until a write is refused.
 	value := []byte(strings.Repeat("x", 8<<10))
 	revs := map[string]uint64{}
@@ -104,6 +112,18 @@ func testSpaceBucket(t *testing.T, url string, replicas int) {
 	}
 	if _, err := s.RegisterRegion(ctx, protocol.RegionInfo{ID: "r2", Incarnation: "j"}, 4*time.Second); err != nil {
 		t.Fatalf("a new registration with the bucket full of entity state: %v", err)
+	}
+	// And the rows again, as their activation writes them: the server
+	// counts a batch's bytes as added, not as replacing the rows, so near
+	// the limit it refuses the batch; the rows go one at a time.
+	for i := range rows {
+		rows[i].State = protocol.StateActive
+	}
+	if err := s.PutShards(ctx, coord, rows); err != nil {
+		t.Fatalf("%d shard table rows rewritten with the bucket full of entity state: %v", len(rows), err)
+	}
+	if table, err := s.Shards(ctx); err != nil || len(table) != len(rows) || table[len(rows)-1].State != protocol.StateActive {
+		t.Fatalf("the table after the rows were rewritten: %d rows, %v", len(table), err)
 	}
 	// A write that adds no bytes passes (it may be what frees space).
 	if rev, err := s.SaveEntity(ctx, "e0", []byte("small"), revs["e0"]); err != nil {

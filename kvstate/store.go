@@ -213,7 +213,7 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 	var kv jetstream.KeyValue
 	var err error = jetstream.ErrBucketExists
 	if create {
-		_, err = js.CreateStream(ctx, bucketConfig(bucket, typ, opts))
+		err = createBucket(ctx, js, bucketConfig(bucket, typ, opts))
 		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) ||
 			// A create racing another process's on a cluster (lookupStream).
 			errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -295,6 +295,7 @@ func (s *Store) openBudget(ctx context.Context) error {
 // Processes that create the bucket at once send the same configuration,
 // which the server takes as one create; none updates it afterwards (an
 // update racing another on a cluster went unanswered for 20 s).
+// createBucket leaves out what an older server does not have.
 func bucketConfig(bucket, typ string, opts Options) jetstream.StreamConfig {
 	maxBytes := opts.MaxBytes
 	if maxBytes <= 0 {
@@ -320,6 +321,26 @@ func bucketConfig(bucket, typ string, opts Options) jetstream.StreamConfig {
 		SubjectDeleteMarkerTTL: markerTTL,
 		AllowAtomicPublish:     true,
 	}
+}
+
+// createBucket creates the bucket's stream as cfg says, leaving out what
+// the server's JetStream API level does not have: atomic batches before
+// level 2 (NATS 2.12; an older server would refuse the field in strict
+// mode, or warn of it); and before level 1 (NATS 2.11), with no per-key
+// TTLs, it creates nothing and fails, as nats.go's CreateKeyValue does.
+func createBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	info, err := js.AccountInfo(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case info.API.Level < 1:
+		return fmt.Errorf("%w: bucket %s needs per-key TTLs: NATS 2.11 or newer", ErrConfigMismatch, cfg.Name)
+	case info.API.Level < 2:
+		cfg.AllowAtomicPublish = false
+	}
+	_, err = js.CreateStream(ctx, cfg)
+	return err
 }
 
 // checkBucket verifies that an existing bucket can hold leases.
@@ -578,11 +599,19 @@ func (s *Store) cas(ctx context.Context, key string, data []byte, hdr nats.Heade
 	for k, v := range hdr {
 		h[k] = v
 	}
-	h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
-	if checkKey != key {
-		h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject(checkKey))
+	if checkKey == key {
+		h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	} else {
+		s.setFence(h, checkKey, expect)
 	}
 	return s.whileBusy(ctx, checkKey, expect, func() (uint64, error) { return s.write(ctx, key, data, h) })
+}
+
+// setFence makes the message of h conditional on checkKey's last
+// revision being expect (0: no message at all).
+func (s *Store) setFence(h nats.Header, checkKey string, expect uint64) {
+	h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject(checkKey))
 }
 
 // whileBusy runs write, a write checked against checkKey's revision

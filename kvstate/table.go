@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -59,9 +60,9 @@ func batchFrom(replicas int) int {
 // (Open lets the buckets it creates take them, on NATS 2.12 and later)
 // they are one batch, committed whole or not at all, with one check of
 // the fence for all of them, if they are enough for a batch to cost less
-// (batchFrom). Otherwise, or if the server refuses the batch as such,
-// they are written one after another, as PutShard writes them, and an
-// error may leave the first ones written.
+// (batchFrom). Otherwise, or if the server refuses the batch as such or
+// for its bytes (fencedBatch), they are written one after another, as
+// PutShard writes them, and an error may leave the first ones written.
 func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.ShardRecord) error {
 	if err := checkFence(fence, "PutShards"); err != nil {
 		return err
@@ -80,9 +81,9 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 		}
 		msgs[i] = &nats.Msg{Subject: s.subject(shardKey(rec.Shard)), Data: data, Header: nats.Header{}}
 	}
-	if len(recs) >= max(s.batchFrom, 2) && s.atomicBatches.Load() {
+	if len(recs) >= s.batchFrom && s.atomicBatches.Load() {
 		err := s.fencedBatch(ctx, fence, msgs)
-		if !errors.Is(err, errNoBatch) {
+		if !errors.Is(err, errRows) {
 			return err
 		}
 	}
@@ -94,28 +95,33 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 	return nil
 }
 
-// errNoBatch: the server refused an atomic batch as such.
-var errNoBatch = errors.New("kvstate: atomic batch refused")
+// errRows: the server refused the atomic batch; its rows are to be
+// written one at a time.
+var errRows = errors.New("kvstate: atomic batch refused")
 
 // fencedBatch publishes msgs as one atomic batch whose first message is
 // checked against the coordinator key's revision fence.Revision: the
 // server checks the batch at its commit, so the check holds for all. The
 // messages before the last go without a reply; the last commits the
 // batch and is acknowledged. A batch the server found incomplete (a
-// message lost on the way) was not written, and is sent again. On
-// errNoBatch (atomic batches disabled, the batch too large for the
-// server) the Store stops sending batches, with a warning.
+// message lost on the way, or too many batches in flight on the server:
+// the first message, which has no reply, is where that is refused) was
+// not written, and is sent again, up to three times.
+//
+// errRows when the rows must go one at a time: from then on if the
+// server refuses atomic batches in the bucket, or batches this large
+// (its max_batch_size), with a warning; this time if the bucket is near
+// its byte limit (the server counts every message of a batch as added
+// bytes, not as replacing its key's last value, as it does a single
+// write's).
 func (s *Store) fencedBatch(ctx context.Context, fence Lease, msgs []*nats.Msg) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	s.fenceMu.lockFenced()
 	defer s.fenceMu.unlockFenced()
-	first := msgs[0].Header
-	first.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(fence.Revision, 10))
-	first.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subject(KeyCoordinator))
+	s.setFence(msgs[0].Header, KeyCoordinator, fence.Revision)
 	msgs[len(msgs)-1].Header.Set(hdrBatchCommit, "1")
-	incomplete := 0
-	for {
+	for incomplete := 0; ; incomplete++ {
 		_, err := s.whileBusy(ctx, KeyCoordinator, fence.Revision, func() (uint64, error) {
 			id := nuid.Next()
 			for i, m := range msgs {
@@ -133,14 +139,18 @@ func (s *Store) fencedBatch(ctx context.Context, fence Lease, msgs []*nats.Msg) 
 		case err == nil:
 			return nil
 		case code == codeBatchIncomplete && incomplete < 3:
-			incomplete++
+			if !wait.Sleep(ctx, time.Duration(incomplete+1)*10*time.Millisecond) {
+				return translate(fmt.Errorf("put %d shards: %w", len(msgs), ctx.Err()), ErrFenced)
+			}
 			continue
-		case code == codeAtomicDisabled || code == codeBatchTooLarge || code == codeBatchHeader:
+		case code == codeAtomicDisabled || code == codeBatchTooLarge:
 			s.atomicBatches.Store(false)
 			if s.opts.Logger != nil {
 				s.opts.Logger.Warn("the type's KV bucket refuses atomic batches; the coordinator writes its shard table one row at a time", "bucket", s.bucket, "err", err)
 			}
-			return errNoBatch
+			return errRows
+		case noSpaceCause(err) != "":
+			return errRows
 		}
 		return translate(fmt.Errorf("put %d shards fenced at coordinator revision %d: %w", len(msgs), fence.Revision, err), ErrFenced)
 	}
