@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -564,38 +563,28 @@ func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) e
 
 // unpark ends the parking of shards whose new owner is replaying their
 // buffer: after the grace period (so that the owner's subscription is known
-// to every server of a cluster), it unsubscribes from each shard (a drain)
-// and appends its end marker, then reports it Unparked; unparksAtOnce
-// shards at a time. The buffer of a shard whose owner was live already
-// (Unpark.Live) is purged instead of marked.
+// to every server of a cluster), it unsubscribes and appends the end
+// markers, then reports each shard Unparked. The buffer of a shard whose
+// owner was live already (Unpark.Live) is purged instead. (Ending 32
+// shards at a time made no difference that three runs of
+// BenchmarkRegions could see: docs/BENCHMARKS.md.)
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
 	wait.Sleep(ctx, l.cfg.ReleaseGrace)
-	var wg sync.WaitGroup
-	limit := make(chan struct{}, unparksAtOnce)
 	for _, u := range us {
-		limit <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-limit }()
-			l.parker.unsubscribe(u.Shard, u.Handoff)
-			done := false
-			if u.Live {
-				done = l.purgeRetrying(ctx, u.Shard)
-			} else {
-				done = l.markRetrying(ctx, u.Shard, u.Handoff)
-			}
-			if done {
-				l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
-			}
-		})
+		l.parker.unsubscribe(u.Shard, u.Handoff)
 	}
-	wg.Wait()
+	for _, u := range us {
+		done := false
+		if u.Live {
+			done = l.purgeRetrying(ctx, u.Shard)
+		} else {
+			done = l.markRetrying(ctx, u.Shard, u.Handoff)
+		}
+		if done {
+			l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
+		}
+	}
 }
-
-// unparksAtOnce bounds the shards one unpark ends at once: each one's
-// drain is a round trip to the server and its end marker (or purge) a
-// JetStream write of its own; one after another they took a first
-// allocation of 4 096 shards on 10 regions 1.5 s.
-const unparksAtOnce = 32
 
 // purgeRetrying empties a shard's buffer once the appends of its parking
 // are acknowledged: everything in it is a copy of what its live owner
