@@ -53,7 +53,7 @@ type metricDesc struct {
 
 // The metrics of one node; see docs/OPERATIONS.md.
 var (
-	mDelivered = metricDesc{"natshard_messages_delivered_total", "Messages handed to entities: live, replayed from the buffer, or held during a replay.", prometheus.CounterValue, nil}
+	mDelivered = metricDesc{"natshard_messages_delivered_total", "Messages handed to entities: live, replayed from the buffer, or held during a replay or a suspension.", prometheus.CounterValue, nil}
 	mRefused   = metricDesc{"natshard_messages_refused_total", "Messages no entity got, by reason: malformed (subject or shard), not_owned (the shard is not served here), buffer_full and buffer_error (a moving shard's buffer refused it), held_limit (too many held during a replay or a suspension), stopping (the shard's entities were stopping). Requests among them were answered with an error.", prometheus.CounterValue, []string{"reason"}}
 	mHandled   = metricDesc{"natshard_messages_handled_total", "Messages whose handling ended: Handle returned or panicked, or the entity could not be activated.", prometheus.CounterValue, nil}
 	mFailed    = metricDesc{"natshard_messages_failed_total", "Of the messages handled, those that ended in an error: Handle's error, a panic, a failed activation.", prometheus.CounterValue, nil}

@@ -437,22 +437,33 @@ func (l *leader) renewIfDue(ctx context.Context) error {
 
 // execute carries out actions in order. Table writes are synchronous and
 // fenced: a refused write ends the term. Consecutive writes go as one
-// batch (writeShards), which the next action that may depend on them
-// waits for (waitsForWrites). Commands run concurrently and report back
+// batch (writeShards, up to kvstate.MaxShardBatch), which the next
+// action that may depend on them waits for (waitsForWrites). Commands run concurrently and report back
 // through l.results.
 func (l *leader) execute(ctx context.Context, acts []Action) error {
 	var unparks []Unpark
 	var writes []protocol.ShardRecord // not written yet
+	flush := func() error {
+		err := l.writeShards(ctx, writes)
+		writes = writes[:0]
+		return err
+	}
 	for _, a := range acts {
 		if w, ok := a.(WriteShard); ok {
+			// A full batch goes at once: it is as large as one can be,
+			// and waitsForWrites looks through what is held.
+			if len(writes) == kvstate.MaxShardBatch {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
 			writes = append(writes, w.Record)
 			continue
 		}
-		if len(writes) > 0 && waitsForWrites(a, writes) {
-			if err := l.writeShards(ctx, writes); err != nil {
+		if waitsForWrites(a, writes) {
+			if err := flush(); err != nil {
 				return err
 			}
-			writes = writes[:0]
 		}
 		switch a := a.(type) {
 		case WritePin:
@@ -517,7 +528,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			l.log.Info("no rebalance round", "reason", a.Reason)
 		}
 	}
-	if err := l.writeShards(ctx, writes); err != nil {
+	if err := flush(); err != nil {
 		return err
 	}
 	if len(unparks) > 0 {
@@ -540,23 +551,24 @@ func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
 	return true
 }
 
-// writeShards writes rows of the table, in order, in batches of at most
-// kvstate.MaxShardBatch (each one atomic where the bucket takes atomic
-// batches), renewing the lease before a batch when that is due.
+// writeShards writes rows of the table (at most kvstate.MaxShardBatch,
+// one batch where the bucket takes atomic batches), renewing the lease
+// first when that is due.
 func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) error {
-	for batch := range slices.Chunk(recs, kvstate.MaxShardBatch) {
-		if err := l.renewIfDue(ctx); err != nil {
-			return err
-		}
-		if err := l.cfg.Store.PutShards(ctx, l.lease, batch); err != nil {
-			return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(batch), batch[0].Shard, err)
-		}
-		now := time.Now()
-		for _, rec := range batch {
-			l.track.written(rec, now)
-			l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
-			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
-		}
+	if len(recs) == 0 {
+		return nil
+	}
+	if err := l.renewIfDue(ctx); err != nil {
+		return err
+	}
+	if err := l.cfg.Store.PutShards(ctx, l.lease, recs); err != nil {
+		return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(recs), recs[0].Shard, err)
+	}
+	now := time.Now()
+	for _, rec := range recs {
+		l.track.written(rec, now)
+		l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
+		l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"iter"
 	"log/slog"
 	"runtime/debug"
 	"slices"
@@ -462,8 +463,8 @@ func (h *host) shardFor(shard int) *shardEntities {
 // shardTable maps shard numbers to their entities for lookups without a
 // lock: pages of shardPage slots, each page made when a shard of its
 // range first comes. A change writes one slot (under host.mu), where the
-// copy of a map that this table replaced cost O(shards held) per change:
-// taking 30 000 shards took 3.8 s of it (BenchmarkTakeShards). A shard
+// copy of a map that this table replaced cost O(shards held) per change
+// (BenchmarkTakeShards; its figures on both in docs/BENCHMARKS.md). A shard
 // out of range (protocol.MaxShards; region.Open refuses more) is never
 // held.
 type shardTable struct {
@@ -497,20 +498,24 @@ func (t *shardTable) set(shard int, se *shardEntities) {
 	p[shard%shardPage].Store(se)
 }
 
-// all returns the shards held, in shard order; the caller holds host.mu
-// (read or write).
-func (t *shardTable) all() []*shardEntities {
-	var out []*shardEntities
-	for i := range t.pages {
-		if p := t.pages[i].Load(); p != nil {
+// each yields the shards held, in shard order, without a lock: a shard
+// that comes or goes meanwhile may or may not be seen. The periodic walks
+// (passivation, stop, status) take it; each locks the shards it looks
+// into, and the message path uses get.
+func (t *shardTable) each() iter.Seq[*shardEntities] {
+	return func(yield func(*shardEntities) bool) {
+		for i := range t.pages {
+			p := t.pages[i].Load()
+			if p == nil {
+				continue
+			}
 			for j := range p {
-				if se := p[j].Load(); se != nil {
-					out = append(out, se)
+				if se := p[j].Load(); se != nil && !yield(se) {
+					return
 				}
 			}
 		}
 	}
-	return out
 }
 
 // abortShard ends the context of shard's entities at once (see host). The
@@ -520,15 +525,6 @@ func (h *host) abortShard(shard int) {
 	if se != nil {
 		se.cancel()
 	}
-}
-
-// snapshot returns the shards held: a slice made under h.mu, for the
-// periodic walks (passivation, status), which lock every shard anyway;
-// the message path uses lookup.
-func (h *host) snapshot() []*shardEntities {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	return h.table.all()
 }
 
 // removeLocked deletes cell c of id from se (locked) and completes a shard
@@ -1244,7 +1240,7 @@ func (h *host) passivateIdle() int {
 	}
 	deadline := h.now() - int64(h.idleTimeout)
 	var items []stopItem
-	for _, se := range h.snapshot() {
+	for se := range h.table.each() {
 		se.mu.Lock()
 		if se.closing {
 			se.mu.Unlock()
@@ -1340,7 +1336,7 @@ func (h *host) passivateOverLimit() int {
 	if h.limit == nil {
 		return 0
 	}
-	for _, se := range h.snapshot() {
+	for se := range h.table.each() {
 		se.mu.Lock()
 		h.flushTouchesLocked(se)
 		se.mu.Unlock()
@@ -1461,7 +1457,7 @@ func (h *host) stopAll(ctx context.Context) error {
 		shards []int
 		waits  []<-chan struct{}
 	)
-	for _, se := range h.snapshot() {
+	for se := range h.table.each() {
 		var d <-chan struct{}
 		d, items = h.beginStop(se, items)
 		shards = append(shards, se.n)
@@ -1483,7 +1479,7 @@ func (h *host) stopAll(ctx context.Context) error {
 // or being stopped).
 func (h *host) active() int {
 	n := 0
-	for _, se := range h.snapshot() {
+	for se := range h.table.each() {
 		se.mu.Lock()
 		n += len(se.cells)
 		se.mu.Unlock()

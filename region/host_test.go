@@ -104,7 +104,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // quiet reports whether no cell of h has a goroutine or a pending stop.
 func quiet(h *host) bool {
-	for _, se := range h.snapshot() {
+	for se := range h.table.each() {
 		se.mu.Lock()
 		for _, c := range se.cells {
 			if c.running || c.mailbox.len() > 0 {
@@ -596,8 +596,8 @@ func TestHostStopShardEmpty(t *testing.T) {
 	if err := h.stopShard(context.Background(), 9); err != nil {
 		t.Fatal(err)
 	}
-	if h.active() != 0 || len(h.snapshot()) != 0 {
-		t.Fatalf("active = %d, shards = %d", h.active(), len(h.snapshot()))
+	if h.active() != 0 || len(slices.Collect(h.table.each())) != 0 {
+		t.Fatalf("active = %d, shards = %d", h.active(), len(slices.Collect(h.table.each())))
 	}
 }
 
@@ -1158,7 +1158,7 @@ func TestHostActiveLimitLRU(t *testing.T) {
 	eventually(t, "idle", func() bool { return h.active() == 6 && f.calls.Load() == 6 })
 	eventually(t, "only busy runs", func() bool {
 		n := 0
-		for _, se := range h.snapshot() {
+		for se := range h.table.each() {
 			se.mu.Lock()
 			for _, c := range se.cells {
 				if c.running {
@@ -1338,9 +1338,9 @@ func TestHostCellSize(t *testing.T) {
 
 // TestHostShardCostFlat: what a host allocates to take a new shard does
 // not grow with the shards it holds. The lookup table it replaced was a
-// copy of a map per change, O(shards held): a region filling 30 000
-// shards spent 3.8 s copying (BenchmarkTakeShards). Bytes, not time, so
-// that the test is deterministic.
+// copy of a map per change, O(shards held) (BenchmarkTakeShards times
+// both; docs/BENCHMARKS.md). Bytes, not time, so that the test is
+// deterministic.
 func TestHostShardCostFlat(t *testing.T) {
 	h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
 	allocated := func(from, to int) uint64 {

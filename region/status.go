@@ -1,6 +1,9 @@
 package region
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // What an Agent tells health checks, metrics and traces (package
 // natshard serves them). Everything here is read when asked (a scrape, a
@@ -94,7 +97,7 @@ func (c *msgCounts) add(d msgCounts) {
 // from one call to the next.
 func (h *host) counts() msgCounts {
 	h.mu.RLock()
-	total, held := h.gone, h.table.all()
+	total, held := h.gone, slices.Collect(h.table.each())
 	h.mu.RUnlock()
 	for _, se := range held {
 		se.mu.Lock()
