@@ -89,6 +89,35 @@ func BenchmarkDeliver(b *testing.B) {
 	}
 }
 
+// BenchmarkWake: one message at a time, each to an idle entity and
+// handled before the next is delivered (one op is one message), as a
+// request of a caller waiting for its answer: every message queues its
+// cell with no worker searching, so a parked worker is woken for it and
+// parks again after it (schedule, wake, park).
+func BenchmarkWake(b *testing.B) {
+	done := make(chan struct{})
+	f := func(context.Context, string) (Entity, error) { return signalEntity(done), nil }
+	h := newHost(hostConfig{Factory: f, Logger: discardLogger()})
+	ids, shards := benchIDs(1000)
+	m := &nats.Msg{Subject: "x", Data: []byte("payload")}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		h.deliver(shards[i%len(ids)], ids[i%len(ids)], m)
+		<-done
+	}
+}
+
+// signalEntity sends on its channel for each message it handles.
+type signalEntity chan struct{}
+
+func (e signalEntity) Handle(context.Context, *Message) ([]byte, error) {
+	e <- struct{}{}
+	return nil, nil
+}
+
+func (signalEntity) Stop(context.Context) error { return nil }
+
 // BenchmarkOnMessage: the subscription callback of a live shard, from the
 // NATS message to the entity's Handle (one op is one message, until it is
 // handled), 1000 entities round-robin.

@@ -90,8 +90,8 @@ type hostConfig struct {
 // handles it one message at a time in deliver order, and goes on until
 // the mailbox is empty (the cell is idle again) or it has handled
 // turnBudget messages (the cell goes back to the end of the queue). A
-// worker that finds the queue empty parks (at most maxIdleWorkers, for at
-// most idleKeep) and exits after that.
+// worker that finds the queue empty parks (at most maxIdleWorkers; a
+// worker parked for idleKeep to twice that exits: reap).
 //
 // A Handle may block (I/O), so the workers are not a fixed pool: a worker
 // counts as searching except while it runs a cell or is parked, and
@@ -175,6 +175,8 @@ type host struct {
 	ready     taskQueue
 	searching int
 	idle      []*workerState // parked workers, the last parked last
+	reaper    *time.Timer    // runs reap while workers are parked (reaping)
+	reaping   bool
 
 	// table holds the shards: written under mu, read without a lock by
 	// lookup (an RWMutex's read lock, taken by every shard's
@@ -649,20 +651,21 @@ func (h *host) wake(w *workerState) {
 		go h.worker()
 		return
 	}
-	w.wake <- struct{}{}
+	w.wake <- true
 }
 
-// maxIdleWorkers bounds the workers parked in a host, each for at most
-// idleKeep: a worker parked when the queue emptied takes the next ready
-// cell at the cost of a wake-up, with its stack grown already, where a
-// new goroutine would start with a small one and grow it in Handle.
+// maxIdleWorkers bounds the workers parked in a host, each for idleKeep
+// to twice that (reap): a worker parked when the queue emptied takes the
+// next ready cell at the cost of a wake-up, with its stack grown already,
+// where a new goroutine would start with a small one and grow it in
+// Handle.
 const (
 	maxIdleWorkers = 64
 	idleKeep       = 500 * time.Millisecond
 )
 
 // worker runs ready cells; when none is left it parks (at most
-// maxIdleWorkers, for at most idleKeep) or exits. It counts as searching
+// maxIdleWorkers, until reap ends it) or exits. It counts as searching
 // (host.searching) except while it runs a cell or is parked; a worker
 // that takes a cell and leaves others queued with no other worker
 // searching wakes or starts one. So while cells are queued some worker
@@ -670,7 +673,7 @@ const (
 // of messages to idle entities is run by a few goroutines, not one per
 // message.
 func (h *host) worker() {
-	w := &workerState{spare: newMailq(), wake: make(chan struct{}, 1)}
+	w := &workerState{spare: newMailq(), wake: make(chan bool, 1)}
 	h.qmu.Lock()
 	for {
 		t, ok := h.ready.pop()
@@ -704,36 +707,55 @@ func (h *host) worker() {
 // park parks w (h.qmu held, released while parked) until a schedule
 // wakes it: it returns true with h.qmu held and w counted as searching.
 // It returns false, h.qmu released, when w should exit: too many parked
-// already, or idleKeep passed without work.
+// already, or it stayed parked through a whole reap period (reap).
 func (h *host) park(w *workerState) bool {
 	if len(h.idle) >= maxIdleWorkers {
 		h.qmu.Unlock()
 		freeMailq(w.spare)
 		return false
 	}
+	w.old = false
 	h.idle = append(h.idle, w)
-	h.qmu.Unlock()
-	if w.timer == nil {
-		w.timer = time.NewTimer(idleKeep)
-	} else {
-		w.timer.Reset(idleKeep)
-	}
-	select {
-	case <-w.wake:
-		w.timer.Stop()
-	case <-w.timer.C:
-		h.qmu.Lock()
-		if i := slices.Index(h.idle, w); i >= 0 {
-			h.idle = slices.Delete(h.idle, i, i+1)
-			h.qmu.Unlock()
-			freeMailq(w.spare)
-			return false
+	if !h.reaping {
+		h.reaping = true
+		if h.reaper == nil {
+			h.reaper = time.AfterFunc(idleKeep, h.reap)
+		} else {
+			h.reaper.Reset(idleKeep)
 		}
-		h.qmu.Unlock()
-		<-w.wake // unparked meanwhile: its waker is on its way
+	}
+	h.qmu.Unlock()
+	if !<-w.wake {
+		freeMailq(w.spare)
+		return false
 	}
 	h.qmu.Lock()
 	return true
+}
+
+// reap, every idleKeep while workers are parked, ends those parked since
+// the reap before: a worker parks for idleKeep to twice that. One timer
+// for the host, rather than one per parking, keeps a parking to a channel
+// receive.
+func (h *host) reap() {
+	h.qmu.Lock()
+	defer h.qmu.Unlock()
+	kept := h.idle[:0]
+	for _, w := range h.idle {
+		if w.old {
+			w.wake <- false
+			continue
+		}
+		w.old = true
+		kept = append(kept, w)
+	}
+	clear(h.idle[len(kept):])
+	h.idle = kept
+	if len(h.idle) > 0 {
+		h.reaper.Reset(idleKeep)
+	} else {
+		h.reaping = false
+	}
 }
 
 // maxSpare bounds the mailbox array a worker keeps between cells.
@@ -797,8 +819,8 @@ func (m *mailq) len() int {
 type workerState struct {
 	spare *mailq // empty
 	msg   Message
-	wake  chan struct{} // a schedule unparked it
-	timer *time.Timer   // its parking's end
+	wake  chan bool // true: a schedule unparked it; false: reap ended it
+	old   bool      // parked through a reap already (h.qmu)
 }
 
 // keep makes the empty mailbox mq w's spare, without an array grown

@@ -269,6 +269,50 @@ func TestHostConcurrentEntities(t *testing.T) {
 	}
 }
 
+// TestHostWorkersExit: the workers a burst started park when it is over
+// and reap ends them (a worker parks for idleKeep to twice that); the
+// host starts workers again for its next burst.
+func TestHostWorkersExit(t *testing.T) {
+	const n = 20
+	baseline := runtime.NumGoroutine()
+	var (
+		block   atomic.Pointer[chan struct{}]
+		entered sync.WaitGroup
+	)
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		entered.Done()
+		<-*block.Load()
+		return nil, nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	parked := func() int {
+		h.qmu.Lock()
+		defer h.qmu.Unlock()
+		return len(h.idle)
+	}
+	for burst := range 2 {
+		ch := make(chan struct{})
+		block.Store(&ch)
+		entered.Add(n)
+		for i := range n {
+			h.deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+		}
+		entered.Wait() // n entities in Handle at once: n workers
+		close(ch)
+		for range n {
+			rec.next(t)
+		}
+		deadline := time.Now().Add(20 * idleKeep)
+		for parked() > 0 || runtime.NumGoroutine() > baseline {
+			if time.Now().After(deadline) {
+				t.Fatalf("burst %d: %v after it, %d workers parked, %d goroutines (%d at the start)", burst, 20*idleKeep, parked(), runtime.NumGoroutine(), baseline)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 func TestHostMessageFields(t *testing.T) {
 	var seen Message // a copy: the *Message is valid during Handle only
 	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) { seen = *m; return nil, nil }}
