@@ -178,7 +178,7 @@ func benchIdleEntities(b *testing.B, n, maxActive int) {
 		for !quiet(h) {
 			time.Sleep(time.Millisecond)
 		}
-		// The workers that ran them park for idleKeep, then exit.
+		// The workers that ran them park for idleKeep to twice that, then exit.
 		for deadline := time.Now().Add(10 * idleKeep); runtime.NumGoroutine() > goroutines && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
