@@ -437,9 +437,9 @@ func (l *leader) renewIfDue(ctx context.Context) error {
 
 // execute carries out actions in order. Table writes are synchronous and
 // fenced: a refused write ends the term. Consecutive writes go as one
-// batch (writeShards, up to kvstate.MaxShardBatch), which the next
-// action that may depend on them waits for (waitsForWrites). Commands run concurrently and report back
-// through l.results.
+// batch (writeShards, up to kvstate.MaxShardBatch), which the next action
+// that may depend on them waits for (waitsForWrites). Commands run
+// concurrently and report back through l.results.
 func (l *leader) execute(ctx context.Context, acts []Action) error {
 	var unparks []Unpark
 	var writes []protocol.ShardRecord // not written yet

@@ -5,9 +5,11 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/protocol"
 )
 
 // TestBucketConfig: the bucket Open creates is the one nats.go's
@@ -51,4 +53,31 @@ func TestBucketConfig(t *testing.T) {
 			t.Errorf("MaxBytes %d: the bucket's stream is\n%+v\nnats.go's KV bucket's\n%+v", maxBytes, ours, want)
 		}
 	}
+}
+
+// TestPutShardsOverMaxBatchSize: a server whose max_batch_size is under
+// MaxShardBatch refuses a larger batch; the Store then writes the rows one
+// at a time, and from then on (docs/OPERATIONS.md, Atomic batches).
+func TestPutShardsOverMaxBatchSize(t *testing.T) {
+	opts := natstest.DefaultOptions(t)
+	opts.JetStreamLimits.MaxBatchSize = 100
+	url := natstest.URL(natstest.RunServerWithOptions(t, opts))
+	s := openStore(t, url, "small", Options{})
+	l, err := s.AcquireCoordinator(t.Context(), coordInfo("a"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]string{}
+	var recs []protocol.ShardRecord
+	for n := range 101 { // over the server's bound
+		recs = append(recs, shardRec(n, "r", l.Revision))
+		want[n] = "r:active"
+	}
+	if err := s.PutShards(t.Context(), l, recs); err != nil {
+		t.Fatalf("PutShards of %d rows: %v", len(recs), err)
+	}
+	if s.atomicBatches.Load() {
+		t.Fatal("the Store still sends batches after the server refused one as too large")
+	}
+	checkTable(t, s, want)
 }

@@ -70,18 +70,20 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 	if len(recs) > MaxShardBatch {
 		return fmt.Errorf("kvstate: %d rows in one PutShards; at most %d", len(recs), MaxShardBatch)
 	}
-	msgs := make([]*nats.Msg, len(recs))
-	for i, rec := range recs {
+	for _, rec := range recs {
 		if err := checkShard(rec.Shard); err != nil {
 			return err
 		}
-		data, err := protocol.Encode(rec)
-		if err != nil {
-			return err
-		}
-		msgs[i] = &nats.Msg{Subject: s.subject(shardKey(rec.Shard)), Data: data, Header: nats.Header{}}
 	}
 	if len(recs) >= s.batchFrom && s.atomicBatches.Load() {
+		msgs := make([]*nats.Msg, len(recs))
+		for i, rec := range recs {
+			data, err := protocol.Encode(rec)
+			if err != nil {
+				return err
+			}
+			msgs[i] = &nats.Msg{Subject: s.subject(shardKey(rec.Shard)), Data: data, Header: nats.Header{}}
+		}
 		err := s.fencedBatch(ctx, fence, msgs)
 		if !errors.Is(err, errRows) {
 			return err
