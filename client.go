@@ -159,12 +159,14 @@ func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts 
 		return nil, err
 	}
 	if t.durable {
+		c.keyed(m)
 		ctx, cancel := within(ctx, until)
 		defer cancel()
 		return c.requestDurable(ctx, typ, id, m)
 	}
 	replies := repliesOf(c.nc) // the connection's, shared by its clients
 	var b backoff
+	var token uint64 // the reply subject's, the same for every attempt
 	for {
 		attempt, resend := until, false
 		if c.resend > 0 {
@@ -172,7 +174,8 @@ func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts 
 				attempt, resend = next, true
 			}
 		}
-		reply, err := replies.request(ctx, m, attempt)
+		var reply *nats.Msg
+		reply, token, err = replies.request(ctx, m, attempt, token)
 		if done, data, err := answer(typ, id, reply, err); done {
 			return data, err
 		}
@@ -282,6 +285,7 @@ func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts 
 	if err != nil {
 		return err
 	}
+	c.keyed(m)
 	if t.durable {
 		ctx, cancel := within(ctx, until)
 		defer cancel()
@@ -323,7 +327,9 @@ func (e EntityRef) Publish(ctx context.Context, data []byte, opts ...SendOption)
 }
 
 // message builds the message to entity id of typ; learning the type
-// ends at until.
+// ends at until. It has a header only when opts or a trace context give
+// it one: a core request needs none (its reply subject is its key), and
+// a header costs a map where it is made and where it is read.
 func (c *Client) message(ctx context.Context, until time.Time, typ, id string, data []byte, opts []SendOption) (clientType, *nats.Msg, error) {
 	if err := protocol.ValidateEntityID(id); err != nil {
 		return clientType{}, nil, fmt.Errorf("natshard: %w", err)
@@ -332,16 +338,29 @@ func (c *Client) message(ctx context.Context, until time.Time, typ, id string, d
 	if err != nil {
 		return t, nil, err
 	}
-	m := &nats.Msg{Subject: t.subjects.EntityOf(id, t.shards), Data: data, Header: nats.Header{}}
-	for _, o := range opts {
-		o(m)
-	}
-	if m.Header.Get(protocol.HeaderMsgID) == "" {
-		var n [13]byte
-		m.Header.Set(protocol.HeaderMsgID, c.idPrefix+string(strconv.AppendUint(n[:0], c.ids.Add(1), 36)))
+	m := &nats.Msg{Subject: t.subjects.EntityOf(id, t.shards), Data: data}
+	if len(opts) > 0 {
+		m.Header = nats.Header{}
+		for _, o := range opts {
+			o(m)
+		}
 	}
 	injectTrace(ctx, m)
 	return t, m, nil
+}
+
+// keyed gives m a Nats-Msg-Id of the client's unless it has one (MsgID):
+// what a publish, and a message of durable delivery, is told from its
+// copies by.
+func (c *Client) keyed(m *nats.Msg) {
+	if m.Header.Get(protocol.HeaderMsgID) != "" {
+		return
+	}
+	if m.Header == nil {
+		m.Header = nats.Header{}
+	}
+	var n [13]byte
+	m.Header.Set(protocol.HeaderMsgID, c.idPrefix+string(strconv.AppendUint(n[:0], c.ids.Add(1), 36)))
 }
 
 // typeOf returns what the client knows of typ, reading the type's shard

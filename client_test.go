@@ -19,7 +19,7 @@ import (
 
 // newType creates type typ with shards in the server at url, as a node's
 // first start would, and returns its subjects.
-func newType(t *testing.T, url, typ string, shards int) protocol.Subjects {
+func newType(t testing.TB, url, typ string, shards int) protocol.Subjects {
 	t.Helper()
 	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), typ, kvstate.Options{})
 	if err != nil {
@@ -84,7 +84,10 @@ func TestClientRetriesRefusals(t *testing.T) {
 	if _, err := region.Subscribe(subjects.AllData(), func(m *nats.Msg) {
 		n := calls.Add(1)
 		mu.Lock()
-		ids = append(ids, m.Header.Get(protocol.HeaderMsgID))
+		ids = append(ids, protocol.MessageKey(m.Header, m.Reply))
+		if m.Header != nil {
+			ids = append(ids, fmt.Sprintf("a header: %v", m.Header))
+		}
 		mu.Unlock()
 		switch id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; {
 		case id == "moving" && n == 1:
@@ -104,8 +107,9 @@ func TestClientRetriesRefusals(t *testing.T) {
 	if got, err := c.Request(ctx, "t", "moving", nil); err != nil || string(got) != "ok moving" || calls.Load() != 2 {
 		t.Fatalf("refused then answered: %q, %v after %d calls", got, err, calls.Load())
 	}
-	// Every message carries a Nats-Msg-Id (so that copies are skipped
-	// during moves), the same when it is sent again.
+	// Every request has a key (so that copies are skipped during moves),
+	// the same when it is sent again: its reply subject, marked unique;
+	// it carries no header.
 	mu.Lock()
 	if len(ids) != 2 || ids[0] == "" || ids[0] != ids[1] {
 		t.Fatalf("sent with ids %q, want twice the same", ids)
@@ -120,6 +124,19 @@ func TestClientRetriesRefusals(t *testing.T) {
 	var ee *natshard.EntityError
 	if !errors.As(err, &ee) || ee.Message != "no stock" || string(ee.Data) != `{"ok":false}` || string(got) != `{"ok":false}` || calls.Load() != 1 {
 		t.Fatalf("entity error: %q, %v after %d calls", got, err, calls.Load())
+	}
+	// A publish has no reply subject: it carries a Nats-Msg-Id.
+	mu.Lock()
+	ids = nil
+	mu.Unlock()
+	if err := c.Publish(ctx, "t", "published", nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the publish to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ids) != 2 || !strings.HasPrefix(ids[1], "a header: map[Nats-Msg-Id:") || ids[0] == "" {
+		t.Fatalf("a publish sent as %q, want a key in a Nats-Msg-Id", ids)
 	}
 }
 
@@ -171,8 +188,8 @@ func TestClientsShareASubscription(t *testing.T) {
 }
 
 // TestClientResend: with WithResend, a request that got no answer (its
-// region died with it) is sent again with the same Nats-Msg-Id; without,
-// it waits for its deadline.
+// region died with it) is sent again with the same key (its reply
+// subject); without, it waits for its deadline. MsgID's key goes first.
 func TestClientResend(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
 	subjects := newType(t, url, "t", 4)
@@ -181,7 +198,7 @@ func TestClientResend(t *testing.T) {
 	var ids []string
 	if _, err := region.Subscribe(subjects.AllData(), func(m *nats.Msg) {
 		mu.Lock()
-		ids = append(ids, m.Header.Get(protocol.HeaderMsgID))
+		ids = append(ids, protocol.MessageKey(m.Header, m.Reply))
 		first := len(ids) == 1
 		mu.Unlock()
 		if !first { // the first is lost with its region

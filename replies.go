@@ -10,13 +10,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 )
 
 // replies routes the answers to the core requests of the clients of a
 // connection, as nats.go's own request multiplexer does: one subscription
 // on <inbox>.* for all of them (shared by every Client of the connection:
 // repliesOf), and each request waiting on a channel under a token of its
-// own.
+// own. A request's reply subject is <inbox>.~<token>: marked unique
+// (protocol.UniqueReplyMark), it is the request's key, so the request
+// needs no Nats-Msg-Id header.
 //
 // It differs in what it costs a request (issue 14: with 64 callers, a
 // Client's requests took 2.5 times the CPU of nc.Request's): its own mutex
@@ -28,7 +31,7 @@ type replies struct {
 
 	mu      sync.Mutex
 	sub     *nats.Subscription // nil until the first request, and after the connection closed
-	prefix  string             // "<inbox>.": a token follows
+	prefix  string             // "<inbox>.~": a token follows
 	waiting map[uint64]chan *nats.Msg
 	gone    chan struct{} // closed when sub ended: the connection closed
 }
@@ -59,33 +62,36 @@ var answers = sync.Pool{New: func() any { return make(chan *nats.Msg, 1) }}
 // wait each.
 var timers sync.Pool
 
-// request publishes m, its Reply a new subject of r's, and waits for
-// the answer until ctx ends (ctx.Err()) or until passes (errNoAnswer;
-// a zero until: no bound but ctx). The server's "no responders" status
-// is nats.ErrNoResponders, and a connection closed meanwhile
-// nats.ErrConnectionClosed. Nothing is sent when ctx has ended or until
-// has passed already.
-func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*nats.Msg, error) {
+// request publishes m, its Reply the subject of token (0, or a token
+// waited on by another request: a new random one), and waits for the
+// answer until ctx ends (ctx.Err()) or until passes (errNoAnswer; a zero
+// until: no bound but ctx). It returns the token it used: a request sent
+// again gives it back, so that every attempt has one reply subject, its
+// key (protocol.MessageKey), and an answer to any attempt ends the wait.
+// The server's "no responders" status is nats.ErrNoResponders, and a
+// connection closed meanwhile nats.ErrConnectionClosed. Nothing is sent
+// when ctx has ended or until has passed already.
+func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time, token uint64) (*nats.Msg, uint64, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, token, err
 	}
 	var left time.Duration // until's, read once
 	if !until.IsZero() {
 		if left = time.Until(until); left <= 0 {
-			return nil, errNoAnswer
+			return nil, token, errNoAnswer
 		}
 	}
 	ch := answers.Get().(chan *nats.Msg)
-	token, gone, err := r.expect(ch)
+	token, gone, err := r.expect(ch, token)
 	if err != nil {
 		answers.Put(ch)
-		return nil, err
+		return nil, token, err
 	}
 	var digits [13]byte // the token's, without a string of their own
 	m.Reply = r.prefix + string(strconv.AppendUint(digits[:0], token, 36))
 	if err := r.nc.PublishMsg(m); err != nil {
 		r.forget(token)
-		return nil, err
+		return nil, token, err
 	}
 	var expired <-chan time.Time
 	if !until.IsZero() {
@@ -113,9 +119,9 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*n
 	case a := <-ch:
 		answers.Put(ch)
 		if len(a.Data) == 0 && a.Header.Get("Status") == "503" {
-			return nil, nats.ErrNoResponders
+			return nil, token, nats.ErrNoResponders
 		}
-		return a, nil
+		return a, token, nil
 	case <-expired:
 		err = errNoAnswer
 	case <-ctx.Done():
@@ -124,13 +130,13 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time) (*n
 		err = nats.ErrConnectionClosed
 	}
 	r.forget(token)
-	return nil, err
+	return nil, token, err
 }
 
-// expect registers ch under a new token, subscribing first if r has no
-// subscription yet. It returns the channel closed when the subscription
-// ends.
-func (r *replies) expect(ch chan *nats.Msg) (uint64, <-chan struct{}, error) {
+// expect registers ch under token, or under a new one when token is 0 or
+// taken, subscribing first if r has no subscription yet. It returns the
+// token and the channel closed when the subscription ends.
+func (r *replies) expect(ch chan *nats.Msg, token uint64) (uint64, <-chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sub == nil {
@@ -138,14 +144,14 @@ func (r *replies) expect(ch chan *nats.Msg) (uint64, <-chan struct{}, error) {
 			muxes.CompareAndDelete(r.nc, r)
 			return 0, nil, nats.ErrConnectionClosed
 		}
-		prefix := r.nc.NewInbox() + "."
-		sub, err := r.nc.Subscribe(prefix+"*", r.deliver)
+		inbox := r.nc.NewInbox()
+		sub, err := r.nc.Subscribe(inbox+".*", r.deliver)
 		if err != nil {
 			return 0, nil, err
 		}
 		gone := make(chan struct{})
 		sub.SetClosedHandler(func(string) { r.closed(gone) })
-		r.sub, r.prefix, r.gone = sub, prefix, gone
+		r.sub, r.prefix, r.gone = sub, inbox+"."+protocol.UniqueReplyMark, gone
 		if r.waiting == nil {
 			r.waiting = map[uint64]chan *nats.Msg{}
 		}
@@ -154,8 +160,7 @@ func (r *replies) expect(ch chan *nats.Msg) (uint64, <-chan struct{}, error) {
 	// (a region serving the request) cannot tell the next one's, to
 	// answer it before its entity does. math/rand/v2's source is ChaCha8,
 	// seeded by the system.
-	token := rand.Uint64()
-	for r.waiting[token] != nil {
+	for token == 0 || r.waiting[token] != nil {
 		token = rand.Uint64()
 	}
 	r.waiting[token] = ch
@@ -172,8 +177,11 @@ func (r *replies) forget(token uint64) {
 // deliver is the subscription's handler: the answer goes to the request
 // waiting under the subject's token, if one still is.
 func (r *replies) deliver(m *nats.Msg) {
-	i := strings.LastIndexByte(m.Subject, '.')
-	token, err := strconv.ParseUint(m.Subject[i+1:], 36, 64)
+	digits, ok := strings.CutPrefix(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], protocol.UniqueReplyMark)
+	if !ok {
+		return
+	}
+	token, err := strconv.ParseUint(digits, 36, 64)
 	if err != nil {
 		return
 	}

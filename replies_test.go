@@ -12,7 +12,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/protocol"
 )
+
+// ask is r.request of a new request (no token yet).
+func (r *replies) ask(ctx context.Context, m *nats.Msg, until time.Time) (*nats.Msg, error) {
+	a, _, err := r.request(ctx, m, until, 0)
+	return a, err
+}
 
 // TestRepliesTokensUnpredictable: a request's reply token says nothing
 // of the next one's, so that a region that serves one request cannot
@@ -35,14 +42,18 @@ func TestRepliesTokensUnpredictable(t *testing.T) {
 	r := &replies{nc: natstest.Connect(t, url, nats.CustomInboxPrefix("_INBOX_mine"))}
 	var tokens []uint64
 	for range 50 {
-		if _, err := r.request(context.Background(), &nats.Msg{Subject: "echo"}, time.Now().Add(10*time.Second)); err != nil {
+		if _, err := r.ask(context.Background(), &nats.Msg{Subject: "echo"}, time.Now().Add(10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		reply := <-subjects
 		if !strings.HasPrefix(reply, "_INBOX_mine.") {
 			t.Fatalf("reply subject %q is not on the connection's inbox prefix _INBOX_mine", reply)
 		}
-		tok, err := strconv.ParseUint(reply[strings.LastIndexByte(reply, '.')+1:], 36, 64)
+		digits, marked := strings.CutPrefix(reply[strings.LastIndexByte(reply, '.')+1:], protocol.UniqueReplyMark)
+		if !marked {
+			t.Fatalf("reply subject %q is not marked unique (protocol.UniqueReplyMark)", reply)
+		}
+		tok, err := strconv.ParseUint(digits, 36, 64)
 		if err != nil {
 			t.Fatalf("reply subject %q: %v", reply, err)
 		}
@@ -90,7 +101,7 @@ func TestRepliesRouteAnswers(t *testing.T) {
 		wg.Go(func() {
 			for j := range 50 {
 				body := strconv.Itoa(i) + "/" + strconv.Itoa(j)
-				a, err := r.request(ctx, &nats.Msg{Subject: "echo.x", Data: []byte(body)}, soon())
+				a, err := r.ask(ctx, &nats.Msg{Subject: "echo.x", Data: []byte(body)}, soon())
 				if err != nil || string(a.Data) != body {
 					t.Errorf("request %s: answer %v, %v", body, a, err)
 					return
@@ -105,30 +116,52 @@ func TestRepliesRouteAnswers(t *testing.T) {
 
 	// A request that gave up; its answer comes during the next request,
 	// which must get its own.
-	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.late", Data: []byte("first")}, time.Now().Add(50*time.Millisecond)); !errors.Is(err, errNoAnswer) {
+	if _, err := r.ask(ctx, &nats.Msg{Subject: "echo.late", Data: []byte("first")}, time.Now().Add(50*time.Millisecond)); !errors.Is(err, errNoAnswer) {
 		t.Fatalf("request past its bound: %v", err)
 	}
 	first := <-late
 	if err := first.Respond([]byte("first's answer")); err != nil {
 		t.Fatal(err)
 	}
-	if a, err := r.request(ctx, &nats.Msg{Subject: "echo.x", Data: []byte("second")}, soon()); err != nil || string(a.Data) != "second" {
+	if a, err := r.ask(ctx, &nats.Msg{Subject: "echo.x", Data: []byte("second")}, soon()); err != nil || string(a.Data) != "second" {
 		t.Fatalf("the request after one that gave up: %v, %v", a, err)
+	}
+
+	// A request sent again with its token has its reply subject (its
+	// key), and an answer to the attempt that gave up ends its wait.
+	m := &nats.Msg{Subject: "echo.late", Data: []byte("again")}
+	_, token, err := r.request(ctx, m, time.Now().Add(50*time.Millisecond), 0)
+	if !errors.Is(err, errNoAnswer) {
+		t.Fatalf("request past its bound: %v", err)
+	}
+	firstReply := m.Reply
+	<-late
+	go func() {
+		sent := <-late // the attempt below; the first's is answered
+		if sent.Reply != firstReply {
+			t.Errorf("sent again to reply subject %q, first to %q", sent.Reply, firstReply)
+		}
+		if err := responder.Publish(firstReply, []byte("again's answer")); err != nil {
+			t.Error(err)
+		}
+	}()
+	if a, again, err := r.request(ctx, m, soon(), token); err != nil || string(a.Data) != "again's answer" || again != token {
+		t.Fatalf("the request sent again: %v, %v (token %d, first %d)", a, err, again, token)
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(20*time.Millisecond, cancel)
-	if _, err := r.request(cctx, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
+	if _, err := r.ask(cctx, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("request whose context was cancelled: %v", err)
 	}
 	<-late
 	// Nothing is sent for a call that has ended already.
 	ended, cancelEnded := context.WithCancel(ctx)
 	cancelEnded()
-	if _, err := r.request(ended, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
+	if _, err := r.ask(ended, &nats.Msg{Subject: "echo.late"}, time.Time{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("request with an ended context: %v", err)
 	}
-	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.late"}, time.Now().Add(-time.Second)); !errors.Is(err, errNoAnswer) {
+	if _, err := r.ask(ctx, &nats.Msg{Subject: "echo.late"}, time.Now().Add(-time.Second)); !errors.Is(err, errNoAnswer) {
 		t.Fatalf("request past its bound before it began: %v", err)
 	}
 	select {
@@ -136,7 +169,7 @@ func TestRepliesRouteAnswers(t *testing.T) {
 		t.Fatalf("a request that had ended was sent: %v", m)
 	case <-time.After(100 * time.Millisecond):
 	}
-	if _, err := r.request(ctx, &nats.Msg{Subject: "nobody.here"}, soon()); !errors.Is(err, nats.ErrNoResponders) {
+	if _, err := r.ask(ctx, &nats.Msg{Subject: "nobody.here"}, soon()); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("request nobody listens to: %v", err)
 	}
 
@@ -144,7 +177,7 @@ func TestRepliesRouteAnswers(t *testing.T) {
 	// returns then, and the next fails at once.
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.request(ctx, &nats.Msg{Subject: "echo.late"}, time.Time{})
+		_, err := r.ask(ctx, &nats.Msg{Subject: "echo.late"}, time.Time{})
 		done <- err
 	}()
 	<-late
@@ -157,7 +190,7 @@ func TestRepliesRouteAnswers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a request waiting when the connection closed still waits")
 	}
-	if _, err := r.request(ctx, &nats.Msg{Subject: "echo.x"}, soon()); !errors.Is(err, nats.ErrConnectionClosed) {
+	if _, err := r.ask(ctx, &nats.Msg{Subject: "echo.x"}, soon()); !errors.Is(err, nats.ErrConnectionClosed) {
 		t.Fatalf("request on a closed connection: %v", err)
 	}
 }
@@ -182,7 +215,7 @@ func TestRepliesNoStaleAnswer(t *testing.T) {
 			for j := range 300 {
 				body := strconv.Itoa(i) + "/" + strconv.Itoa(j)
 				bound := time.Now().Add(time.Duration(j%40) * 25 * time.Microsecond)
-				a, err := r.request(context.Background(), &nats.Msg{Subject: "echo", Data: []byte(body)}, bound)
+				a, err := r.ask(context.Background(), &nats.Msg{Subject: "echo", Data: []byte(body)}, bound)
 				switch {
 				case errors.Is(err, errNoAnswer):
 					gaveUp.Add(1)

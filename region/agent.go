@@ -188,7 +188,7 @@ type Stats struct {
 	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
 	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed or the region suspended
-	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their Nats-Msg-Id was delivered since the bind
+	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind
 	HeldOverflow      atomic.Uint64 // arrivals refused while replaying or suspended: MaxHeld reached
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 

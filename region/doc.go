@@ -17,8 +17,9 @@
 //   - replaying (Bind): subscribed; the shard's buffer is replayed to the
 //     entities up to the end marker of the bind's handoff id while new
 //     arrivals are held in memory (at most Config.MaxHeld); at the marker the
-//     held messages are delivered, except those whose Nats-Msg-Id was
-//     replayed, the shard goes live and the buffer is purged up to the marker;
+//     held messages are delivered, except those whose key (Nats-Msg-Id, or
+//     a reply subject marked unique: protocol.MessageKey) was replayed,
+//     the shard goes live and the buffer is purged up to the marker;
 //   - live: arrivals go straight to the entities;
 //   - paused (HandOff): arrivals are appended to the shard's buffer and the
 //     entities stop; Release keeps diverting for Config.ReleaseGrace, drains

@@ -45,6 +45,14 @@ type Message struct {
 	Seq uint64
 }
 
+// Key is the message's idempotency key, "" if it has none: its
+// Nats-Msg-Id, or the reply subject of a request whose sender marked it
+// unique (protocol.MessageKey), as natshard's Client does for its core
+// requests, which carry no header. A copy of the message that a handoff
+// made is skipped by it; a message sent again after a failure has the
+// same only if its sender gave it the same Nats-Msg-Id.
+func (m *Message) Key() string { return protocol.MessageKey(m.Header, m.Reply) }
+
 // Reminder is the name of the reminder that sent the message (durable
 // delivery: natshard's Env.Remind), "" for any other message.
 func (m *Message) Reminder() string {

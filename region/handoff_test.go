@@ -378,7 +378,8 @@ func idsIn(prefix string, n int, in []int) []string {
 // their own and check every answer.
 type load struct {
 	c       *cluster
-	msgIDs  bool
+	key     keying
+	inbox   string // of the reply subjects, with replyKey
 	window  int64
 	pubIDs  []string
 	reqIDs  []string
@@ -391,9 +392,18 @@ type load struct {
 	began   time.Time
 }
 
-func startLoad(c *cluster, in []int, msgIDs bool) *load {
+// keying is how the load's messages can be told from their copies.
+type keying int
+
+const (
+	noKey     keying = iota
+	msgIDKey         // a Nats-Msg-Id header
+	uniqueKey        // no header, a reply subject marked unique (natshard.Client's requests)
+)
+
+func startLoad(c *cluster, in []int, key keying) *load {
 	l := &load{
-		c: c, msgIDs: msgIDs, window: 5_000,
+		c: c, key: key, inbox: nats.NewInbox(), window: 5_000,
 		pubIDs: idsIn("e", 200, in), reqIDs: idsIn("req", 4, in),
 		stop: make(chan struct{}), sent: map[string]int{}, began: time.Now(),
 	}
@@ -407,7 +417,31 @@ func startLoad(c *cluster, in []int, msgIDs bool) *load {
 	return l
 }
 
-func (l *load) message(id string, seq int) *nats.Msg { return l.c.message(id, seq, l.msgIDs) }
+// message is message seq to entity id, keyed as l says.
+func (l *load) message(id string, seq int) *nats.Msg {
+	m := l.c.message(id, seq, l.key == msgIDKey)
+	if l.key == uniqueKey {
+		m.Reply = l.inbox + "." + protocol.UniqueReplyMark + id + "-" + strconv.Itoa(seq)
+	}
+	return m
+}
+
+// ask sends request m and waits for its answer: on a reply subject of
+// nats.go's own, or on m's (uniqueKey).
+func (l *load) ask(nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
+	if m.Reply == "" {
+		return nc.RequestMsg(m, 60*time.Second)
+	}
+	sub, err := nc.SubscribeSync(m.Reply)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishMsg(m); err != nil {
+		return nil, err
+	}
+	return sub.NextMsg(60 * time.Second)
+}
 
 // message is message seq to entity id: its payload is seq, and with msgID
 // its Nats-Msg-Id is id/seq.
@@ -484,7 +518,7 @@ func (l *load) request(nc *nats.Conn, id string) {
 		default:
 		}
 		seq++
-		m, err := nc.RequestMsg(l.message(id, seq), 60*time.Second)
+		m, err := l.ask(nc, l.message(id, seq))
 		switch {
 		case err != nil:
 			l.fail("request %s/%d: %v", id, seq, err)
@@ -557,7 +591,7 @@ func checkOrder(t *testing.T, id string, seqs []int, n int, exact bool) (duplica
 	return duplicates
 }
 
-func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
+func runHandoffUnderLoad(t *testing.T, key keying) {
 	c := newCluster(t, kvstate.BufferOptions{})
 	c.addAgent("a", nil)
 	c.addAgent("b", nil)
@@ -565,7 +599,7 @@ func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
 	c.allocate("a", moving...)
 	c.allocate("a", 0, 3, 4, 7) // the rest stays put
 
-	l := startLoad(c, moving, msgIDs)
+	l := startLoad(c, moving, key)
 	// Move the shards while the traffic flows: a->b, b->a, a->b. Each
 	// move waits until some traffic reached the new owner.
 	moves := 0
@@ -595,7 +629,7 @@ func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
 	total, dups := 0, 0
 	for id, n := range l.sent {
 		total += n
-		dups += checkOrder(t, id, c.rec.seqs(t, id), n, msgIDs)
+		dups += checkOrder(t, id, c.rec.seqs(t, id), n, key != noKey)
 	}
 	// Every entity saw the moves: its messages were handled by a, b, a, b.
 	for _, id := range l.pubIDs[:10] {
@@ -615,11 +649,11 @@ func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
 	if buffered == 0 || replayed == 0 {
 		t.Errorf("the moves buffered %d and replayed %d messages: the test did not exercise the buffer", buffered, replayed)
 	}
-	if msgIDs && dups != 0 {
-		t.Errorf("%d duplicates with Nats-Msg-Id", dups)
+	if key != noKey && dups != 0 {
+		t.Errorf("%d duplicates of messages with a key", dups)
 	}
-	if !msgIDs && skipped != 0 {
-		t.Errorf("%d held messages skipped without Nats-Msg-Id", skipped)
+	if key == noKey && skipped != 0 {
+		t.Errorf("%d held messages skipped without a key", skipped)
 	}
 	if l.answers.Load() == 0 {
 		t.Error("no request was answered")
@@ -630,12 +664,18 @@ func runHandoffUnderLoad(t *testing.T, msgIDs bool) {
 // while a publisher floods their entities and requesters wait for
 // answers: with Nats-Msg-Id, every entity handles exactly 1..n in order,
 // never in two regions at once, and every request is answered.
-func TestHandoffUnderLoad(t *testing.T) { runHandoffUnderLoad(t, true) }
+func TestHandoffUnderLoad(t *testing.T) { runHandoffUnderLoad(t, msgIDKey) }
+
+// TestHandoffUnderLoadWithUniqueReplies: messages without a header whose
+// reply subjects are marked unique (as natshard.Client's requests are)
+// are told from their copies by those: every entity handles exactly 1..n
+// in order.
+func TestHandoffUnderLoadWithUniqueReplies(t *testing.T) { runHandoffUnderLoad(t, uniqueKey) }
 
 // TestHandoffUnderLoadWithoutMsgID: without Nats-Msg-Id nothing is lost
 // and the order per entity holds, but the messages of the overlap (both
 // regions subscribed, steps 4/5) may be handled twice; they are counted.
-func TestHandoffUnderLoadWithoutMsgID(t *testing.T) { runHandoffUnderLoad(t, false) }
+func TestHandoffUnderLoadWithoutMsgID(t *testing.T) { runHandoffUnderLoad(t, noKey) }
 
 // request sends a request to entity id and returns the answer (nil on
 // timeout).

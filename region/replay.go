@@ -79,8 +79,9 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 }
 
 // deliverReplayed hands a replayed message to its entity, unless one with
-// its Nats-Msg-Id was delivered already (the buffer may hold a message
-// twice: a publisher's retry, or a copy diverted by two holders).
+// its key (protocol.MessageKey) was delivered already (the buffer may hold
+// a message twice: a publisher's retry, or a copy diverted by two
+// holders).
 //
 // Held arrivals come first when this message arrived here too: those that
 // arrived before its copy were, for each publisher, published before it.
@@ -102,31 +103,31 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		st.mu.Unlock()
 		return // dropped: the replay is being cancelled
 	}
-	mid := m.Header.Get(protocol.HeaderMsgID)
-	if mid != "" {
-		if _, dup := st.seen[mid]; dup {
+	key := protocol.MessageKey(m.Header, m.Reply)
+	if key != "" {
+		if _, dup := st.seen[key]; dup {
 			st.mu.Unlock()
 			a.stats.DuplicatesSkipped.Add(1)
-			a.trace(st, "replayed copy skipped", mid)
+			a.trace(st, "replayed copy skipped", key)
 			return
 		}
-		st.seen[mid] = struct{}{}
-		if i, ok := st.heldAt[mid]; ok && i >= st.heldNext {
+		st.seen[key] = struct{}{}
+		if i, ok := st.heldAt[key]; ok && i >= st.heldNext {
 			a.deliverHeldLocked(st, i)
 			st.heldNext, st.heldDups = i+1, st.heldDups+1 // held[i] is this message's copy
 		}
 	}
-	a.trace(st, "replayed", mid)
+	a.trace(st, "replayed", key)
 	a.host.deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 }
 
 // trace logs, at debug level, what the replay of st did with the message
-// with Nats-Msg-Id mid.
-func (a *Agent) trace(st *shardState, what, mid string) {
+// with key (protocol.MessageKey).
+func (a *Agent) trace(st *shardState, what, key string) {
 	if a.traceMsgs {
-		a.log.Debug(what, "shard", st.n, "handoff", st.handoff, "msg_id", mid)
+		a.log.Debug(what, "shard", st.n, "handoff", st.handoff, "msg_id", key)
 	}
 }
 
@@ -143,19 +144,20 @@ func (a *Agent) flushHeldLocked(st *shardState) (held, skipped int) {
 }
 
 // deliverHeldLocked delivers the held arrivals from st.heldNext up to
-// (not including) upTo, in arrival order, skipping those whose Nats-Msg-Id
-// was delivered already, and moves st.heldNext to upTo; st.mu is held.
+// (not including) upTo, in arrival order, skipping those whose key
+// (protocol.MessageKey) was delivered already, and moves st.heldNext to
+// upTo; st.mu is held.
 func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 	for _, h := range st.held[st.heldNext:upTo] {
-		mid := h.m.Header.Get(protocol.HeaderMsgID)
-		if mid != "" {
-			if _, dup := st.seen[mid]; dup {
+		key := protocol.MessageKey(h.m.Header, h.m.Reply)
+		if key != "" {
+			if _, dup := st.seen[key]; dup {
 				st.heldDups++
 				continue
 			}
-			st.seen[mid] = struct{}{}
+			st.seen[key] = struct{}{}
 		}
-		a.trace(st, "held message delivered", mid)
+		a.trace(st, "held message delivered", key)
 		a.host.deliver(st.n, h.id, h.m)
 	}
 	st.heldNext = upTo
@@ -163,8 +165,8 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 
 // goLive ends the replay of st: under the shard's lock it delivers the
 // held messages not delivered yet, in arrival order, skipping those whose
-// Nats-Msg-Id was delivered, and switches the shard to live. It reports
-// false when the shard was dropped meanwhile.
+// key (protocol.MessageKey) was delivered, and switches the shard to live.
+// It reports false when the shard was dropped meanwhile.
 func (a *Agent) goLive(st *shardState) bool {
 	st.mu.Lock()
 	if st.mode != modeHold {

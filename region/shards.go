@@ -90,10 +90,10 @@ type shardState struct {
 
 	// hold
 	held     []heldMsg           // arrivals, in order
-	heldAt   map[string]int      // index in held of the first arrival with this Nats-Msg-Id
+	heldAt   map[string]int      // index in held of the first arrival with this key (protocol.MessageKey)
 	heldNext int                 // held[:heldNext] were delivered or skipped (see deliverHeldLocked)
 	heldDups int                 // of those, skipped as copies of delivered messages
-	seen     map[string]struct{} // Nats-Msg-Id of the messages delivered since the bind
+	seen     map[string]struct{} // keys (protocol.MessageKey) of the messages delivered since the bind
 	cancel   context.CancelFunc  // ends the replay (and the purge after it)
 
 	// live, just after hold: seen is kept to skip late copies of replayed
@@ -114,12 +114,12 @@ func (st *shardState) currentMode() mode {
 }
 
 // lateCopy reports whether m, arriving at a live shard, is a copy of a
-// message the replay delivered, and forgets the replayed ids once the
+// message the replay delivered, and forgets the replayed keys once the
 // window for such copies has closed; st.mu is held.
 func (st *shardState) lateCopy(m *nats.Msg) bool {
-	if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
-		if _, dup := st.seen[mid]; dup {
-			delete(st.seen, mid) // a message reaches a subscription once
+	if key := protocol.MessageKey(m.Header, m.Reply); key != "" {
+		if _, dup := st.seen[key]; dup {
+			delete(st.seen, key) // a message reaches a subscription once
 			return true
 		}
 	}
@@ -167,12 +167,12 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d %s and region %s holds %d messages for it already", st.n, why, a.cfg.ID, a.cfg.MaxHeld)))
 			return
 		}
-		if mid := m.Header.Get(protocol.HeaderMsgID); mid != "" {
+		if key := protocol.MessageKey(m.Header, m.Reply); key != "" {
 			if st.heldAt == nil {
 				st.heldAt = make(map[string]int)
 			}
-			if _, again := st.heldAt[mid]; !again { // the first arrival is its place
-				st.heldAt[mid] = len(st.held)
+			if _, again := st.heldAt[key]; !again { // the first arrival is its place
+				st.heldAt[key] = len(st.held)
 			}
 		}
 		st.held = append(st.held, heldMsg{id: id, m: m})
@@ -294,7 +294,7 @@ func (st *shardState) stop(why string) {
 	st.mode = modeGone
 	var held []heldMsg // undelivered: refused below
 	for _, h := range st.held[st.heldNext:] {
-		if _, done := st.seen[h.m.Header.Get(protocol.HeaderMsgID)]; !done {
+		if _, done := st.seen[protocol.MessageKey(h.m.Header, h.m.Reply)]; !done {
 			held = append(held, h)
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 
 	"github.com/natshard/natshard"
-	"github.com/natshard/natshard/protocol"
 )
 
 // entity is one entity of the app. The region calls it one message at a
@@ -82,10 +81,10 @@ func (e *entity) Handle(ctx context.Context, m *natshard.Message) ([]byte, error
 		h[HeaderSeq] = []string{strconv.FormatUint(m.Seq, 10)}
 	}
 	h[HeaderRequest] = []string{strconv.FormatBool(m.Reply != "")}
+	if key := m.Key(); key != "" {
+		h[HeaderMsgID] = []string{key}
+	}
 	if len(m.Header) > 0 {
-		if id := m.Header.Get(protocol.HeaderMsgID); id != "" {
-			h[HeaderMsgID] = []string{id}
-		}
 		// A map of string slices always encodes.
 		j, _ := json.Marshal(m.Header)
 		h[HeaderHeaders] = []string{string(j)}

@@ -34,7 +34,7 @@ const (
 // Headers of the calls to the app (see docs/SIDECAR.md).
 const (
 	HeaderShard    = "Natshard-Shard"     // the entity's shard
-	HeaderMsgID    = "Natshard-Msg-Id"    // the message's Nats-Msg-Id, when it has one
+	HeaderMsgID    = "Natshard-Msg-Id"    // the message's key (Message.Key), when it has one
 	HeaderRequest  = "Natshard-Request"   // "true": a requester waits for the answer; "false": a publish
 	HeaderHeaders  = "Natshard-Headers"   // the message's NATS headers, as a JSON object of arrays
 	HeaderStateURL = "Natshard-State-Url" // the state API's base URL

@@ -1,0 +1,41 @@
+package protocol
+
+import (
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// UniqueReplyMark starts the last token of a reply subject that its
+// sender promises no other message carries, such as
+// "_INBOX.kQ3x9.~4fz1k2": the reply subject is then the message's key
+// (MessageKey), as a Nats-Msg-Id would be. natshard's Client sends its
+// core requests so, without a header: a header costs a map on both sides
+// (issue 14), and the unique reply subject that a request has anyway
+// does the same work.
+const UniqueReplyMark = "~"
+
+// MessageKey is what tells a message from the copies of it that a
+// handoff can make (the old owner buffers it while the new one holds it;
+// PROTOCOL.md): its Nats-Msg-Id, or else its reply subject when the
+// last token of that starts with UniqueReplyMark; "" when it has
+// neither, so that a copy of it cannot be told from another message with
+// the same contents. Any other reply subject is no key: a publisher may
+// give many messages one reply subject, and skipping them as copies
+// would lose them.
+func MessageKey(h nats.Header, reply string) string {
+	if id := h.Get(HeaderMsgID); id != "" {
+		return id
+	}
+	if UniqueReply(reply) {
+		return reply
+	}
+	return ""
+}
+
+// UniqueReply reports whether reply is marked unique: its last token
+// starts with UniqueReplyMark.
+func UniqueReply(reply string) bool {
+	last := reply[strings.LastIndexByte(reply, '.')+1:]
+	return strings.HasPrefix(last, UniqueReplyMark)
+}
