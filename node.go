@@ -653,7 +653,7 @@ type Stats struct {
 	Replayed          uint64 // buffered messages replayed to entities
 	Held              uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	HeldOverflow      uint64 // arrivals refused while replaying or suspended: too many held
-	DuplicatesSkipped uint64 // copies skipped by their Nats-Msg-Id
+	DuplicatesSkipped uint64 // copies skipped by their key (Message.Key: a Nats-Msg-Id, or a request's reply subject marked unique)
 	CommandsRefused   uint64 // coordinator commands refused (stale epoch, another incarnation, garbage, or closing, not registered, suspended)
 
 	BufferFull      uint64 // of BufferFailed, refused because the shard's buffer was full

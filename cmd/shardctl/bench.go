@@ -106,7 +106,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Window, "window", 20_000, "most messages published and not yet received (flow control, both sides)")
 	fs.IntVar(&c.Rounds, "rounds", 5, "throughput runs per side, raw and natshard alternating; the median is reported")
 	fs.IntVar(&c.Requests, "requests", 5000, fmt.Sprintf("requests per side in the latency run, and %d times that per round in the concurrent (--callers) and pipelined (%d in flight) runs; durable: messages published one at a time, publish to handled (0: none)", requestFactor, pipelineWindow))
-	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request and against nc.RequestMsg carrying a Nats-Msg-Id as the client's requests do; %d rounds per side, the three sides taking turns (0, or --requests 0: no such run)", requestRounds))
+	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request; %d rounds per side, the sides taking turns (0, or --requests 0: no such run)", requestRounds))
 	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
@@ -463,16 +463,9 @@ type latencySide struct {
 // nc.Request (to the raw responders), on the same connection; Rounds
 // rounds per side, the sides taking turns going first. Ratio is the
 // median of the rounds' ratios, natshard over raw.
-//
-// WithID compares the same natshard rounds with a third side's:
-// nc.RequestMsg carrying what the client puts on every request, a
-// Nats-Msg-Id header (its resends and a move's late copies are
-// recognised by it): how much of the difference is that header rather
-// than natshard.
 type concurrentResult struct {
 	Callers int `json:"callers"`
 	requestRuns
-	WithID requestRuns `json:"with_msg_id"`
 }
 
 // pipelinedResult is the run of pipelined requests: one publisher keeps
@@ -547,11 +540,6 @@ func (r *benchResult) print(out io.Writer) error {
 			rows = append(rows,
 				[]any{fmt.Sprintf("req/s, %d callers", cr.Callers), fmt.Sprintf("%.0f (Client)", cr.Natshard.ReqsPerSec), fmt.Sprintf("%.0f (nc.Request)", cr.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", cr.Ratio)},
 				[]any{"req/s (rounds)", joinRates(cr.Natshard.RoundsPerSec, "%.0f"), joinRates(cr.Raw.RoundsPerSec, "%.0f"), joinRates(cr.RoundsRatio, "%.2f")})
-			if w := cr.WithID; len(w.RoundsRatio) > 0 {
-				rows = append(rows,
-					[]any{"  raw with Nats-Msg-Id", "(rounds above)", fmt.Sprintf("%.0f (nc.RequestMsg)", w.Raw.ReqsPerSec), fmt.Sprintf("x%.2f (median of rounds)", w.Ratio)},
-					[]any{"  req/s (rounds)", "", joinRates(w.Raw.RoundsPerSec, "%.0f"), joinRates(w.RoundsRatio, "%.2f")})
-			}
 		}
 		if pr := r.Pipelined; pr != nil {
 			rows = append(rows,

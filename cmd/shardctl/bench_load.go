@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -595,9 +594,8 @@ const (
 // concurrent runs cfg.Callers callers, requestRounds rounds per side,
 // each round requestFactor*cfg.Requests requests to the entities
 // round-robin: through a natshard.Client on the requester's connection,
-// and with nc.Request on it to the raw responders, without and with a
-// Nats-Msg-Id (the client puts one); the three sides take turns going
-// first, and both raw sides are compared with the same natshard rounds.
+// and with nc.Request on it to the raw responders; the sides take turns
+// going first.
 func (b *bench) concurrent() (*concurrentResult, error) {
 	c := b.cfg
 	opts := []natshard.ClientOption{natshard.WithTimeout(c.Timeout)}
@@ -609,35 +607,24 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 		return nil, fmt.Errorf("client request: %w", err)
 	}
 	n := requestFactor * c.Requests
-	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: n, Rounds: requestRounds},
-		WithID: requestRuns{Requests: n, Rounds: requestRounds}}
+	res := &concurrentResult{Callers: c.Callers, requestRuns: requestRuns{Requests: n, Rounds: requestRounds}}
 	var done atomic.Int64
-	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(3*requestRounds*n), done.Load)
+	b.prog.phase(fmt.Sprintf("requests, %d callers", c.Callers), int64(2*requestRounds*n), done.Load)
 	defer b.prog.clear()
-	// A round of one side: natshard's (raw nil), or raw NATS's with or
-	// without a Nats-Msg-Id on each request.
-	round := func(raw *requestRuns) (float64, int64, error) {
-		withID := raw == &res.WithID
+	// A round of one side: natshard's, or raw NATS's.
+	round := func(nat bool) (float64, int64, error) {
 		var next, errs atomic.Int64
 		var firstErr atomic.Pointer[error]
 		var wg sync.WaitGroup
 		t0 := time.Now()
 		for range c.Callers {
 			wg.Go(func() {
-				// A caller's own ids: nuid.Next takes a lock that the
-				// whole process shares, which the client avoids too.
-				msgIDs := nuid.New()
 				for i := int(next.Add(1)) - 1; i < n && b.ctx.Err() == nil; i = int(next.Add(1)) - 1 {
 					e := i % len(b.ids)
 					var err error
-					switch {
-					case raw == nil:
+					if nat {
 						_, err = client.Request(b.ctx, b.sys.typ, b.ids[e], b.reqBody)
-					case withID:
-						m := &nats.Msg{Subject: b.rawSubj[e], Data: b.reqBody, Header: nats.Header{}}
-						m.Header.Set(protocol.HeaderMsgID, msgIDs.Next())
-						_, err = b.requester.RequestMsg(m, c.Timeout)
-					default:
+					} else {
 						_, err = b.requester.Request(b.rawSubj[e], b.reqBody, c.Timeout)
 					}
 					done.Add(1)
@@ -658,43 +645,35 @@ func (b *bench) concurrent() (*concurrentResult, error) {
 		}
 		return float64(n) / d.Seconds(), errs.Load(), nil
 	}
-	if err := alternate([]*requestRuns{&res.requestRuns, &res.WithID}, round); err != nil {
+	if err := res.alternate(round); err != nil {
 		return nil, fmt.Errorf("concurrent callers' run: %w", err)
 	}
 	return res, nil
 }
 
-// alternate runs the rounds of natshard's side (run(nil)) and of each
-// raw side (run(raw)), the sides taking turns going first, and sets the
-// rates and ratios of each raw side against natshard's rounds, which
-// they share. run returns a round's requests per second and its errors.
-func alternate(raws []*requestRuns, run func(raw *requestRuns) (float64, int64, error)) error {
-	sides := append([]*requestRuns{nil}, raws...)
-	var nat concurrentSide
-	for round := range raws[0].Rounds {
-		for k := range sides {
-			raw := sides[(round+k)%len(sides)]
-			side := &nat
-			if raw != nil {
-				side = &raw.Raw
+// alternate runs r.Rounds rounds of natshard's side (run(true)) and of
+// raw NATS's (run(false)), the sides taking turns going first, and sets
+// r's rates and ratios. run returns a round's requests per second and its
+// errors.
+func (r *requestRuns) alternate(run func(nat bool) (float64, int64, error)) error {
+	for round := range r.Rounds {
+		for _, nat := range []bool{round%2 == 0, round%2 == 1} {
+			side := &r.Raw
+			if nat {
+				side = &r.Natshard
 			}
-			rate, errs, err := run(raw)
+			rate, errs, err := run(nat)
 			side.Errors += errs
 			if err != nil {
 				return err
 			}
 			side.RoundsPerSec = append(side.RoundsPerSec, rate)
 		}
+		r.RoundsRatio = append(r.RoundsRatio, r.Natshard.RoundsPerSec[round]/r.Raw.RoundsPerSec[round])
 	}
-	nat.ReqsPerSec = median(nat.RoundsPerSec)
-	for _, r := range raws {
-		r.Natshard = nat
-		for round, rate := range r.Raw.RoundsPerSec {
-			r.RoundsRatio = append(r.RoundsRatio, nat.RoundsPerSec[round]/rate)
-		}
-		r.Raw.ReqsPerSec = median(r.Raw.RoundsPerSec)
-		r.Ratio = median(r.RoundsRatio)
-	}
+	r.Natshard.ReqsPerSec = median(r.Natshard.RoundsPerSec)
+	r.Raw.ReqsPerSec = median(r.Raw.RoundsPerSec)
+	r.Ratio = median(r.RoundsRatio)
 	return nil
 }
 
@@ -788,7 +767,7 @@ func (b *bench) pipelined() (*pipelinedResult, error) {
 		}
 		return rate, r.errs.Load(), nil
 	}
-	if err := alternate([]*requestRuns{&res.requestRuns}, func(raw *requestRuns) (float64, int64, error) { return one(raw == nil) }); err != nil {
+	if err := res.alternate(one); err != nil {
 		return nil, fmt.Errorf("pipelined requests: %w", err)
 	}
 	return res, nil

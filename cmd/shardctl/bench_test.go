@@ -72,12 +72,12 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 	if cr == nil {
 		t.Fatal("no concurrent callers' run")
 	}
-	for name, side := range map[string]concurrentSide{"natshard": cr.Natshard, "raw": cr.Raw, "natshard (beside raw with ids)": cr.WithID.Natshard, "raw with ids": cr.WithID.Raw} {
+	for name, side := range map[string]concurrentSide{"natshard": cr.Natshard, "raw": cr.Raw} {
 		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != requestRounds {
 			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, requestRounds)
 		}
 	}
-	if cr.Callers != res.Config.Callers || cr.Requests != requestFactor*requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds || cr.WithID.Ratio <= 0 || len(cr.WithID.RoundsRatio) != requestRounds {
+	if cr.Callers != res.Config.Callers || cr.Requests != requestFactor*requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds {
 		t.Errorf("concurrent callers: %+v, config %+v", cr, res.Config)
 	}
 }

@@ -205,9 +205,8 @@ entities beside the same workload on raw NATS, with the ratio.
 --delivery durable (or both) does the same with a type of durable
 delivery, publishing through JetStream, beside raw JetStream.
 It also runs requests from concurrent callers (--callers, 64 by default)
-through natshard.Client beside nc.Request, and beside nc.RequestMsg
-carrying a Nats-Msg-Id as the client's requests do, and pipelined
-requests (%d in flight) beside a plain responder. --handoff and
+through natshard.Client beside nc.Request, and pipelined requests
+(%d in flight) beside a plain responder. --handoff and
 --failover add handoffs under load, and crashes of regions and of the
 coordinator.`, pipelineWindow),
 			examples: `shardctl bench
