@@ -39,10 +39,16 @@ const attemptTimeout = 5 * time.Second
 // nats.CustomInboxPrefix applies), made at the first core request and
 // ended when the connection closes, as nc.Request's is.
 //
-// Every message it sends carries a Nats-Msg-Id, unique unless MsgID gives
-// one: while a shard moves, its messages may reach both the old and the
-// new owner, and the new owner skips the copies by that id, so a message
-// is handled once through planned moves (DESIGN.md 7). When the context
+// Every message it sends has a key, unique unless MsgID gives one: while
+// a shard moves, its messages may reach both the old and the new owner,
+// and the new owner skips the copies by that key, so a message is handled
+// once through planned moves (DESIGN.md 7). A publish carries its key in
+// a Nats-Msg-Id header. A core request carries no header (unless MsgID,
+// Header or a trace context give it one): its reply subject,
+// <inbox>.~<token>, is unique and marked so (protocol.UniqueReplyMark),
+// and is its key; it keeps it when it is sent again (after a refusal, or
+// WithResend). A header would cost a map where it is made and where it
+// is read, and nothing more would be learnt from it. When the context
 // of a call holds an OpenTelemetry span (an entity's Handle context of a
 // traced message does), the message carries it as W3C trace context
 // (traceparent), unless a Header option gave one.
@@ -97,13 +103,13 @@ func WithPrefix(data string) ClientOption { return func(c *Client) { c.prefix = 
 // DefaultTimeout).
 func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
 
-// WithResend sends a request again, with the same Nats-Msg-Id, when no
-// answer came after d: a request
+// WithResend sends a request again, with the same key (its reply
+// subject, or MsgID's), when no answer came after d: a request
 // delivered to a region that crashed before answering is then answered by
 // the shard's next owner. An entity may thus handle a request twice when
 // its process crashed after handling it and before the answer left: use
 // it for idempotent requests, or where that is acceptable. (During planned
-// moves, a copy is skipped by its Nats-Msg-Id.)
+// moves, a copy is skipped by its key.)
 func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resend = d } }
 
 // NewClient returns a client on nc. The connection stays the caller's.
@@ -119,7 +125,8 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 type SendOption func(*nats.Msg)
 
 // MsgID sets the message's idempotency key, its Nats-Msg-Id header (by
-// default a unique one): copies of a message with one key are skipped
+// default a unique one: a Nats-Msg-Id on a publish, the reply subject of
+// a core request): copies of a message with one key are skipped
 // while its shard moves, and by JetStream's duplicate window where a
 // stream stores it. Give the same key to a message sent again after a
 // failure.

@@ -49,8 +49,9 @@
 // A shard is served by one process at a time: a process that loses its
 // connection, or cannot renew its registration, stops serving at once. A
 // planned move (a process joining or leaving, a rebalance, shardctl move)
-// loses no message; messages carrying a Nats-Msg-Id (MsgID) are handled
-// once, others at least once. A crash loses the messages in the dead
+// loses no message; messages with a key (Message.Key: a Nats-Msg-Id, or
+// the reply subject of a Client's request) are handled once, others at
+// least once. A crash loses the messages in the dead
 // process and those published before its shards were parked (a few
 // hundred milliseconds). docs/GUIDE.md walks through a first type,
 // docs/PROTOCOL.md says how it works, docs/FAULTS.md what each fault
