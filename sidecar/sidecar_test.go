@@ -26,7 +26,9 @@ var quiet = slog.New(slog.DiscardHandler)
 
 // recApp is an app in Go that checks what the contract promises: an
 // entity's calls come one at a time (activate, messages, stop), messages
-// only to an active entity, numbered messages in order; and it keeps a
+// only to an active entity, numbered messages in order, each with its key
+// (Natshard-Msg-Id: the test's messages all come from natshard.Client);
+// and it keeps a
 // counter per entity through the state API (loaded at activation, written
 // with If-Match at every message). It counts its calls in flight and its
 // open connections.
@@ -158,6 +160,11 @@ func (a *recApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.stops++
 		a.mu.Unlock()
 	case "entities":
+		// natshard.Client gives every message a key: a publish its
+		// Nats-Msg-Id, a request its reply subject (and no header).
+		if r.Header.Get(sidecar.HeaderMsgID) == "" {
+			a.violate("%s: a message (%q) without %s", key, body, sidecar.HeaderMsgID)
+		}
 		if c == nil {
 			a.violate("%s: a message while not active", key)
 			http.Error(w, "not active", http.StatusConflict)
