@@ -124,12 +124,12 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 // A SendOption configures one message.
 type SendOption func(*nats.Msg)
 
-// MsgID sets the message's idempotency key, its Nats-Msg-Id header (by
-// default a unique one: a Nats-Msg-Id on a publish, the reply subject of
-// a core request): copies of a message with one key are skipped
-// while its shard moves, and by JetStream's duplicate window where a
-// stream stores it. Give the same key to a message sent again after a
-// failure.
+// MsgID sets the message's idempotency key, in a Nats-Msg-Id header.
+// Without it the key is unique: a Nats-Msg-Id of the client's on a
+// publish, the reply subject of a core request. Copies of a message with
+// one key are skipped while its shard moves, and by JetStream's duplicate
+// window where a stream stores it. Give the same key to a message sent
+// again after a failure.
 func MsgID(key string) SendOption {
 	return func(m *nats.Msg) { m.Header.Set(protocol.HeaderMsgID, key) }
 }

@@ -50,7 +50,8 @@ type Message struct {
 // unique (protocol.MessageKey), as natshard's Client does for its core
 // requests, which carry no header. A copy of the message that a handoff
 // made is skipped by it; a message sent again after a failure has the
-// same only if its sender gave it the same Nats-Msg-Id.
+// same key only if its sender gave it the same (the Client does, to a
+// request it sends again within one call).
 func (m *Message) Key() string { return protocol.MessageKey(m.Header, m.Reply) }
 
 // Reminder is the name of the reminder that sent the message (durable
