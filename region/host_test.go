@@ -269,11 +269,12 @@ func TestHostConcurrentEntities(t *testing.T) {
 	}
 }
 
-// TestHostWorkersExit: the workers a burst started park when it is over
-// and reap ends them (a worker parks for idleKeep to twice that); the
-// host starts workers again for its next burst.
+// TestHostWorkersExit: the workers a burst started park when it is over,
+// maxIdleWorkers of them at most (the others exit), and reap ends them (a
+// worker parks for idleKeep to twice that); the host starts workers again
+// for its next burst.
 func TestHostWorkersExit(t *testing.T) {
-	const n = 20
+	const n = maxIdleWorkers + 16 // more than may park
 	baseline := runtime.NumGoroutine()
 	var (
 		block   atomic.Pointer[chan struct{}]
@@ -304,11 +305,18 @@ func TestHostWorkersExit(t *testing.T) {
 			rec.next(t)
 		}
 		deadline := time.Now().Add(20 * idleKeep)
-		for parked() > 0 || runtime.NumGoroutine() > baseline {
+		most := 0 // workers parked at once
+		for p := parked(); p > 0 || runtime.NumGoroutine() > baseline; p = parked() {
+			most = max(most, p)
 			if time.Now().After(deadline) {
-				t.Fatalf("burst %d: %v after it, %d workers parked, %d goroutines (%d at the start)", burst, 20*idleKeep, parked(), runtime.NumGoroutine(), baseline)
+				t.Fatalf("burst %d: %v after it, %d workers parked, %d goroutines (%d at the start)", burst, 20*idleKeep, p, runtime.NumGoroutine(), baseline)
 			}
 			time.Sleep(10 * time.Millisecond)
+		}
+		// A worker stays parked for idleKeep at least: the sampling saw
+		// them, never more than the bound.
+		if most == 0 || most > maxIdleWorkers {
+			t.Fatalf("burst %d: %d workers parked at most, want 1 to %d", burst, most, maxIdleWorkers)
 		}
 	}
 }
