@@ -371,13 +371,13 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: its stored strategy: %w", t.Name, err)
 	}
-	buffer, err := kvstate.OpenBuffer(ctx, n.js, subjects, kvstate.BufferOptions{Replicas: t.Replicas, MaxPerShard: int64(t.BufferSize), MaxBytes: t.BufferBytes, Logger: log})
+	buffer, err := kvstate.OpenBuffer(ctx, n.js, subjects, kvstate.BufferOptions{Replicas: t.Replicas, MaxPerShard: int64(t.BufferSize), MaxBytes: t.BufferBytes, Shards: t.Shards, Logger: log})
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: open its handoff buffer: %w%s", t.Name, err, spaceHint(err, "BufferBytes", t.BufferBytes))
 	}
 	var stream *kvstate.Stream
 	if t.Delivery == Durable {
-		if stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Logger: log}); err != nil {
+		if stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Shards: t.Shards, Logger: log}); err != nil {
 			return fmt.Errorf("natshard: type %q: open its message stream: %w%s", t.Name, err, spaceHint(err, "StreamBytes", t.StreamBytes))
 		}
 	}

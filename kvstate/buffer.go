@@ -118,6 +118,9 @@ type BufferOptions struct {
 	// which is kept for end markers.
 	MaxBytes int64
 	Timeout  time.Duration // per operation when ctx has none; 0 means 5s
+	// Shards of the type: a Replay has a consumer per shard, so an
+	// existing stream that allows fewer is reported (Logger).
+	Shards int
 	// Logger, when set, gets a warning every replayWatch while a Replay
 	// waits for its end marker, with what its consumer says.
 	Logger *slog.Logger
@@ -175,7 +178,8 @@ func BufferStream(typ string) string { return "natshard_buf_" + typ }
 // OpenBuffer creates or binds the type's buffer stream: file storage,
 // MaxMsgsPerSubject MaxPerShard with DiscardNew per subject (a full buffer
 // refuses new messages instead of dropping old ones), duplicate window 2
-// minutes (publishers' Nats-Msg-Id de-duplicate), MaxAge 24h.
+// minutes (publishers' Nats-Msg-Id de-duplicate), MaxAge 24h, room for a
+// replay consumer per shard (see consumerRoom).
 //
 // An existing stream is bound as it is, never updated (its replicas and
 // limits win over opts); it must capture subjects.BufferAll(), otherwise
@@ -225,7 +229,7 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
-	stream, err := own.CreateStream(ctx, jetstream.StreamConfig{
+	stream, err := createStream(ctx, own, jetstream.StreamConfig{
 		Name:                 b.name,
 		Description:          "natshard handoff buffer of type " + subjects.Type(),
 		Subjects:             []string{subjects.BufferAll()},
@@ -250,6 +254,7 @@ func OpenBuffer(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	}
 	b.stream = stream
 	info := stream.CachedInfo()
+	warnConsumerRoom(ctx, own, opts.Logger, info, opts.Shards)
 	b.spaceLog = newSpaceLog(opts.Logger, b.name, info.Config.MaxBytes)
 	b.space = newBudget(b.name, info.Config.MaxBytes, int64(info.State.Bytes), "a moving shard's message",
 		streamBytes(own, b.name))

@@ -40,7 +40,11 @@ type StreamOptions struct {
 	// says "maximum bytes exceeded", ErrNoSpace), never drops acknowledged
 	// ones. An existing stream keeps its own.
 	MaxBytes int64
-	// Logger, when set, gets a warning when the stream has no byte limit.
+	// Shards of the type: the stream has a consumer per shard, so an
+	// existing stream that allows fewer is reported (Logger).
+	Shards int
+	// Logger, when set, gets a warning when the stream has no byte limit,
+	// or too little room for consumers.
 	Logger *slog.Logger
 }
 
@@ -141,7 +145,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	// A server older than 2.12 ignores the setting: its stream would keep
 	// the schedules and never send them (Remind says so).
 	s.schedules = remind.CachedInfo().Config.AllowMsgSchedules
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
+	stream, err := createStream(ctx, js, jetstream.StreamConfig{
 		Name:        s.name,
 		Description: "natshard messages of type " + subjects.Type() + " (durable delivery)",
 		Subjects:    []string{subjects.AllData()},
@@ -170,6 +174,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	if err != nil {
 		return nil, translate(fmt.Errorf("open message stream %s: %w", s.name, err), ErrConflict)
 	}
+	warnConsumerRoom(ctx, js, opts.Logger, stream.CachedInfo(), opts.Shards)
 	if stream.CachedInfo().Config.MaxBytes <= 0 && opts.Logger != nil {
 		opts.Logger.Warn("the type's message stream has no byte limit: a full JetStream store would stop the type's leases (docs/OPERATIONS.md, Storage); set one with nats stream edit --max-bytes",
 			"stream", s.name)
