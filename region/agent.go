@@ -132,6 +132,7 @@ type Agent struct {
 
 	events   chan Event    // to the driver
 	loopDone chan struct{} // closed when the driver returned
+	replays  chan struct{} // a slot per replay reading its buffer (maxReplays)
 
 	// The driver's own, touched by no other goroutine.
 	core    *Core
@@ -243,6 +244,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		loopDone: make(chan struct{}),
 		replyTo:  make(map[uint64]*nats.Msg),
 		done:     make(chan struct{}),
+		replays:  make(chan struct{}, maxReplays),
 	}
 	a.traceMsgs = a.log.Enabled(context.Background(), slog.LevelDebug)
 	if err := a.checkIDFree(ctx); err != nil {

@@ -563,3 +563,49 @@ func TestSuspendAndConfirm(t *testing.T) {
 		t.Fatalf("confirmed %d times, want 1", c)
 	}
 }
+
+// TestReplaysBounded: a region given many shards at once (a type's first
+// allocation) reads at most 64 of their buffers at once (maxReplays), each
+// with a consumer on the buffer stream; the others wait, and every shard
+// goes live once its end marker is written. A region given 1 024 shards
+// started 1 024 replays, and JetStream, under that load, could no longer
+// renew the leases in time (integration.TestRebalanceAtHandoffSpeed).
+func TestReplaysBounded(t *testing.T) {
+	const n, most = 200, 64
+	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.Shards = n })
+	all := make([]int, n)
+	ids := make([]uint64, n)
+	for i := range all {
+		all[i] = i
+		f.handoff++
+		ids[i] = f.handoff
+	}
+	// Bound, their markers not written yet: their replays wait.
+	if r := f.send(t, protocol.Command{Kind: protocol.CmdBind, Epoch: f.epoch, Incarnation: f.inc, Shards: all, Handoffs: ids}); r.Error != "" || len(r.Held) != n {
+		t.Fatalf("bind: %+v", r)
+	}
+	stream, err := natstest.JetStream(t, f.nc).Stream(context.Background(), kvstate.BufferStream("kv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers := func() int {
+		info, err := stream.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Consumers
+	}
+	waitFor(t, fmt.Sprintf("%d replays reading", most), func() bool { return consumers() >= most })
+	for range 10 {
+		if c := consumers(); c > most {
+			t.Fatalf("%d consumers on the buffer: more replays than %d at once", c, most)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i, s := range all {
+		if _, err := f.buffer.Mark(context.Background(), s, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every shard live", func() bool { return f.agent.Status().Live == n })
+}

@@ -10,6 +10,19 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
+// maxReplays bounds the replays of a region that read their buffers at
+// once; the others wait, holding their shards' arrivals. Each has a
+// consumer on the buffer stream and a pull request outstanding, and
+// makes a few JetStream API requests to start: a region given 1 024
+// shards at once (a type's first allocation) started as many, and
+// JetStream, under that load, could no longer renew the leases in time
+// (integration.TestRebalanceAtHandoffSpeed on a 2-core machine with the
+// race detector: every region fenced, coordinators stepping down, for
+// two minutes). A waiting replay delays no other step: the region has
+// reported the shard bound already, and the source (or the parking
+// coordinator) appends the end marker without it.
+const maxReplays = 64
+
 // replay is the goroutine of a binding shard (modeHold): it replays the
 // shard's buffer up to the end marker handoff, delivering each message to
 // its entity at once (the source may still be appending meanwhile), then
@@ -25,6 +38,12 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 		case <-ctx.Done():
 			return
 		}
+	}
+	select {
+	case a.replays <- struct{}{}:
+		defer func() { <-a.replays }()
+	case <-ctx.Done():
+		return
 	}
 	// A failed attempt is retried from the start of the buffer, which
 	// nobody purges while this replay runs: the messages the earlier
