@@ -9,15 +9,15 @@ import (
 )
 
 // consumerRoom is the MaxConsumers of the streams that hold a consumer
-// per shard: the buffer (a replay consumer per shard being bound, and
-// those of replays that ended and that the server has not removed yet)
-// and the message stream of durable delivery (one per shard). Since 2.12
-// a nats-server allows defaultMaxConsumers consumers per stream unless
-// the stream or its account sets a number (the server's
-// default_max_consumers), and an unlimited stream (-1) sets none: the
-// replays of a type of 1 024 shards, bound at once, were refused with
-// "maximum consumers limit reached" and tried again until JetStream was
-// too busy to renew the leases (TestRebalanceAtHandoffSpeed, in CI).
+// per shard: the message stream of durable delivery (one per shard, for
+// good) and the buffer (a replay consumer per shard being bound, at most
+// 64 per region, and those of replays that ended and that the server has
+// not removed yet). Since 2.12 a nats-server allows defaultMaxConsumers
+// consumers per stream unless the stream or its account sets a number
+// (the server's default_max_consumers), and an unlimited stream (-1) sets
+// none: a durable type of more shards could not consume them all, and
+// the replays of 1 024 shards bound at once were refused with "maximum
+// consumers limit reached" (TestRebalanceAtHandoffSpeed, in CI).
 const consumerRoom = 2 * protocol.MaxShards
 
 // defaultMaxConsumers is nats-server's default_max_consumers (2.12 and
