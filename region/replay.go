@@ -11,7 +11,9 @@ import (
 )
 
 // maxReplays bounds the replays of a region that read their buffers at
-// once; the others wait, holding their shards' arrivals. Each has a
+// once (as many as the coordinator's moves in flight by default,
+// coordinator.DefaultMaxMoves); the others wait, holding their shards'
+// arrivals. Each has a
 // consumer on the buffer stream and a pull request outstanding, and
 // makes a few JetStream API requests to start: a region given 1 024
 // shards at once (a type's first allocation) started as many, and
