@@ -48,7 +48,7 @@ func (p *parker) park(shard int, handoff uint64) error {
 	trace := p.log.Enabled(context.Background(), slog.LevelDebug)
 	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
 		if trace {
-			p.log.Debug("parked a message", "shard", shard, "msg_id", protocol.MessageKey(m.Header, m.Reply))
+			p.log.Debug("parked a message", "shard", shard, "key", protocol.MessageKey(m.Header, m.Reply))
 		}
 		if p.stats != nil {
 			p.stats.ParkedMessages.Add(1)

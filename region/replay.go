@@ -13,13 +13,12 @@ import (
 // maxReplays bounds the replays of a region that read their buffers at
 // once (as many as the coordinator's moves in flight by default,
 // coordinator.DefaultMaxMoves); the others wait, holding their shards'
-// arrivals. Each has a
-// consumer on the buffer stream and a pull request outstanding, and
-// makes a few JetStream API requests to start: a region given 1 024
-// shards at once (a type's first allocation) started as many, and
-// JetStream, under that load, could no longer renew the leases in time
-// (integration.TestRebalanceAtHandoffSpeed on a 2-core machine with the
-// race detector: every region fenced, coordinators stepping down, for
+// arrivals. Each has a consumer on the buffer stream and a pull request
+// outstanding, and makes a few JetStream API requests to start: a region
+// given 1 024 shards at once (a type's first allocation) started as many,
+// and JetStream, under that load, could no longer renew the leases in
+// time (integration.TestRebalanceAtHandoffSpeed on a 2-core machine with
+// the race detector: every region fenced, coordinators stepping down, for
 // two minutes). A waiting replay delays no other step: the region has
 // reported the shard bound already, and the source (or the parking
 // coordinator) appends the end marker without it.
@@ -148,7 +147,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 // with key (protocol.MessageKey).
 func (a *Agent) trace(st *shardState, what, key string) {
 	if a.traceMsgs {
-		a.log.Debug(what, "shard", st.n, "handoff", st.handoff, "msg_id", key)
+		a.log.Debug(what, "shard", st.n, "handoff", st.handoff, "key", key)
 	}
 }
 
