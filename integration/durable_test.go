@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,6 +72,31 @@ func TestDurableCrash(t *testing.T) {
 	})
 }
 
+// firstParked reads the log of the coordinator p: when it parked its
+// first message of each shard after since.
+func firstParked(t *testing.T, p *proc, since time.Time) map[int]time.Time {
+	t.Helper()
+	parked := map[int]time.Time{}
+	sc := bufio.NewScanner(strings.NewReader(p.log.String()))
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `msg="parked a message"`) {
+			continue
+		}
+		field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, field)
+		_, rest, ok := strings.Cut(line, " shard=")
+		shard, serr := strconv.Atoi(strings.Fields(rest + " ")[0])
+		if err != nil || !ok || serr != nil {
+			t.Fatalf("a line of %s's log: %q", p.name, line)
+		}
+		if _, seen := parked[shard]; !seen && at.After(since) {
+			parked[shard] = at
+		}
+	}
+	return parked
+}
+
 // noCoordinator is args of a region that never coordinates.
 func noCoordinator(args []string) []string {
 	return slices.Concat(args, []string{"--no-coordinator"})
@@ -98,15 +125,19 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 	t0 := time.Now()
 	switch kill {
 	case "region":
+		coordinator := st.Coordinator.Region
 		procs[victim].kill()
-		if delivery == "core" && cluster == nil {
-			// The coordinator reads the embedded server's disconnect
-			// advisories: the dead region's shards are parked within
-			// milliseconds, and little is published to it meanwhile
-			// (issue 17: 183 of about 17 000 before, by probes).
-			load.maxLost = 0.01
-		}
 		st = waitSettled(t, nc, subjects, 90*time.Second, without([]string{"a", "b", "c"}, victim)...)
+		if delivery == "core" {
+			// DESIGN.md 7: what was published to the dead region's
+			// shards before they were parked is lost, nothing after. (The
+			// share lost depends on how soon the coordinator parks them:
+			// within milliseconds with the embedded server's disconnect
+			// advisories, but under load, as in CI, up to half a second,
+			// 1.8 % of the values; issue 17: 183 of about 17 000 by
+			// probes.)
+			load.parked = firstParked(t, procs[coordinator], t0)
+		}
 		t.Logf("%s kill -9 of region %s (%s): its shards served again after %s", delivery, victim, t.Name(), time.Since(t0).Round(time.Millisecond))
 	case "server":
 		server, err := cluster.serverOf("shardd " + victim)
@@ -163,12 +194,18 @@ type appendLoad struct {
 	wg       sync.WaitGroup
 
 	mu       sync.Mutex
-	accepted [][]int // per entity: the values the stream acknowledged (core: published), in order
-	unknown  [][]int // per entity: values whose publish failed (may be stored)
+	accepted [][]int       // per entity: the values the stream acknowledged (core: published), in order
+	sentAt   [][]time.Time // per entity: when each accepted value's publish began
+	unknown  [][]int       // per entity: values whose publish failed (may be stored)
 	sent     atomic.Int64
 	// maxLost: core delivery; check fails when more than this fraction
 	// of the published values is lost (0: any loss is only reported).
 	maxLost float64
+	// parked, when set (core delivery, a region killed): when the
+	// coordinator parked each of the dead region's shards (its first
+	// message parked); check fails when a value published after that is
+	// lost.
+	parked map[int]time.Time
 }
 
 // startAppendLoad publishes, per entity i, the values 0, 1, 2... in order
@@ -187,7 +224,7 @@ func startAppendLoad(t *testing.T, url string, subjects protocol.Subjects, shard
 		t.Fatal(err)
 	}
 	l := &appendLoad{t: t, core: core, nc: nc, js: js, client: natshard.NewClient(nc), subjects: subjects, shards: shards, n: n, stop: make(chan struct{}),
-		accepted: make([][]int, n), unknown: make([][]int, n)}
+		accepted: make([][]int, n), sentAt: make([][]time.Time, n), unknown: make([][]int, n)}
 	const workers = 20
 	every := time.Duration(workers) * time.Second / time.Duration(rate)
 	for w := range workers {
@@ -222,6 +259,7 @@ func (l *appendLoad) publish(i, v int) {
 	}
 	for try := 0; ; try++ {
 		var err error
+		at := time.Now()
 		if l.core {
 			err = l.nc.PublishMsg(m)
 		} else {
@@ -233,6 +271,7 @@ func (l *appendLoad) publish(i, v int) {
 		if err == nil {
 			l.mu.Lock()
 			l.accepted[i] = append(l.accepted[i], v)
+			l.sentAt[i] = append(l.sentAt[i], at)
 			l.mu.Unlock()
 			return
 		}
@@ -255,7 +294,7 @@ func (l *appendLoad) halt() {
 // everything before them was handled) and compares.
 func (l *appendLoad) check(t *testing.T) {
 	t.Helper()
-	var accepted, unknown, doubled, doubledNoID, lost, storedUnknown int
+	var accepted, unknown, doubled, doubledNoID, lost, lostAfter, storedUnknown int
 	lostBy := map[int]int{} // shard -> values lost
 	for i := range l.n {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -293,12 +332,21 @@ func (l *appendLoad) check(t *testing.T) {
 				break
 			}
 		}
-		for _, v := range acc {
+		shard := protocol.ShardOf(l.id(i), l.shards)
+		for j, v := range acc {
 			if !seen[v] {
 				lost++
-				lostBy[protocol.ShardOf(l.id(i), l.shards)]++
+				lostBy[shard]++
 				if lost < 5 && !l.core {
 					t.Errorf("entity %s: acknowledged value %d lost: %v", l.id(i), v, got)
+				}
+				// Log times have milliseconds: a value sent in the
+				// millisecond of the first parked message may be lost.
+				if parked, ok := l.parked[shard]; ok && l.sentAt[i][j].After(parked.Add(time.Millisecond)) {
+					lostAfter++
+					if lostAfter < 5 {
+						t.Errorf("entity %s: value %d, published %s after shard %d was parked, lost", l.id(i), v, l.sentAt[i][j].Sub(parked), shard)
+					}
 				}
 			}
 		}
@@ -316,6 +364,9 @@ func (l *appendLoad) check(t *testing.T) {
 			l.sent.Load(), lost, 100*float64(lost)/float64(max(accepted, 1)), doubled, doubledNoID)
 		if lost > 0 {
 			t.Logf("lost by shard: %v", lostBy)
+		}
+		if l.parked != nil {
+			t.Logf("lost after their shard was parked: %d (shards parked: %d)", lostAfter, len(l.parked))
 		}
 		if doubled > 0 {
 			t.Fatalf("%d values with a Nats-Msg-Id applied twice", doubled)
