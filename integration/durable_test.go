@@ -63,7 +63,8 @@ func TestDurableCrash(t *testing.T) {
 	// server: the region reconnects to another server within
 	// milliseconds, holds what arrives, confirms its shards and goes on.
 	// What is lost is what was published while the region had no
-	// subscription anywhere: under 1 % of the run's messages.
+	// subscription anywhere (about 0.8 % here under the race detector),
+	// nothing published after it confirmed its shards.
 	t.Run("server-core", func(t *testing.T) {
 		n := startNATS(t, "127.0.0.1")
 		url := n.urls("127.0.0.1")
@@ -136,7 +137,7 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 			// advisories, but under load, as in CI, up to half a second,
 			// 1.8 % of the values; issue 17: 183 of about 17 000 by
 			// probes.)
-			load.parked = firstParked(t, procs[coordinator], t0)
+			load.lossEnds = firstParked(t, procs[coordinator], t0)
 		}
 		t.Logf("%s kill -9 of region %s (%s): its shards served again after %s", delivery, victim, t.Name(), time.Since(t0).Round(time.Millisecond))
 	case "server":
@@ -148,8 +149,14 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 		if delivery == "core" {
 			// The region rides it through: it keeps its registration and
 			// its shards (no fence), and confirms them once reconnected.
+			// What was published to its shards while it had no
+			// subscription anywhere is lost, nothing after it confirmed
+			// its shards (it subscribed again before).
 			confirmed := procs[victim].logTime(t, "registration renewed and shards confirmed")
-			load.maxLost = 0.01
+			load.lossEnds = map[int]time.Time{}
+			for shard := range st.Shards {
+				load.lossEnds[shard] = confirmed
+			}
 			t.Logf("core kill -9 of NATS server %s (region %s's): the region confirmed its shards %s after the kill",
 				cluster.name(server), victim, confirmed.Sub(t0).Round(time.Millisecond))
 			if strings.Contains(procs[victim].log.String(), "fenced: stopped serving every shard") {
@@ -198,14 +205,12 @@ type appendLoad struct {
 	sentAt   [][]time.Time // per entity: when each accepted value's publish began
 	unknown  [][]int       // per entity: values whose publish failed (may be stored)
 	sent     atomic.Int64
-	// maxLost: core delivery; check fails when more than this fraction
-	// of the published values is lost (0: any loss is only reported).
-	maxLost float64
-	// parked, when set (core delivery, a region killed): when the
-	// coordinator parked each of the dead region's shards (its first
-	// message parked); check fails when a value published after that is
-	// lost.
-	parked map[int]time.Time
+	// lossEnds, when set (core delivery): when each shard stopped losing
+	// what is published to it (a dead region's shards: when the
+	// coordinator parked them; a region's whose server died: when it had
+	// its subscriptions back); check fails when a value published after
+	// that is lost.
+	lossEnds map[int]time.Time
 }
 
 // startAppendLoad publishes, per entity i, the values 0, 1, 2... in order
@@ -342,10 +347,10 @@ func (l *appendLoad) check(t *testing.T) {
 				}
 				// Log times have milliseconds: a value sent in the
 				// millisecond of the first parked message may be lost.
-				if parked, ok := l.parked[shard]; ok && l.sentAt[i][j].After(parked.Add(time.Millisecond)) {
+				if end, ok := l.lossEnds[shard]; ok && l.sentAt[i][j].After(end.Add(time.Millisecond)) {
 					lostAfter++
 					if lostAfter < 5 {
-						t.Errorf("entity %s: value %d, published %s after shard %d was parked, lost", l.id(i), v, l.sentAt[i][j].Sub(parked), shard)
+						t.Errorf("entity %s: value %d, published %s after shard %d was served again, lost", l.id(i), v, l.sentAt[i][j].Sub(end), shard)
 					}
 				}
 			}
@@ -365,14 +370,11 @@ func (l *appendLoad) check(t *testing.T) {
 		if lost > 0 {
 			t.Logf("lost by shard: %v", lostBy)
 		}
-		if l.parked != nil {
-			t.Logf("lost after their shard was parked: %d (shards parked: %d)", lostAfter, len(l.parked))
+		if l.lossEnds != nil {
+			t.Logf("lost after their shard was served again: %d (of %d shards)", lostAfter, len(l.lossEnds))
 		}
 		if doubled > 0 {
 			t.Fatalf("%d values with a Nats-Msg-Id applied twice", doubled)
-		}
-		if l.maxLost > 0 && float64(lost) > l.maxLost*float64(accepted) {
-			t.Fatalf("lost %d of %d values, more than %.1f%%", lost, accepted, 100*l.maxLost)
 		}
 		return
 	}
