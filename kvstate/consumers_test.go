@@ -41,7 +41,7 @@ func TestConsumerRoom(t *testing.T) {
 		for i := range consumers {
 			// A shard's, as a replay's or a region's would be (a work
 			// queue takes one consumer per subject).
-			cfg := jetstream.ConsumerConfig{Name: fmt.Sprintf("c%d", i), AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: subjects.Shard(i)}
+			cfg := jetstream.ConsumerConfig{Name: fmt.Sprintf("c%d", i), AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: subjects.Shard(i), MemoryStorage: true}
 			if stream == kvstate.BufferStream("many") {
 				cfg.FilterSubject = subjects.Buffer(i)
 			}
