@@ -27,15 +27,8 @@ func MessageKey(h nats.Header, reply string) string {
 	if id := h.Get(HeaderMsgID); id != "" {
 		return id
 	}
-	if UniqueReply(reply) {
+	if last := reply[strings.LastIndexByte(reply, '.')+1:]; strings.HasPrefix(last, UniqueReplyMark) {
 		return reply
 	}
 	return ""
-}
-
-// UniqueReply reports whether reply is marked unique: its last token
-// starts with UniqueReplyMark.
-func UniqueReply(reply string) bool {
-	last := reply[strings.LastIndexByte(reply, '.')+1:]
-	return strings.HasPrefix(last, UniqueReplyMark)
 }
