@@ -161,12 +161,17 @@ type Node struct {
 	// closed: connections the servers reported closed (Config.Disconnects),
 	// read by whichever of the leader or the candidate runs.
 	closed chan Disconnect
+	// parker diverts the shards without owner, for every term of this
+	// candidate's leadership (see parker).
+	parker *parker
 }
 
 // New returns a candidate; it does nothing until Run.
 func New(cfg Config) *Node {
 	cfg.setDefaults()
-	return &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), closed: make(chan Disconnect, 64)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), closed: make(chan Disconnect, 64)}
+	n.parker = newParker(cfg.Conn, cfg.Buffer, cfg.Subjects, n.log, cfg.Stats)
+	return n
 }
 
 // Run campaigns and leads until ctx ends; then it releases the lease if it
@@ -221,13 +226,24 @@ func (n *Node) Run(ctx context.Context) error {
 			n.cfg.Stats.Leading.Store(false)
 			n.cfg.Stats.Epoch.Store(0)
 		case errors.Is(err, kvstate.ErrConflict):
+			// Another candidate leads: it parks what has no owner.
+			n.stopParking("another candidate holds the coordinator lease")
 			n.waitForVacancy(ctx, holder)
 		default:
 			n.log.Warn("cannot campaign for the coordinator lease", "err", err)
 			wait.Sleep(ctx, time.Second)
 		}
 	}
+	n.stopParking("the candidate stops")
 	return nil
+}
+
+// stopParking drains the parkings left by this candidate's last term of
+// leadership (see parker).
+func (n *Node) stopParking(why string) {
+	if shards := n.parker.stop(); len(shards) > 0 {
+		n.log.Info("stopped parking shards: the term that parked them ended", "shards", shards, "why", why)
+	}
 }
 
 // leader is one term of leadership: from taking the lease to losing or
@@ -240,7 +256,6 @@ type leader struct {
 	core      *Core
 	events    chan Event // command outcomes, unparks and marks, from other goroutines
 	admin     chan *nats.Msg
-	parker    *parker
 	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
 	removed   map[string]bool                // regions whose registration this leader removed (found dead), until announced gone
 	roundAt   time.Time                      // when the current rebalance round was planned
@@ -302,9 +317,6 @@ func (l *leader) lead(ctx context.Context) error {
 	defer l.track.stop()
 	l.events = make(chan Event, 1024)
 	l.admin = make(chan *nats.Msg, 16)
-	l.parker = newParker(l.cfg.Conn, l.cfg.Buffer, l.cfg.Subjects, l.log)
-	l.parker.stats = l.cfg.Stats
-	defer l.parker.stop()
 	ids := make([]string, len(regions))
 	for i, r := range regions {
 		ids[i] = r.Info.ID
@@ -325,6 +337,12 @@ func (l *leader) lead(ctx context.Context) error {
 	if err := l.execute(ctx, acts); err != nil {
 		return err
 	}
+	// The parkings of this candidate's previous term that this one has
+	// not adopted: once every region has answered its first probe (or
+	// failed to), those of shards found without owner are adopted; the
+	// others go.
+	adopt := time.NewTimer(l.cfg.CommandTimeout + l.cfg.Tick)
+	defer adopt.Stop()
 	watch := l.watchRegions(ctx)
 	tick := time.NewTicker(l.cfg.Tick)
 	defer tick.Stop()
@@ -351,6 +369,10 @@ func (l *leader) lead(ctx context.Context) error {
 		case ev := <-l.events:
 			acts = core.Step(ev)
 			acts = l.stepQueued(core, acts)
+		case <-adopt.C:
+			if shards := l.parker.releaseOthers(epoch); len(shards) > 0 {
+				l.log.Info("stopped parking shards that a previous term parked and this one found owned", "shards", shards)
+			}
 		case <-tick.C:
 			if r := l.cfg.Conn.Stats().Reconnects; r != reconnects {
 				// Back from a reconnect: if a candidate deposed this
@@ -497,7 +519,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			if l.cfg.Durable {
 				continue // the stream keeps the shard's messages
 			}
-			if err := l.parker.park(a.Shard, a.Handoff); err != nil {
+			if err := l.parker.park(a.Shard, a.Handoff, l.info.Epoch); err != nil {
 				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
 			}
 		case Unpark:
@@ -581,9 +603,11 @@ func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) e
 // shards at a time made no difference that three runs of
 // BenchmarkRegions could see: docs/BENCHMARKS.md.)
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
-	wait.Sleep(ctx, l.cfg.ReleaseGrace)
+	if !wait.Sleep(ctx, l.cfg.ReleaseGrace) {
+		return // the term ended: the next one parks the shards again, or stops parking them
+	}
 	for _, u := range us {
-		l.parker.unsubscribe(u.Shard, u.Handoff)
+		l.parker.unsubscribe(u.Shard, u.Handoff, l.info.Epoch)
 	}
 	for _, u := range us {
 		done := false

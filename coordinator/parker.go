@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,12 +17,23 @@ import (
 // parker holds the shards that have no live owner: it subscribes to their
 // subjects and diverts what arrives to their buffers (DESIGN.md 6,
 // Parking), exactly as a pausing region does.
+//
+// A candidate has one parker for all its terms of leadership. A term that
+// ends leaves its parkings running: a leader that steps down (its lease
+// renewal came too late, or a write was fenced) usually takes the lease
+// again at once, and its next term adopts them (park marks them its own);
+// stopping them at the end of the term would lose what is published
+// between the two terms, or what the subscriptions had received and not
+// yet buffered (TestStepDownWhileParked). The next term drains those it
+// did not adopt (releaseOthers), and a candidate that finds another
+// holding the lease drains them all (stop): it is no longer the one that
+// catches those shards' messages.
 type parker struct {
 	nc       *nats.Conn
 	buffer   *kvstate.Buffer
 	subjects protocol.Subjects
 	log      *slog.Logger
-	stats    *Stats // set by the leader; nil counts nothing
+	stats    *Stats // nil counts nothing
 
 	mu     sync.Mutex
 	parked map[int]*parked
@@ -30,21 +42,38 @@ type parker struct {
 type parked struct {
 	sub     *nats.Subscription
 	handoff uint64
+	term    uint64 // the epoch of the term that parked it, or adopted it
+	// draining: unsubscribe drains sub. A park meanwhile (a new term's) is
+	// recorded in again and subscribes once the drain is done: a new
+	// subscription's arrivals must not reach the buffer before what sub
+	// still holds, which was published earlier.
+	draining bool
+	again    *parked
 }
 
-func newParker(nc *nats.Conn, b *kvstate.Buffer, s protocol.Subjects, log *slog.Logger) *parker {
-	return &parker{nc: nc, buffer: b, subjects: s, log: log, parked: map[int]*parked{}}
+func newParker(nc *nats.Conn, b *kvstate.Buffer, s protocol.Subjects, log *slog.Logger, stats *Stats) *parker {
+	return &parker{nc: nc, buffer: b, subjects: s, log: log, stats: stats, parked: map[int]*parked{}}
 }
 
-// park starts diverting shard's messages, or, when it does already,
-// records the new handoff id.
-func (p *parker) park(shard int, handoff uint64) error {
+// park starts diverting shard's messages for the term of epoch term, or,
+// when it does already (for this term or an earlier one), records the new
+// handoff id and term.
+func (p *parker) park(shard int, handoff, term uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pk, ok := p.parked[shard]; ok {
-		pk.handoff = handoff
+		if pk.draining {
+			pk.again = &parked{handoff: handoff, term: term}
+		} else {
+			pk.handoff, pk.term = handoff, term
+		}
 		return nil
 	}
+	return p.subscribeLocked(shard, handoff, term)
+}
+
+// subscribeLocked parks shard; p.mu is held.
+func (p *parker) subscribeLocked(shard int, handoff, term uint64) error {
 	trace := p.log.Enabled(context.Background(), slog.LevelDebug)
 	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
 		if trace {
@@ -59,7 +88,7 @@ func (p *parker) park(shard int, handoff uint64) error {
 		return err
 	}
 	_ = sub.SetPendingLimits(-1, -1)
-	p.parked[shard] = &parked{sub: sub, handoff: handoff}
+	p.parked[shard] = &parked{sub: sub, handoff: handoff, term: term}
 	return p.nc.Flush()
 }
 
@@ -75,33 +104,76 @@ func (p *parker) failed(m *nats.Msg, err error) {
 	}
 }
 
-// unsubscribe stops diverting shard if it is parked under handoff. It
-// drains the subscription (package drain says why) and returns when it is
-// closed.
-func (p *parker) unsubscribe(shard int, handoff uint64) {
+// unsubscribe stops diverting shard if the term of epoch term parked it
+// under handoff. It drains the subscription (package drain says why) and
+// returns when it is closed.
+func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	p.mu.Lock()
 	pk, ok := p.parked[shard]
-	if !ok || pk.handoff != handoff {
+	if !ok || pk.draining || pk.handoff != handoff || pk.term != term {
 		p.mu.Unlock()
 		return
 	}
-	delete(p.parked, shard)
+	pk.draining = true
 	p.mu.Unlock()
+	p.end(shard, pk)
+}
+
+// end drains pk, shard's parking, marked draining, then forgets it, or
+// parks the shard again for the term that asked meanwhile (pk.again).
+func (p *parker) end(shard int, pk *parked) {
 	if err := drain.Subscription(context.Background(), pk.sub, drainTimeout); err != nil {
 		p.log.Warn("a parked shard's subscription did not drain; cut", "shard", shard, "err", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.parked, shard)
+	if a := pk.again; a != nil {
+		if err := p.subscribeLocked(shard, a.handoff, a.term); err != nil {
+			p.log.Warn("cannot park a shard again after its drain", "shard", shard, "err", err)
+		}
 	}
 }
 
 // drainTimeout bounds the drain of a parked shard's subscription.
 const drainTimeout = 30 * time.Second
 
-// stop ends every parking (the term of leadership ended; the next
-// coordinator parks again).
-func (p *parker) stop() {
+// releaseOthers starts draining the parkings of earlier terms that the
+// term of epoch term has not adopted, and returns their shards.
+func (p *parker) releaseOthers(term uint64) []int {
+	return p.release(func(pk *parked) bool { return pk.term != term }, false)
+}
+
+// stop drains every parking and returns, with their shards, when they are
+// closed: what the subscriptions received has gone to the buffers.
+func (p *parker) stop() []int { return p.release(func(*parked) bool { return true }, true) }
+
+// release drains the parkings for which which is true, all at once, and
+// returns their shards, once they are closed if wait.
+func (p *parker) release(which func(*parked) bool, wait bool) []int {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var shards []int
 	for shard, pk := range p.parked {
-		_ = pk.sub.Unsubscribe()
-		delete(p.parked, shard)
+		switch {
+		case pk.draining:
+			// Its drain ends it; it must not park it again.
+			if pk.again != nil && which(pk.again) {
+				pk.again = nil
+			}
+		case which(pk):
+			pk.draining = true
+			shards = append(shards, shard)
+		}
 	}
+	var wg sync.WaitGroup
+	for _, shard := range shards {
+		pk := p.parked[shard]
+		wg.Go(func() { p.end(shard, pk) })
+	}
+	p.mu.Unlock()
+	if wait {
+		wg.Wait()
+	}
+	slices.Sort(shards)
+	return shards
 }

@@ -1,0 +1,125 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
+)
+
+// TestParkerTerms: parkings belong to the term that parked or adopted
+// them. A term's unpark ends only its own; the next term adopts a shard by
+// parking it again and releases the parkings it did not adopt; stop ends
+// them all. Each parked shard's buffer is read to see whether its
+// subscription still diverts.
+func TestParkerTerms(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(context.Background(), natstest.JetStream(t, nc), subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newParker(nc, buffer, subjects, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	for shard := range 4 {
+		if err := p.park(shard, uint64(10+shard), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := 0
+	// diverting reports, for shards 0-3, whether a message published to
+	// each now reaches its buffer.
+	lens := make([]uint64, 4)
+	diverting := func() []int {
+		t.Helper()
+		sent++
+		for shard := range 4 {
+			if err := nc.Publish(subjects.Entity(shard, fmt.Sprintf("e%d", sent)), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond) // the appends are asynchronous
+		if err := buffer.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var on []int
+		for shard := range 4 {
+			n, err := buffer.Len(context.Background(), shard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > lens[shard] {
+				on = append(on, shard)
+			}
+			lens[shard] = n
+		}
+		return on
+	}
+	want := func(what string, shards ...int) {
+		t.Helper()
+		if got := diverting(); !slices.Equal(got, shards) {
+			t.Fatalf("%s: shards %v divert, want %v", what, got, shards)
+		}
+	}
+	want("parked by term 1", 0, 1, 2, 3)
+
+	// Term 2 adopts shards 0 and 1 (1 under a new handoff id), and the
+	// draining shard 3 (its parking resumes once the drain is done).
+	for shard, handoff := range map[int]uint64{0: 10, 1: 21} {
+		if err := p.park(shard, handoff, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.mu.Lock()
+	draining := p.parked[3]
+	draining.draining = true
+	p.mu.Unlock()
+	if err := p.park(3, 23, 2); err != nil {
+		t.Fatal(err)
+	}
+	p.unsubscribe(0, 10, 1) // term 1's late unpark: not its parking any more
+	p.unsubscribe(1, 11, 2) // an older handoff's
+	if got := p.releaseOthers(2); !slices.Equal(got, []int{2}) {
+		t.Fatalf("term 2 released %v, want [2]", got)
+	}
+	p.end(3, draining)
+	waitFor := func(what string, cond func(pk map[int]*parked) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			p.mu.Lock()
+			ok := cond(p.parked)
+			p.mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10 s", what)
+			}
+		}
+	}
+	waitFor("shard 2 released", func(pk map[int]*parked) bool { return pk[2] == nil })
+	p.mu.Lock()
+	for shard, want := range map[int]uint64{0: 2, 1: 2, 3: 2} {
+		if pk := p.parked[shard]; pk == nil || pk.term != want || pk.draining {
+			t.Errorf("shard %d: parking %+v, want term %d's", shard, pk, want)
+		}
+	}
+	p.mu.Unlock()
+	want("term 2", 0, 1, 3)
+
+	p.unsubscribe(1, 21, 2)
+	want("shard 1 unparked by term 2", 0, 3)
+	if got := p.stop(); !slices.Equal(got, []int{0, 3}) {
+		t.Fatalf("stop released %v, want [0 3]", got)
+	}
+	want("stopped")
+}
