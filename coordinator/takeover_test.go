@@ -107,21 +107,7 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 
 	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
-	body, _ := json.Marshal(protocol.MoveRequest{Shard: x, Region: "r2"})
-	waitFor(t, "move accepted", func() error {
-		m, err := nc.Request(subjects.Admin(protocol.AdminMove), body, time.Second)
-		if err != nil {
-			return err
-		}
-		var ans protocol.AdminError
-		if err := json.Unmarshal(m.Data, &ans); err != nil {
-			return err
-		}
-		if ans.Error != "" {
-			return fmt.Errorf("%s", ans.Error)
-		}
-		return nil
-	})
+	move(t, nc, subjects, x, "r2")
 	waitShard("shard active on r2", "active", "r2")
 	time.Sleep(200 * time.Millisecond)
 	close(pubStop)
@@ -304,4 +290,109 @@ func testStepDownWhileParked(t *testing.T, bindFirst bool) {
 		}
 		t.Logf("%s: %d sent, %d handled", id, sent, len(rec.got[id]))
 	}
+}
+
+// TestMoveIgnoresStaleBuffer: a live shard's buffer should be empty, but
+// copies of messages its owner handled can be left in it: a parking that
+// outlived a coordinator's term, or one whose end marker was written twice
+// (by a coordinator that stepped down as it unparked, and by its
+// successor), appends behind the marker the owner went live at. The next
+// move's owner replays the buffer from its start, so it would handle them
+// again, out of order, ids or not. The test puts such copies in the buffer
+// of a live shard, then moves the shard: none may be handled again.
+func TestMoveIgnoresStaleBuffer(t *testing.T) {
+	nc, store, buffer, subjects := openType(t)
+	rec := &recorder{got: map[string][]string{}}
+	openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
+	stop := startCoordinator(nc, store, buffer, subjects, "c1")
+	defer stop()
+	const x = 5
+	id := entityOf(x)
+	shardOn := func(region string) {
+		t.Helper()
+		waitFor(t, "shard on "+region, func() error {
+			st, err := status(nc, subjects)
+			if err != nil {
+				return err
+			}
+			if r := st.Table[x]; r.State != string(protocol.StateActive) || r.Region != region {
+				return fmt.Errorf("shard %d %s on %q", x, r.State, r.Region)
+			}
+			return nil
+		})
+	}
+	shardOn("r1")
+	sent := 0
+	publish := func(n int) {
+		t.Helper()
+		for range n {
+			m := nats.NewMsg(subjects.Entity(x, id))
+			m.Data = []byte(strconv.Itoa(sent))
+			m.Header.Set(protocol.HeaderMsgID, strconv.Itoa(sent))
+			if err := nc.PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+	}
+	handled := func() {
+		t.Helper()
+		waitFor(t, "every message handled", func() error {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if got := rec.got[id]; len(got) < sent {
+				return fmt.Errorf("%d of %d handled", len(got), sent)
+			}
+			return nil
+		})
+	}
+	publish(20)
+	handled()
+	// Stale copies of messages 5-9, as a late parking appends them.
+	for v := 5; v < 10; v++ {
+		m := nats.NewMsg(subjects.Entity(x, id))
+		m.Data = []byte(strconv.Itoa(v))
+		m.Header.Set(protocol.HeaderMsgID, strconv.Itoa(v))
+		buffer.Append(x, m, func(_ *nats.Msg, err error) { t.Error(err) })
+	}
+	if err := buffer.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
+	move(t, nc, subjects, x, "r2")
+	shardOn("r2")
+	publish(20)
+	handled()
+	time.Sleep(200 * time.Millisecond) // time for copies to show
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	prev := -1
+	for _, s := range rec.got[id] {
+		v, _ := strconv.Atoi(s)
+		if v <= prev {
+			t.Fatalf("message %d handled after %d: the stale copies were replayed (%v)", v, prev, rec.got[id])
+		}
+		prev = v
+	}
+}
+
+// move asks the coordinator to move shard to region (shardctl move),
+// until it accepts.
+func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, region string) {
+	t.Helper()
+	body, _ := json.Marshal(protocol.MoveRequest{Shard: shard, Region: region})
+	waitFor(t, "move accepted", func() error {
+		m, err := nc.Request(subjects.Admin(protocol.AdminMove), body, time.Second)
+		if err != nil {
+			return err
+		}
+		var ans protocol.AdminError
+		if err := json.Unmarshal(m.Data, &ans); err != nil {
+			return err
+		}
+		if ans.Error != "" {
+			return fmt.Errorf("%s", ans.Error)
+		}
+		return nil
+	})
 }

@@ -20,9 +20,10 @@ import (
 //
 //   - shardState (core delivery): a core NATS subscription to the shard's
 //     subjects; a bind replays the shard's handoff buffer up to its end
-//     marker while it holds what arrives; a paused shard appends what
-//     arrives to the buffer; a release drains the subscription and writes
-//     the end marker;
+//     marker while it holds what arrives; a paused shard empties the
+//     buffer of what it held while live (settle waits for it), then
+//     appends what arrives to it; a release drains the subscription and
+//     writes the end marker;
 //   - streamShard (durable delivery): the shard's consumer on the type's
 //     message stream, which a bind replaces (so it starts at the first
 //     message nobody acknowledged); a live shard pulls and acknowledges
@@ -55,7 +56,8 @@ type intake interface {
 	// The agent forgets the intake first.
 	release(ctx context.Context, handoff uint64) error
 	// settle, after a pause and the stop of the shard's entities, waits
-	// until what they handled is acknowledged (durable delivery).
+	// until what they handled is acknowledged (durable delivery), or
+	// until the buffer is cleared of what it held while live (core).
 	settle(ctx context.Context) error
 }
 
@@ -90,7 +92,21 @@ func (st *shardState) resume() {
 	a.log.Debug("shard resumed", "shard", st.n, "held", held, "duplicates_skipped", skipped)
 }
 
-func (st *shardState) settle(context.Context) error { return nil }
+// settle waits for the clearing of the shard's buffer that pause began.
+func (st *shardState) settle(ctx context.Context) error {
+	st.mu.Lock()
+	cleared := st.cleared
+	st.mu.Unlock()
+	if cleared == nil {
+		return nil
+	}
+	select {
+	case <-cleared:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 func (st *shardState) release(ctx context.Context, handoff uint64) error {
 	a := st.a

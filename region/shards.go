@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -42,6 +44,13 @@ const (
 	// modeDivert: paused for a handoff; arrivals are appended to the
 	// shard's buffer and the entities are stopping or stopped.
 	modeDivert
+	// modeClearing: paused for a handoff, the data plane only (the
+	// core's mode is modeDivert): the shard's buffer is being emptied of
+	// what it may hold while the shard is live, copies of messages the
+	// entities handled (see shardState.pause); arrivals are held in
+	// memory meanwhile, then appended, in order, and the mode becomes
+	// modeDivert.
+	modeClearing
 	// modeSuspended: the connection to NATS dropped while the shard was
 	// live. Arrivals (which come again once nats.go has resubscribed) are
 	// held in memory, and a durable shard stops pulling, until the region
@@ -60,6 +69,8 @@ func (m mode) String() string {
 		return "live"
 	case modeDivert:
 		return "paused"
+	case modeClearing:
+		return "pausing"
 	case modeSuspended:
 		return "suspended"
 	}
@@ -94,7 +105,9 @@ type shardState struct {
 	heldNext int                 // held[:heldNext] were delivered or skipped (see deliverHeldLocked)
 	heldDups int                 // of those, skipped as copies of delivered messages
 	seen     map[string]struct{} // keys (protocol.MessageKey) of the messages delivered since the bind
-	cancel   context.CancelFunc  // ends the replay (and the purge after it)
+	ctx      context.Context     // the life's: ended by stop and forget
+	cancel   context.CancelFunc  // ends the replay (and the purge after it), and the clearing
+	cleared  chan struct{}       // closed when the clearing that pause began has ended
 
 	// live, just after hold: seen is kept to skip late copies of replayed
 	// messages until the subscription has delivered dedupUntil arrivals
@@ -155,7 +168,7 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 		}
 		a.host.deliver(st.n, id, m)
 		st.mu.Unlock()
-	case modeHold, modeSuspended:
+	case modeHold, modeSuspended, modeClearing:
 		if len(st.held) >= a.cfg.MaxHeld {
 			why := "is moving"
 			if st.mode == modeSuspended {
@@ -260,7 +273,7 @@ func (r *refusal) Unwrap() error { return r.err }
 // until the shard goes live. The driver flushes the connection.
 func (a *Agent) bind(n int, handoff, life uint64) error {
 	ctx, cancel := context.WithCancel(a.ctx)
-	st := &shardState{a: a, n: n, lifeN: life, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), cancel: cancel, bound: time.Now()}
+	st := &shardState{a: a, n: n, lifeN: life, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), ctx: ctx, cancel: cancel, bound: time.Now()}
 	sub, err := a.cfg.Conn.Subscribe(a.cfg.Subjects.Shard(n), func(m *nats.Msg) { a.onMessage(st, m) })
 	if err != nil {
 		cancel()
@@ -279,11 +292,63 @@ func (a *Agent) bind(n int, handoff, life uint64) error {
 }
 
 // pause switches a live shard to divert for handoff: from now on its
-// arrivals go to the buffer.
+// arrivals go to the buffer, once it is cleared.
+//
+// A live shard's buffer should be empty (its replay purged it up to the
+// marker it went live at), but it can hold copies of messages the
+// entities handled: appended behind that marker by a parking that outlived
+// its coordinator's term, or by a coordinator that parked the shard again
+// after its predecessor had written the marker (PROTOCOL.md, Failures
+// during a move). The next owner replays the buffer from its start, so it
+// would handle them again, out of order, ids or not
+// (coordinator.TestMoveIgnoresStaleBuffer). So the buffer is purged first,
+// while arrivals are held (modeClearing); settle waits for it.
 func (st *shardState) pause(handoff uint64) {
 	st.mu.Lock()
-	st.mode, st.handoff = modeDivert, handoff
+	st.mode, st.handoff = modeClearing, handoff
+	st.cleared = make(chan struct{})
 	st.mu.Unlock()
+	st.a.goDo(st.clear)
+}
+
+// clearWait bounds the clearing of a paused shard's buffer (below
+// settleWait, which waits for it): a purge that cannot be done by then
+// is given up, the copies left (a warning says so).
+const clearWait = 3 * time.Second
+
+// clear empties the buffer of a shard that pause switched to
+// modeClearing, then appends what arrived meanwhile, in order, and
+// diverts. A shard stopped meanwhile is left alone: stop refused what it
+// held.
+func (st *shardState) clear() {
+	a := st.a
+	defer close(st.cleared)
+	ctx, cancel := context.WithTimeout(st.ctx, clearWait)
+	defer cancel()
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		err := a.cfg.Buffer.Purge(ctx, st.n, math.MaxUint64)
+		if err == nil {
+			break
+		}
+		if st.ctx.Err() != nil {
+			return
+		}
+		if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
+			a.log.Warn("cannot empty a paused shard's buffer of what it held while live; its next owner may handle those copies again", "shard", st.n, "err", err)
+			break
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mode != modeClearing {
+		return
+	}
+	for _, h := range st.held {
+		a.cfg.Buffer.Append(st.n, h.m, a.appendFailed)
+	}
+	a.stats.Buffered.Add(uint64(len(st.held)))
+	st.held, st.heldAt = nil, nil
+	st.mode = modeDivert
 }
 
 // stop unsubscribes the shard at once, in whatever mode, ends its replay
