@@ -340,7 +340,9 @@ func (l *leader) lead(ctx context.Context) error {
 	// The parkings of this candidate's previous term that this one has
 	// not adopted: once every region has answered its first probe (or
 	// failed to), those of shards found without owner are adopted; the
-	// others go.
+	// others go. (Parkings are the term's by l.info.Epoch, the lease's
+	// revision when it was taken: epoch differs from it when the lease
+	// was renewed before leading.)
 	adopt := time.NewTimer(l.cfg.CommandTimeout + l.cfg.Tick)
 	defer adopt.Stop()
 	watch := l.watchRegions(ctx)
@@ -370,7 +372,7 @@ func (l *leader) lead(ctx context.Context) error {
 			acts = core.Step(ev)
 			acts = l.stepQueued(core, acts)
 		case <-adopt.C:
-			if shards := l.parker.releaseOthers(epoch); len(shards) > 0 {
+			if shards := l.parker.releaseOthers(l.info.Epoch); len(shards) > 0 {
 				l.log.Info("stopped parking shards that a previous term parked and this one found owned", "shards", shards)
 			}
 		case <-tick.C:
