@@ -314,3 +314,41 @@ func TestDurablePublishOnAClosedConnection(t *testing.T) {
 		t.Fatal("a publish on a closed connection still waits after 30 s: it is retried as if JetStream could come back")
 	}
 }
+
+// TestDurableConsumerGoneUnderItsOwner: a live shard's consumer is
+// deleted while the shard table still gives the shard to its region, as
+// when a consumer replacement that an earlier bind gave up on (its request
+// timed out while the servers elected leaders) is carried out late
+// (TestDurableCrash/server in the integration suite saw it: the shard
+// stopped pulling, and a request to one of its entities waited for ever).
+// The region must take a new consumer and go on.
+func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	log := &handledLog{seen: map[string][]string{}}
+	typ := natshard.Type{Name: "c", Shards: 4, Entity: func(_ context.Context, id string) (natshard.Entity, error) {
+		return &counter{id: id, log: log}, nil
+	}}
+	n := durableNode(t, url, "a", typ)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if st, _ := n.Stats("c"); len(st.Shards) == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a does not hold the 4 shards")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	js := natstest.JetStream(t, natstest.Connect(t, url))
+	subjects := protocol.MustSubjects("", "", "c")
+	ids := entityIDs(8)
+	publishAll(t, js, subjects, 4, ids, 5, func(i int) string { return fmt.Sprint(i) })
+	waitHandled(t, log, ids, 5)
+
+	shard := protocol.ShardOf(ids[0], 4)
+	if err := js.DeleteConsumer(context.Background(), kvstate.MessageStream("c"), fmt.Sprintf("shard-%d", shard)); err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, js, subjects, 4, ids, 5, func(i int) string { return fmt.Sprint(5 + i) })
+	waitHandled(t, log, ids, 10)
+}

@@ -264,14 +264,60 @@ func (ss *streamShard) pull(done chan struct{}) {
 			}
 			continue
 		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-			a.log.Warn("the consumer of a shard is gone (another region took the shard): stopped pulling", "shard", ss.n)
-			return
+			if !ss.stillOwned() {
+				a.log.Warn("the consumer of a shard is gone (another region took the shard): stopped pulling", "shard", ss.n)
+				return
+			}
+			// Not a new owner's: a replacement of the consumer that an
+			// earlier bind gave up on (its request timed out while the
+			// servers elected leaders) was carried out late. Without a
+			// new consumer the shard's messages would wait in the stream
+			// for ever (TestDurableConsumerGoneUnderItsOwner).
+			a.log.Warn("the consumer of a live shard is gone and the shard table still gives it to this region: a new consumer", "shard", ss.n)
+			it.Stop()
+			if !ss.reset() {
+				return
+			}
+			continue
 		case err != nil:
 			a.limit.log(a.log, "pull-failed", "pulling a shard's messages failed; retrying", "shard", ss.n, "err", err)
 			continue
 		}
 		backoff = wait.RetryFirst
 		ss.deliver(m)
+	}
+}
+
+// stillOwned reads the shard table (until it can, while the shard is
+// live) and reports whether it gives the shard to this incarnation of the
+// region. A new owner's bind replaces the consumer only after the table
+// names it (binding), so a consumer gone while the table still names this
+// region was not replaced by a new owner.
+func (ss *streamShard) stillOwned() bool {
+	a := ss.a
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		a.mu.Lock()
+		inc := a.incarnation
+		a.mu.Unlock()
+		ss.mu.Lock()
+		live := ss.mode == modeLive
+		ss.mu.Unlock()
+		if !live {
+			return false
+		}
+		owned, err := a.tableShards(a.ctx, inc)
+		if err == nil {
+			for _, n := range owned {
+				if n == ss.n {
+					return true
+				}
+			}
+			return false
+		}
+		a.limit.log(a.log, "table-read-failed", "cannot read the shard table; retrying", "shard", ss.n, "err", err)
+		if !wait.Sleep(a.ctx, backoff) {
+			return false
+		}
 	}
 }
 
