@@ -49,6 +49,7 @@ type parked struct {
 	// still holds, which was published earlier.
 	draining bool
 	again    *parked
+	drained  chan struct{} // closed when the drain is done; set with draining
 }
 
 func newParker(nc *nats.Conn, b *kvstate.Buffer, s protocol.Subjects, log *slog.Logger, stats *Stats) *parker {
@@ -107,21 +108,39 @@ func (p *parker) failed(m *nats.Msg, err error) {
 // unsubscribe stops diverting shard if the term of epoch term parked it
 // under handoff. It drains the subscription (package drain says why) and
 // returns when it is closed.
+//
+// If the shard's parking is draining (an earlier term's), with a park of
+// this term and handoff waiting for the drain (again), that park is
+// cancelled and unsubscribe returns when the drain is done: the caller's
+// end marker must come after what the drain buffers.
 func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	p.mu.Lock()
 	pk, ok := p.parked[shard]
-	if !ok || pk.draining || pk.handoff != handoff || pk.term != term {
+	switch {
+	case !ok:
 		p.mu.Unlock()
-		return
+	case pk.draining:
+		a := pk.again
+		if a != nil && a.handoff == handoff && a.term == term {
+			pk.again = nil
+			p.mu.Unlock()
+			<-pk.drained
+			return
+		}
+		p.mu.Unlock()
+	case pk.handoff != handoff || pk.term != term:
+		p.mu.Unlock()
+	default:
+		pk.draining, pk.drained = true, make(chan struct{})
+		p.mu.Unlock()
+		p.end(shard, pk)
 	}
-	pk.draining = true
-	p.mu.Unlock()
-	p.end(shard, pk)
 }
 
 // end drains pk, shard's parking, marked draining, then forgets it, or
 // parks the shard again for the term that asked meanwhile (pk.again).
 func (p *parker) end(shard int, pk *parked) {
+	defer close(pk.drained)
 	if err := drain.Subscription(context.Background(), pk.sub, drainTimeout); err != nil {
 		p.log.Warn("a parked shard's subscription did not drain; cut", "shard", shard, "err", err)
 	}
@@ -161,7 +180,7 @@ func (p *parker) release(which func(*parked) bool, wait bool) []int {
 				pk.again = nil
 			}
 		case which(pk):
-			pk.draining = true
+			pk.draining, pk.drained = true, make(chan struct{})
 			shards = append(shards, shard)
 		}
 	}

@@ -81,7 +81,7 @@ func TestParkerTerms(t *testing.T) {
 	}
 	p.mu.Lock()
 	draining := p.parked[3]
-	draining.draining = true
+	draining.draining, draining.drained = true, make(chan struct{})
 	p.mu.Unlock()
 	if err := p.park(3, 23, 2); err != nil {
 		t.Fatal(err)
@@ -118,8 +118,32 @@ func TestParkerTerms(t *testing.T) {
 
 	p.unsubscribe(1, 21, 2)
 	want("shard 1 unparked by term 2", 0, 3)
-	if got := p.stop(); !slices.Equal(got, []int{0, 3}) {
-		t.Fatalf("stop released %v, want [0 3]", got)
+
+	// Term 2 unparks shard 3 while an earlier parking of it drains, its
+	// own waiting for the drain: that park is cancelled, and unsubscribe
+	// returns once the drain is done (the end marker comes after it).
+	p.mu.Lock()
+	draining = p.parked[3]
+	draining.draining, draining.drained = true, make(chan struct{})
+	p.mu.Unlock()
+	if err := p.park(3, 33, 2); err != nil {
+		t.Fatal(err)
+	}
+	unparked := make(chan struct{})
+	go func() {
+		p.unsubscribe(3, 33, 2)
+		close(unparked)
+	}()
+	select {
+	case <-unparked:
+		t.Fatal("unsubscribe returned before the drain of the earlier parking")
+	case <-time.After(100 * time.Millisecond):
+	}
+	p.end(3, draining)
+	<-unparked
+	want("shard 3 unparked by term 2 after its drain", 0)
+	if got := p.stop(); !slices.Equal(got, []int{0}) {
+		t.Fatalf("stop released %v, want [0]", got)
 	}
 	want("stopped")
 }
