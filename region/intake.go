@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -307,12 +308,7 @@ func (ss *streamShard) stillOwned() bool {
 		}
 		owned, err := a.tableShards(a.ctx, inc)
 		if err == nil {
-			for _, n := range owned {
-				if n == ss.n {
-					return true
-				}
-			}
-			return false
+			return slices.Contains(owned, ss.n)
 		}
 		a.limit.log(a.log, "table-read-failed", "cannot read the shard table; retrying", "shard", ss.n, "err", err)
 		if !wait.Sleep(a.ctx, backoff) {
