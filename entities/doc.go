@@ -28,7 +28,10 @@
 // an acknowledged write is never lost; the in-memory document changes only
 // after the save succeeded. When the save conflicts (someone else wrote the
 // state, for example a previous owner during a forced reallocation), the
-// entity reloads the state and applies the operation once more. A document
+// entity reloads the state and applies the operation once more, unless
+// the state read back is exactly what its save wrote: a save answered with
+// a conflict and stored all the same (seen while the bucket's leader
+// changed after a partition) is not applied twice. A document
 // is limited to MaxDocumentSize bytes of JSON; deleting its last key leaves an
 // empty document stored, never a deleted entry. Stop does nothing: the state
 // is already saved.

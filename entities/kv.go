@@ -421,6 +421,14 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		if lerr := e.loadAgain(ctx); lerr != nil {
 			return failure(fmt.Errorf("save state: %w; reload: %w", err, lerr))
 		}
+		if stored, err := encodeJSON(e.doc); err == nil && bytes.Equal(stored, data) {
+			// The state read back is exactly what this save wrote: the
+			// save was stored though answered with a conflict (the
+			// chaos test saw it while the bucket's leader changed), or
+			// another writer left the very state this message would:
+			// applying it once more would apply it twice.
+			return success(value)
+		}
 	}
 }
 

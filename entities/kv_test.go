@@ -55,7 +55,7 @@ func (s *memStore) SaveEntity(_ context.Context, id string, data []byte, rev uin
 	defer s.mu.Unlock()
 	var lost error // errStoredAnyway: stored, then this error
 	if s.fail != nil {
-		if err := s.fail("save", id); errors.Is(err, errStoredAnyway) {
+		if err := s.fail("save", id); errors.Is(err, errStoredAnyway) || errors.Is(err, errStoredConflict) {
 			lost = err
 		} else if err != nil {
 			return 0, err
@@ -76,6 +76,10 @@ func (s *memStore) SaveEntity(_ context.Context, id string, data []byte, rev uin
 // errStoredAnyway, from memStore.fail, makes a save store its write and
 // fail all the same: its answer was lost.
 var errStoredAnyway = fmt.Errorf("timeout, the write stored all the same: %w", kvstate.ErrUnavailable)
+
+// errStoredConflict, from memStore.fail, makes a save store its write and
+// answer a conflict all the same.
+var errStoredConflict = fmt.Errorf("wrong last sequence, the write stored all the same: %w", kvstate.ErrConflict)
 
 func (s *memStore) DeleteEntity(_ context.Context, id string, rev uint64) error {
 	s.mu.Lock()
@@ -516,6 +520,28 @@ func TestKVConflictReloadAndRetry(t *testing.T) {
 	mustOK(t, e, `{"op":"set","key":"x","value":true}`, `true`)
 	if got := store.get("doc"); got != `{"x":true}` {
 		t.Fatalf("stored %s", got)
+	}
+}
+
+// TestKVConflictButStored: a save stored though answered with a conflict
+// (the chaos test saw one while the bucket's leader changed) is not applied
+// a second time: the state read back is what the save wrote.
+func TestKVConflictButStored(t *testing.T) {
+	store := newMemStore()
+	e := newKV(t, store, "doc")
+	mustOK(t, e, `{"op":"append","key":"v","value":1}`, `[1]`)
+	first := true
+	store.fail = func(op, _ string) error {
+		if op == "save" && first {
+			first = false
+			return errStoredConflict
+		}
+		return nil
+	}
+	mustOK(t, e, `{"op":"append","key":"v","value":2}`, `[1,2]`)
+	mustOK(t, e, `{"op":"append","key":"v","value":3}`, `[1,2,3]`)
+	if got := store.get("doc"); got != `{"v":[1,2,3]}` {
+		t.Fatalf("stored %s, want each value once", got)
 	}
 }
 
