@@ -329,16 +329,7 @@ func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
 		return &counter{id: id, log: log}, nil
 	}}
 	n := durableNode(t, url, "a", typ)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if st, _ := n.Stats("c"); len(st.Shards) == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a does not hold the 4 shards")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "a to hold the 4 shards", func() bool { st, _ := n.Stats("c"); return len(st.Shards) == 4 })
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "c")
 	ids := entityIDs(8)

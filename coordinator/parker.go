@@ -43,14 +43,17 @@ type parked struct {
 	sub     *nats.Subscription
 	handoff uint64
 	term    uint64 // the epoch of the term that parked it, or adopted it
-	// draining: unsubscribe drains sub. A park meanwhile (a new term's) is
-	// recorded in again and subscribes once the drain is done: a new
+	// drained, set when sub starts draining (see draining), is closed
+	// when the drain is done. A park meanwhile (a new term's) is recorded
+	// in again and subscribes once the drain is done: a new
 	// subscription's arrivals must not reach the buffer before what sub
 	// still holds, which was published earlier.
-	draining bool
-	again    *parked
-	drained  chan struct{} // closed when the drain is done; set with draining
+	drained chan struct{}
+	again   *parked
 }
+
+// draining reports whether pk's subscription is being drained (or was).
+func (pk *parked) draining() bool { return pk.drained != nil }
 
 func newParker(nc *nats.Conn, b *kvstate.Buffer, s protocol.Subjects, log *slog.Logger, stats *Stats) *parker {
 	return &parker{nc: nc, buffer: b, subjects: s, log: log, stats: stats, parked: map[int]*parked{}}
@@ -63,7 +66,7 @@ func (p *parker) park(shard int, handoff, term uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pk, ok := p.parked[shard]; ok {
-		if pk.draining {
+		if pk.draining() {
 			pk.again = &parked{handoff: handoff, term: term}
 		} else {
 			pk.handoff, pk.term = handoff, term
@@ -119,7 +122,7 @@ func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	switch {
 	case !ok:
 		p.mu.Unlock()
-	case pk.draining:
+	case pk.draining():
 		a := pk.again
 		if a != nil && a.handoff == handoff && a.term == term {
 			pk.again = nil
@@ -131,7 +134,7 @@ func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	case pk.handoff != handoff || pk.term != term:
 		p.mu.Unlock()
 	default:
-		pk.draining, pk.drained = true, make(chan struct{})
+		pk.drained = make(chan struct{})
 		p.mu.Unlock()
 		p.end(shard, pk)
 	}
@@ -174,13 +177,13 @@ func (p *parker) release(which func(*parked) bool, wait bool) []int {
 	var shards []int
 	for shard, pk := range p.parked {
 		switch {
-		case pk.draining:
+		case pk.draining():
 			// Its drain ends it; it must not park it again.
 			if pk.again != nil && which(pk.again) {
 				pk.again = nil
 			}
 		case which(pk):
-			pk.draining, pk.drained = true, make(chan struct{})
+			pk.drained = make(chan struct{})
 			shards = append(shards, shard)
 		}
 	}

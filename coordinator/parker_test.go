@@ -81,7 +81,7 @@ func TestParkerTerms(t *testing.T) {
 	}
 	p.mu.Lock()
 	draining := p.parked[3]
-	draining.draining, draining.drained = true, make(chan struct{})
+	draining.drained = make(chan struct{})
 	p.mu.Unlock()
 	if err := p.park(3, 23, 2); err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestParkerTerms(t *testing.T) {
 	waitFor("shard 2 released", func(pk map[int]*parked) bool { return pk[2] == nil })
 	p.mu.Lock()
 	for shard, want := range map[int]uint64{0: 2, 1: 2, 3: 2} {
-		if pk := p.parked[shard]; pk == nil || pk.term != want || pk.draining {
+		if pk := p.parked[shard]; pk == nil || pk.term != want || pk.draining() {
 			t.Errorf("shard %d: parking %+v, want term %d's", shard, pk, want)
 		}
 	}
@@ -124,7 +124,7 @@ func TestParkerTerms(t *testing.T) {
 	// returns once the drain is done (the end marker comes after it).
 	p.mu.Lock()
 	draining = p.parked[3]
-	draining.draining, draining.drained = true, make(chan struct{})
+	draining.drained = make(chan struct{})
 	p.mu.Unlock()
 	if err := p.park(3, 33, 2); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -32,19 +33,9 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 
 	runCoordinator := func(name string) (stop func()) { return startCoordinator(nc, store, buffer, subjects, name) }
 	const x = 3
-	row := func(st protocol.Status) protocol.ShardView { return st.Table[x] }
 	waitShard := func(what, state, region string) {
 		t.Helper()
-		waitFor(t, what, func() error {
-			st, err := status(nc, subjects)
-			if err != nil {
-				return err
-			}
-			if r := row(st); r.State != state || r.Region != region {
-				return fmt.Errorf("shard %d %s on %q", x, r.State, r.Region)
-			}
-			return nil
-		})
+		waitRows(t, nc, subjects, what, state, region, x)
 	}
 
 	stop := runCoordinator("c1")
@@ -116,15 +107,7 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waitFor(t, "the last message handled", func() error {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		got := rec.got[id]
-		if len(got) == 0 || got[len(got)-1] != strconv.Itoa(sent-1) {
-			return fmt.Errorf("%d handled, last message %d not yet", len(got), sent-1)
-		}
-		return nil
-	})
+	rec.waitLast(t, sent-1, id)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	prev := -1
@@ -168,18 +151,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst bool) {
 	rec := &recorder{got: map[string][]string{}}
 	every := func(what, state, region string) {
 		t.Helper()
-		waitFor(t, what, func() error {
-			st, err := status(nc, subjects)
-			if err != nil {
-				return err
-			}
-			for _, r := range st.Table {
-				if r.State != state || r.Region != region {
-					return fmt.Errorf("shard %d %s on %q", r.Shard, r.State, r.Region)
-				}
-			}
-			return nil
-		})
+		waitRows(t, nc, subjects, what, state, region)
 	}
 
 	stop := runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c1",
@@ -255,17 +227,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst bool) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the last messages handled", func() error {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		for _, id := range ids {
-			got := rec.got[id]
-			if len(got) == 0 || got[len(got)-1] != strconv.Itoa(sent-1) {
-				return fmt.Errorf("%s: %d handled, last message %d not yet", id, len(got), sent-1)
-			}
-		}
-		return nil
-	})
+	rec.waitLast(t, sent-1, ids...)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	for i, id := range ids {
@@ -310,16 +272,7 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 	id := entityOf(x)
 	shardOn := func(region string) {
 		t.Helper()
-		waitFor(t, "shard on "+region, func() error {
-			st, err := status(nc, subjects)
-			if err != nil {
-				return err
-			}
-			if r := st.Table[x]; r.State != string(protocol.StateActive) || r.Region != region {
-				return fmt.Errorf("shard %d %s on %q", x, r.State, r.Region)
-			}
-			return nil
-		})
+		waitRows(t, nc, subjects, "shard on "+region, string(protocol.StateActive), region, x)
 	}
 	shardOn("r1")
 	sent := 0
@@ -392,6 +345,43 @@ func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, re
 		}
 		if ans.Error != "" {
 			return fmt.Errorf("%s", ans.Error)
+		}
+		return nil
+	})
+}
+
+// waitRows waits until the status's table has shards (every shard when
+// none is given) in state on region.
+func waitRows(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, what, state, region string, shards ...int) {
+	t.Helper()
+	waitFor(t, what, func() error {
+		st, err := status(nc, subjects)
+		if err != nil {
+			return err
+		}
+		for _, r := range st.Table {
+			if len(shards) > 0 && !slices.Contains(shards, r.Shard) {
+				continue
+			}
+			if r.State != state || r.Region != region {
+				return fmt.Errorf("shard %d %s on %q", r.Shard, r.State, r.Region)
+			}
+		}
+		return nil
+	})
+}
+
+// waitLast waits until each entity of ids has handled, last, the message
+// whose payload is the number last.
+func (r *recorder) waitLast(t *testing.T, last int, ids ...string) {
+	t.Helper()
+	waitFor(t, "the last messages handled", func() error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, id := range ids {
+			if got := r.got[id]; len(got) == 0 || got[len(got)-1] != strconv.Itoa(last) {
+				return fmt.Errorf("%s: %d handled, last message %d not yet", id, len(got), last)
+			}
 		}
 		return nil
 	})

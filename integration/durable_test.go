@@ -84,8 +84,7 @@ func firstParked(t *testing.T, p *proc, since time.Time) map[int]time.Time {
 		if !strings.Contains(line, `msg="parked a message"`) {
 			continue
 		}
-		field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
-		at, err := time.Parse(time.RFC3339Nano, field)
+		at, err := lineTime(line)
 		_, rest, ok := strings.Cut(line, " shard=")
 		shard, serr := strconv.Atoi(strings.Fields(rest + " ")[0])
 		if err != nil || !ok || serr != nil {
@@ -159,7 +158,7 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 			}
 			t.Logf("core kill -9 of NATS server %s (region %s's): the region confirmed its shards %s after the kill",
 				cluster.name(server), victim, confirmed.Sub(t0).Round(time.Millisecond))
-			if strings.Contains(procs[victim].log.String(), "fenced: stopped serving every shard") {
+			if procs[victim].fenced() {
 				t.Errorf("region %s fenced:\n%s", victim, procs[victim].log.String())
 			}
 			break
@@ -186,7 +185,7 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 		// mailboxes held: core delivery's at most once, a second fault,
 		// whose losses the check cannot tell from the others.
 		for name, p := range procs {
-			if name != victim && strings.Contains(p.log.String(), "fenced: stopped serving every shard") {
+			if name != victim && p.fenced() {
 				load.fenced = append(load.fenced, name)
 			}
 		}

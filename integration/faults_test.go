@@ -210,7 +210,7 @@ func TestRegionPartition(t *testing.T) {
 	assertKept(t, before, owners(st), "c")
 	// c must have stopped serving before the coordinator could act on the
 	// expiry of its registration: before the first change to its shards.
-	fenced := d.procs["c"].logTime(t, "fenced: stopped serving every shard")
+	fenced := d.procs["c"].logTime(t, fencedLine)
 	changed, ok := d.events.first(t0, func(ev protocol.Event) bool {
 		return ev.Kind == protocol.EventShard && ev.Shard != nil && before[*ev.Shard] == "c"
 	})
@@ -540,15 +540,27 @@ func (p *proc) logTime(t *testing.T, text string) time.Time {
 			if !strings.Contains(line, text) {
 				continue
 			}
-			field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
 			var err error
-			at, err = time.Parse(time.RFC3339Nano, field)
+			at, err = lineTime(line)
 			return err
 		}
 		return errors.New("not logged")
 	})
 	return at
 }
+
+// lineTime is the time of a line of a process's log (slog's text format:
+// "time=... level=...").
+func lineTime(line string) (time.Time, error) {
+	field, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+	return time.Parse(time.RFC3339Nano, field)
+}
+
+// fencedLine is what a region logs when it fences (region.Core).
+const fencedLine = "fenced: stopped serving every shard"
+
+// fenced reports whether region p's log says it fenced.
+func (p *proc) fenced() bool { return strings.Contains(p.log.String(), fencedLine) }
 
 // queryHeld asks region id which shards it holds.
 func queryHeld(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, id string) []int {

@@ -79,23 +79,29 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	// it is live, and its new owner replays the buffer from the start, so
 	// messages left in it would be handled twice (a load test caught that
 	// when the purge came after). Held arrivals wait meanwhile.
-	for backoff = wait.RetryFirst; ; backoff = wait.Next(backoff) {
-		err := a.cfg.Buffer.Purge(ctx, st.n, marker)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		a.limit.log(a.log, "purge-failed", "purging a shard's buffer failed; retrying", "shard", st.n, "upto", marker, "err", err)
-		if !wait.Sleep(ctx, backoff) {
-			return
-		}
+	if a.purge(ctx, st.n, marker) != nil {
+		return
 	}
 	st.mu.Lock()
 	st.replayed = done
 	st.mu.Unlock()
 	a.post(CaughtUp{Shard: st.n, Life: st.lifeN})
+}
+
+// purge removes shard's buffered messages up to and including upTo,
+// trying again (each failure logged, at most every 10 s) until it has or
+// ctx ends; it returns the last error then.
+func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		err := a.cfg.Buffer.Purge(ctx, shard, upTo)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		a.limit.log(a.log, "purge-failed", "purging a shard's buffer failed; retrying", "shard", shard, "upto", upTo, "err", err)
+		if !wait.Sleep(ctx, backoff) {
+			return err
+		}
+	}
 }
 
 // deliverReplayed hands a replayed message to its entity, unless one with

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -324,19 +323,13 @@ func (st *shardState) clear() {
 	a := st.a
 	defer close(st.cleared)
 	ctx, cancel := context.WithTimeout(st.ctx, clearWait)
-	defer cancel()
-	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
-		err := a.cfg.Buffer.Purge(ctx, st.n, math.MaxUint64)
-		if err == nil {
-			break
-		}
-		if st.ctx.Err() != nil {
-			return
-		}
-		if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
-			a.log.Warn("cannot empty a paused shard's buffer of what it held while live; its next owner may handle those copies again", "shard", st.n, "err", err)
-			break
-		}
+	err := a.purge(ctx, st.n, math.MaxUint64)
+	cancel()
+	if st.ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		a.log.Warn("cannot empty a paused shard's buffer of what it held while live; its next owner may handle those copies again", "shard", st.n, "err", err)
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
