@@ -164,7 +164,14 @@ type Node struct {
 	// parker diverts the shards without owner, for every term of this
 	// candidate's leadership (see parker).
 	parker *parker
+	// own: the incarnations of the lease values this candidate wrote, or
+	// may have written (an acquisition it got no answer to), the newest
+	// last; read by retakeOwn.
+	own []string
 }
+
+// ownKept bounds Node.own.
+const ownKept = 4
 
 // New returns a candidate; it does nothing until Run.
 func New(cfg Config) *Node {
@@ -203,6 +210,7 @@ func (n *Node) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		info := protocol.CoordinatorInfo{Region: n.cfg.Region, Incarnation: nuid.Next(), Since: time.Now().UnixMilli(),
 			Probe: probes.checked(ctx), Conn: protocol.ConnIDOf(n.cfg.Conn)}
+		n.own = append(n.own[max(0, len(n.own)-ownKept+1):], info.Incarnation)
 		sent := time.Now()
 		lease, err := n.cfg.Store.AcquireCoordinator(ctx, info, n.cfg.LeaseTTL)
 		switch {
@@ -226,6 +234,9 @@ func (n *Node) Run(ctx context.Context) error {
 			n.cfg.Stats.Leading.Store(false)
 			n.cfg.Stats.Epoch.Store(0)
 		case errors.Is(err, kvstate.ErrConflict):
+			if n.retakeOwn(ctx) {
+				continue
+			}
 			// Another candidate leads: it parks what has no owner.
 			n.stopParking("another candidate holds the coordinator lease")
 			n.waitForVacancy(ctx, holder)
@@ -236,6 +247,41 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	n.stopParking("the candidate stops")
 	return nil
+}
+
+// retakeOwn is called when the lease is found held. If it is this
+// candidate's own (one of its incarnations), left by a term it no longer
+// leads in, retakeOwn deposes it and reports true: the candidate campaigns
+// again at once and keeps its parkings, which its next term adopts. Such a
+// lease is a renewal (or an acquisition) that the server stored after the
+// candidate had stopped waiting for its answer: the term stepped down
+// ("cannot renew the lease in time") and its release, at the revision it
+// knew, missed it. Waiting for it to expire instead left the shards that
+// the term parked without parking until then, their messages lost where no
+// region was bound yet (TestStepDownWhileParked, "own lease"); nothing
+// deposes it sooner, since the candidate's own probe subject answers for
+// its holder. It also reports true when the lease is gone by now, and
+// after a failed read or deposition of a lease of its own (the next
+// campaign finds out); false when another holds it.
+func (n *Node) retakeOwn(ctx context.Context) bool {
+	info, rev, err := n.cfg.Store.Coordinator(ctx)
+	switch {
+	case errors.Is(err, kvstate.ErrNotFound):
+		return true // expired or released meanwhile
+	case err != nil:
+		n.log.Warn("cannot read the coordinator lease", "err", err)
+		wait.Sleep(ctx, time.Second)
+		return true
+	case info.Region != n.cfg.Region || !slices.Contains(n.own, info.Incarnation):
+		return false
+	}
+	if err := n.cfg.Store.DeposeCoordinator(ctx, rev); err != nil && !errors.Is(err, kvstate.ErrConflict) {
+		n.log.Warn("cannot depose a coordinator lease of this candidate's own, left by a term it no longer leads in", "revision", rev, "err", err)
+		wait.Sleep(ctx, time.Second)
+		return true
+	}
+	n.log.Info("the coordinator lease was this candidate's own, left by a term it no longer leads in (a renewal stored after the term gave up on it): deposed, to take it again", "revision", rev)
+	return true
 }
 
 // stopParking drains the parkings left by this candidate's last term of

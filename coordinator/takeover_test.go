@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -134,18 +135,26 @@ func entityOf(sh int) string {
 // yet) and loses its lease: while the shards are only parked, or once
 // they are binding to the first region and it waits out the release grace
 // before unparking them. It takes the lease again at once (a new epoch, as
-// a lone candidate does) and goes on. Numbered messages go to entities of
+// a lone candidate does) and goes on. In the third case ("own lease") the
+// lease it loses is left behind with its own incarnation, as a renewal
+// stored after the term gave up waiting for it is, and with a TTL of ten
+// minutes: the candidate must know it for its own and take it again,
+// keeping its parkings (it drained them and waited for the lease to expire
+// before: the CI run of 2026-11-28 lost 1 846 messages of
+// TestDurableCrash/core so). Numbered messages go to entities of
 // several shards all along, half with a Nats-Msg-Id: DESIGN.md 7 loses
 // nothing published after a shard was parked, so every one must be
 // handled, those with an id once and in order, the others at least once.
 func TestStepDownWhileParked(t *testing.T) {
-	for _, bindFirst := range []bool{false, true} {
-		name := map[bool]string{false: "parked", true: "binding"}[bindFirst]
-		t.Run(name, func(t *testing.T) { testStepDownWhileParked(t, bindFirst) })
+	for _, c := range []struct {
+		name                string
+		bindFirst, ownLease bool
+	}{{"parked", false, false}, {"binding", true, false}, {"own lease", false, true}} {
+		t.Run(c.name, func(t *testing.T) { testStepDownWhileParked(t, c.bindFirst, c.ownLease) })
 	}
 }
 
-func testStepDownWhileParked(t *testing.T, bindFirst bool) {
+func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	nc, store, buffer, subjects := openType(t)
 	ctx := context.Background()
 	rec := &recorder{got: map[string][]string{}}
@@ -199,11 +208,18 @@ func testStepDownWhileParked(t *testing.T, bindFirst bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rev, err := store.Coordinator(ctx)
+	info, rev, err := store.Coordinator(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.DeposeCoordinator(ctx, rev); err != nil {
+	if ownLease {
+		// c1's own value but for its start time: c1's next renewal finds
+		// it is not what it wrote last, and steps down.
+		info.Since++
+		if _, err := store.Renew(ctx, kvstate.Lease{Key: kvstate.KeyCoordinator, Revision: rev, TTL: 10 * time.Minute}, info); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := store.DeposeCoordinator(ctx, rev); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a new epoch", func() error {
