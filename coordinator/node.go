@@ -257,8 +257,9 @@ func (n *Node) Run(ctx context.Context) error {
 // candidate had stopped waiting for its answer: the term stepped down
 // ("cannot renew the lease in time") and its release, at the revision it
 // knew, missed it. Waiting for it to expire instead left the shards that
-// the term parked without parking until then, their messages lost where no
-// region was bound yet (TestStepDownWhileParked, "own lease"); nothing
+// the term parked without parking until then: their messages lost where no
+// region was bound yet, keyless ones replayed out of order where one was
+// (TestStepDownWhileParked, "own lease"; FAULTS.md); nothing
 // deposes it sooner, since the candidate's own probe subject answers for
 // its holder. It also reports true when the lease is gone by now, and
 // after a failed read or deposition of a lease of its own (the next
@@ -275,12 +276,13 @@ func (n *Node) retakeOwn(ctx context.Context) bool {
 	case info.Region != n.cfg.Region || !slices.Contains(n.own, info.Incarnation):
 		return false
 	}
-	if err := n.cfg.Store.DeposeCoordinator(ctx, rev); err != nil && !errors.Is(err, kvstate.ErrConflict) {
+	switch err := n.cfg.Store.DeposeCoordinator(ctx, rev); {
+	case err == nil:
+		n.log.Info("the coordinator lease was this candidate's own, left by a term it no longer leads in (a renewal stored after the term gave up on it): deposed, to take it again", "revision", rev)
+	case !errors.Is(err, kvstate.ErrConflict): // a conflict: it changed meanwhile, the next campaign sees how
 		n.log.Warn("cannot depose a coordinator lease of this candidate's own, left by a term it no longer leads in", "revision", rev, "err", err)
 		wait.Sleep(ctx, time.Second)
-		return true
 	}
-	n.log.Info("the coordinator lease was this candidate's own, left by a term it no longer leads in (a renewal stored after the term gave up on it): deposed, to take it again", "revision", rev)
 	return true
 }
 
