@@ -249,21 +249,18 @@ func (n *Node) Run(ctx context.Context) error {
 	return nil
 }
 
-// retakeOwn is called when the lease is found held. If it is this
-// candidate's own (one of its incarnations), left by a term it no longer
-// leads in, retakeOwn deposes it and reports true: the candidate campaigns
-// again at once and keeps its parkings, which its next term adopts. Such a
-// lease is a renewal (or an acquisition) that the server stored after the
-// candidate had stopped waiting for its answer: the term stepped down
-// ("cannot renew the lease in time") and its release, at the revision it
-// knew, missed it. Waiting for it to expire instead left the shards that
-// the term parked without parking until then: their messages lost where no
-// region was bound yet, keyless ones replayed out of order where one was
-// (TestStepDownWhileParked, "own lease"; FAULTS.md); nothing
-// deposes it sooner, since the candidate's own probe subject answers for
-// its holder. It also reports true when the lease is gone by now, and
-// after a failed read or deposition of a lease of its own (the next
-// campaign finds out); false when another holds it.
+// retakeOwn is called when the lease is found held. If it holds one of
+// this candidate's incarnations (n.own), it is a renewal or an acquisition
+// the server stored after the candidate had stopped waiting for the
+// answer, which the term's release, at the revision it knew, missed.
+// retakeOwn deposes it and reports true: the candidate campaigns again at
+// once and keeps its parkings for its next term to adopt. Waiting for it
+// to expire left the term's parked shards without parking until then
+// (nothing deposes it sooner: the candidate's own probe subject answers
+// for its holder; TestStepDownWhileParked, "own lease"; FAULTS.md). It
+// also reports true when the lease is gone by now, and after a failed
+// read or deposition (the next campaign finds out); false when another
+// candidate holds it.
 func (n *Node) retakeOwn(ctx context.Context) bool {
 	info, rev, err := n.cfg.Store.Coordinator(ctx)
 	switch {
@@ -273,7 +270,7 @@ func (n *Node) retakeOwn(ctx context.Context) bool {
 		n.log.Warn("cannot read the coordinator lease", "err", err)
 		wait.Sleep(ctx, time.Second)
 		return true
-	case info.Region != n.cfg.Region || !slices.Contains(n.own, info.Incarnation):
+	case !slices.Contains(n.own, info.Incarnation): // incarnations are unique (nuid)
 		return false
 	}
 	switch err := n.cfg.Store.DeposeCoordinator(ctx, rev); {
