@@ -2,12 +2,15 @@ package coordinator
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
 )
 
 // TestLongBatchRenewsTheLease: the leader carries out its table writes,
@@ -78,3 +81,126 @@ func TestWaitsForWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowStartRenewsTheLease: a term's start-up reads (the table, the
+// regions, the pins) took longer than its lease lets it go without
+// renewing on a loaded machine, and every term stepped down as it began
+// to lead. The lease is renewed while they run: here they take 2.5 s
+// against a 1 s lease (renewed every 250 ms, given up 750 ms after the
+// last renewal), and the first term leads and stays.
+func TestSlowStartRenewsTheLease(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	js := natstest.JetStream(t, nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	subjects := protocol.MustSubjects("", "", "kv")
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second
+	stats := &Stats{}
+	n := New(Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: 4, Region: "c1", LeaseTTL: ttl, Stats: stats,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	n.startHook = func(ctx context.Context) {
+		select {
+		case <-time.After(ttl * 5 / 2):
+		case <-ctx.Done():
+		}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); n.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m, err := nc.Request(subjects.Admin(protocol.AdminStatus), nil, time.Second)
+		if err == nil && m.Header.Get("Nats-Service-Error-Code") == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no coordinator answers after 20 s (%d terms begun, %d renewals failed): %v", stats.Terms.Load(), stats.RenewalsFailed.Load(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(2 * ttl) // a term about to step down would have by now
+	if terms := stats.Terms.Load(); terms != 1 || !stats.Leading.Load() {
+		t.Fatalf("%d terms begun, leading %v: want the first term leading still", terms, stats.Leading.Load())
+	}
+}
+
+// TestLateLeaseKeepsItsEpoch: a lease acknowledged past its renewal
+// deadline is renewed before the term leads (a loaded server). The term's
+// epoch stays the revision the lease was taken at, which the lease's value
+// carries and regions check commands against: a term that took the
+// renewal's revision for its epoch had every command refused ("epoch N
+// is not the coordinator lease's"), its shards binding until it ended.
+func TestLateLeaseKeepsItsEpoch(t *testing.T) {
+	const shards = 4
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	js := natstest.JetStream(t, nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	subjects := protocol.MustSubjects("", "", "kv")
+	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: func(context.Context, string) (region.Entity, error) { return echo{}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close(context.Background())
+
+	const ttl = 4 * time.Second
+	n := New(Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c1", LeaseTTL: ttl,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer n.parker.stop()
+	info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "i1"}
+	lease, err := store.AcquireCoordinator(ctx, info, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); n.term(ctx, info, lease, time.Now().Add(-time.Minute)) }() // acknowledged a minute after it was sent
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rows, err := store.Shards(context.Background())
+		active := 0
+		for _, r := range rows {
+			if r.State == protocol.StateActive && r.Region == "r1" {
+				active++
+				if r.Epoch != lease.Revision {
+					t.Fatalf("shard %d written with epoch %d; the lease was taken at revision %d", r.Shard, r.Epoch, lease.Revision)
+				}
+			}
+		}
+		if err == nil && active == shards {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d shards active on r1 after 20 s (%v): %+v", active, shards, err, rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	current, _, err := store.Coordinator(context.Background())
+	if err != nil || current.Epoch != lease.Revision {
+		t.Fatalf("the lease's value carries epoch %d (%v), want %d", current.Epoch, err, lease.Revision)
+	}
+}
+
+// echo answers each message with its data (entities.Echo, which this
+// package's internal tests cannot import: it imports natshard, which
+// imports this package).
+type echo struct{}
+
+func (echo) Handle(_ context.Context, m *region.Message) ([]byte, error) { return m.Data, nil }
+func (echo) Stop(context.Context) error                                  { return nil }

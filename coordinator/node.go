@@ -168,6 +168,9 @@ type Node struct {
 	// may have written (an acquisition it got no answer to), the newest
 	// last; read by retakeOwn.
 	own []string
+	// startHook, when set (by tests), runs before a term's start-up
+	// reads, as slow as a loaded server makes them (readStart).
+	startHook func(context.Context)
 }
 
 // ownKept bounds Node.own.
@@ -215,24 +218,7 @@ func (n *Node) Run(ctx context.Context) error {
 		lease, err := n.cfg.Store.AcquireCoordinator(ctx, info, n.cfg.LeaseTTL)
 		switch {
 		case err == nil:
-			n.log.Info("took the coordinator lease", "epoch", lease.Revision)
-			info.Epoch = lease.Revision
-			if !time.Now().Before(renewal.Deadline(sent, n.cfg.LeaseTTL)) {
-				// Acknowledged so late that the rule counts the lease
-				// expired already: renew it before leading.
-				sent = time.Now()
-				if lease, err = n.cfg.Store.Renew(ctx, lease, info); err != nil {
-					n.log.Warn("took the coordinator lease too late to lead, and cannot renew it", "err", err)
-					continue
-				}
-			}
-			l := &leader{Node: n, info: info, lease: lease, renewedAt: sent}
-			n.cfg.Stats.Terms.Add(1)
-			n.cfg.Stats.Epoch.Store(info.Epoch)
-			n.cfg.Stats.Leading.Store(true)
-			l.run(ctx)
-			n.cfg.Stats.Leading.Store(false)
-			n.cfg.Stats.Epoch.Store(0)
+			n.term(ctx, info, lease, sent)
 		case errors.Is(err, kvstate.ErrConflict):
 			if n.retakeOwn(ctx) {
 				continue
@@ -247,6 +233,32 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	n.stopParking("the candidate stops")
 	return nil
+}
+
+// term leads with the lease just taken, whose acquisition was sent at
+// sent, until the term ends. The term's epoch is the lease's revision
+// when taken (info.Epoch, which the lease's value carries from its first
+// renewal on, and regions check commands against).
+func (n *Node) term(ctx context.Context, info protocol.CoordinatorInfo, lease kvstate.Lease, sent time.Time) {
+	n.log.Info("took the coordinator lease", "epoch", lease.Revision)
+	info.Epoch = lease.Revision
+	if !time.Now().Before(renewal.Deadline(sent, n.cfg.LeaseTTL)) {
+		// Acknowledged so late that the rule counts the lease expired
+		// already: renew it before leading (the epoch stays).
+		sent = time.Now()
+		var err error
+		if lease, err = n.cfg.Store.Renew(ctx, lease, info); err != nil {
+			n.log.Warn("took the coordinator lease too late to lead, and cannot renew it", "err", err)
+			return
+		}
+	}
+	l := &leader{Node: n, info: info, lease: lease, renewedAt: sent}
+	n.cfg.Stats.Terms.Add(1)
+	n.cfg.Stats.Epoch.Store(info.Epoch)
+	n.cfg.Stats.Leading.Store(true)
+	l.run(ctx)
+	n.cfg.Stats.Leading.Store(false)
+	n.cfg.Stats.Epoch.Store(0)
 }
 
 // retakeOwn is called when the lease is found held. If it holds one of
@@ -326,23 +338,12 @@ func (l *leader) run(parent context.Context) {
 }
 
 func (l *leader) lead(ctx context.Context) error {
-	epoch := l.lease.Revision
-	table, err := l.cfg.Store.Shards(ctx)
+	epoch := l.info.Epoch
+	start, err := l.readStart(ctx)
 	if err != nil {
-		return fmt.Errorf("read shard table: %w", err)
+		return err
 	}
-	entries, err := l.cfg.Store.Regions(ctx)
-	if err != nil {
-		return fmt.Errorf("read regions: %w", err)
-	}
-	regions := make([]RegionSeen, len(entries))
-	for i, e := range entries {
-		regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
-	}
-	pins, err := l.cfg.Store.Pins(ctx)
-	if err != nil {
-		return fmt.Errorf("read pins: %w", err)
-	}
+	table, regions, pins := start.table, start.regions, start.pins
 	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
 	rebalance, settle := -1, -1
 	if l.cfg.RebalanceInterval > 0 {
@@ -385,9 +386,7 @@ func (l *leader) lead(ctx context.Context) error {
 	// The parkings of this candidate's previous term that this one has
 	// not adopted: once every region has answered its first probe (or
 	// failed to), those of shards found without owner are adopted; the
-	// others go. (Parkings are the term's by l.info.Epoch, the lease's
-	// revision when it was taken: epoch differs from it when the lease
-	// was renewed before leading.)
+	// others go. (Parkings are the term's by its epoch.)
 	adopt := time.NewTimer(l.cfg.CommandTimeout + l.cfg.Tick)
 	defer adopt.Stop()
 	watch := l.watchRegions(ctx)
@@ -417,7 +416,7 @@ func (l *leader) lead(ctx context.Context) error {
 			acts = core.Step(ev)
 			acts = l.stepQueued(core, acts)
 		case <-adopt.C:
-			if shards := l.parker.releaseOthers(l.info.Epoch); len(shards) > 0 {
+			if shards := l.parker.releaseOthers(epoch); len(shards) > 0 {
 				l.log.Info("stopped parking shards that a previous term parked and this one found owned", "shards", shards)
 			}
 		case <-tick.C:
@@ -441,6 +440,68 @@ func (l *leader) lead(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// startState is what a term starts from, read from the bucket once the
+// lease is taken (so that no earlier term can change it after: the
+// table's writes are fenced by the lease).
+type startState struct {
+	table   []protocol.ShardRecord
+	regions []RegionSeen
+	pins    map[int]string
+	err     error
+}
+
+// readStart reads the term's startState, renewing the lease meanwhile.
+// The reads (KV snapshots of the table, the regions and the pins) took 2
+// to 5 s on a loaded machine (two fault tests beside the region's race
+// tests), longer than a 4 s lease lets its holder go without renewing (3
+// s, renewal.Deadline): each term stepped down as it began to lead, and
+// the next one read again (FAULTS.md).
+func (l *leader) readStart(ctx context.Context) (startState, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the reads of a term that steps down meanwhile
+	read := make(chan startState, 1)
+	go func() { read <- readState(rctx, l.cfg.Store, l.startHook) }()
+	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
+	defer renew.Stop()
+	for {
+		select {
+		case s := <-read:
+			return s, s.err
+		case <-renew.C:
+			renewed, err := l.renew(ctx)
+			if err != nil {
+				return startState{}, err
+			}
+			renew.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
+		}
+	}
+}
+
+// readState reads a term's startState from store; hook, when set (by
+// tests), runs first.
+func readState(ctx context.Context, store *kvstate.Store, hook func(context.Context)) (s startState) {
+	if hook != nil {
+		hook(ctx)
+	}
+	if s.table, s.err = store.Shards(ctx); s.err != nil {
+		s.err = fmt.Errorf("read shard table: %w", s.err)
+		return s
+	}
+	entries, err := store.Regions(ctx)
+	if err != nil {
+		s.err = fmt.Errorf("read regions: %w", err)
+		return s
+	}
+	s.regions = make([]RegionSeen, len(entries))
+	for i, e := range entries {
+		s.regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
+	}
+	if s.pins, s.err = store.Pins(ctx); s.err != nil {
+		s.err = fmt.Errorf("read pins: %w", s.err)
+	}
+	return s
 }
 
 // stepQueued steps the events queued behind the one that gave acts, up
