@@ -54,6 +54,57 @@ func TestLongBatchRenewsTheLease(t *testing.T) {
 	}
 }
 
+// TestRowsRenewTheLease: rows the store writes one after another (fewer
+// than a batch pays for, or a bucket without atomic batches) are a round
+// trip each, a quarter of a second under load: the renewal, when due,
+// goes between two of them, not only before the first. The test's clock,
+// which only renewIfDue reads, runs 300 ms ahead per row (a 1 s lease is
+// renewed every 250 ms); before, 22 rows were written with no renewal
+// between them, and under load the server expired the lease halfway.
+func TestRowsRenewTheLease(t *testing.T) {
+	const rows = 22
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store.Batches(rows) {
+		t.Fatalf("the store sends %d rows as one batch; the test needs them one after another", rows)
+	}
+	ctx := context.Background()
+	info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "c1-1"}
+	lease, err := store.AcquireCoordinator(ctx, info, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Epoch = lease.Revision
+	n := New(Config{Conn: nc, Store: store, Subjects: protocol.MustSubjects("", "", "kv"), Shards: rows, LeaseTTL: time.Second})
+	l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
+	l.core, _ = NewCore(CoreConfig{Shards: rows}, "c1", lease.Revision, nil, nil)
+	l.track = newMoveTracker(n.cfg.Stats, nil, rows, nil)
+	defer l.track.stop()
+	calls := 0
+	l.clock = func() time.Time {
+		calls++
+		return time.Now().Add(time.Duration(calls-1) * 300 * time.Millisecond)
+	}
+
+	var acts []Action
+	for sh := range rows {
+		acts = append(acts, WriteShard{Record: protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Epoch: lease.Revision, Handoff: uint64(sh + 1)}})
+	}
+	if err := l.execute(ctx, acts); err != nil {
+		t.Fatal(err)
+	}
+	if l.lease.Revision == lease.Revision {
+		t.Fatalf("%d rows written one after another, the clock %v ahead by the last, and the lease never renewed (%d checks)", rows, time.Duration(calls-1)*300*time.Millisecond, calls)
+	}
+	table, err := store.Shards(ctx)
+	if err != nil || len(table) != rows {
+		t.Fatalf("%d rows in the table (%v), want %d", len(table), err, rows)
+	}
+}
+
 // TestWaitsForWrites: the table writes held for a batch go before every
 // action but log lines, the Park of a shard they do not touch and an
 // Unpark (execute starts those after its last writes).

@@ -75,7 +75,7 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 			return err
 		}
 	}
-	if len(recs) >= s.batchFrom && s.atomicBatches.Load() {
+	if s.Batches(len(recs)) {
 		msgs := make([]*nats.Msg, len(recs))
 		for i, rec := range recs {
 			data, err := protocol.Encode(rec)
@@ -96,6 +96,11 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 	}
 	return nil
 }
+
+// Batches reports whether PutShards sends n rows as one atomic batch
+// (one round trip); otherwise it writes them one after another, a round
+// trip each.
+func (s *Store) Batches(n int) bool { return n >= s.batchFrom && s.atomicBatches.Load() }
 
 // errRows: the server refused the atomic batch; its rows are to be
 // written one at a time.
