@@ -81,3 +81,49 @@ func TestPutShardsOverMaxBatchSize(t *testing.T) {
 	}
 	checkTable(t, s, want)
 }
+
+// TestBatchesFollowRowTime: on a one-replica bucket PutShards sends a
+// batch from batchFrom rows, and from fewer when rows written alone take
+// so long that the rows would cost more than a batch's staging; never
+// one row, nor where the bucket takes no batches. On a replicated
+// bucket, from two rows.
+func TestBatchesFollowRowTime(t *testing.T) {
+	s := &Store{batchFrom: batchFrom(1)}
+	s.atomicBatches.Store(true)
+	for _, tc := range []struct {
+		row  time.Duration // moving average of a row alone; 0: none written yet
+		n    int
+		want bool
+	}{
+		{0, 22, false},
+		{0, 100, true},
+		{41 * time.Microsecond, 22, false}, // idle: 22 rows alone cost 0.9 ms
+		{41 * time.Microsecond, 99, true},  // 98 x 41 µs > 3 ms
+		{250 * time.Millisecond, 2, true},  // loaded
+		{250 * time.Millisecond, 1, false},
+	} {
+		s.rowTime.Store(int64(tc.row))
+		if got := s.Batches(tc.n); got != tc.want {
+			t.Errorf("rows alone at %v: Batches(%d) = %v, want %v", tc.row, tc.n, got, tc.want)
+		}
+	}
+	s.atomicBatches.Store(false)
+	if s.Batches(100) {
+		t.Error("Batches(100) on a bucket that takes no batches")
+	}
+	r3 := &Store{batchFrom: batchFrom(3)}
+	r3.atomicBatches.Store(true)
+	if !r3.Batches(2) || r3.Batches(1) {
+		t.Errorf("replicated: Batches(2) = %v, Batches(1) = %v", r3.Batches(2), r3.Batches(1))
+	}
+
+	// The average follows the rows written alone.
+	s = &Store{}
+	s.rowWritten(8 * time.Millisecond)
+	for range 80 {
+		s.rowWritten(40 * time.Microsecond)
+	}
+	if got := time.Duration(s.rowTime.Load()); got > 45*time.Microsecond {
+		t.Errorf("after 80 rows of 40 µs the average is %v", got)
+	}
+}

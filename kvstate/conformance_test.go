@@ -544,7 +544,10 @@ func testPutShardsWithoutBatches(t *testing.T, newStore func(t *testing.T) *Stor
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), 10*time.Second)
+	// A lease of a minute: 1 200 rows one at a time on R3 outlasted one
+	// of 10 s on a loaded machine (two fault tests and the region's race
+	// tests beside it), and the server expired it halfway.
+	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,9 +80,12 @@ type Store struct {
 
 	// atomicBatches: the bucket's stream takes atomic batches
 	// (AllowAtomicPublish), so PutShards commits batchFrom rows or more
-	// in one.
+	// in one, or fewer when rows written alone take long (Batches).
 	atomicBatches atomic.Bool
 	batchFrom     int
+	// rowTime: how long a row written alone takes, acknowledged (a
+	// moving average, nanoseconds; 0 before the first).
+	rowTime atomic.Int64
 }
 
 // fenceLock is Store.fenceMu: a lock whose writers of the lease itself
