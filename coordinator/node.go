@@ -687,9 +687,10 @@ func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
 	return true
 }
 
-// writeShards writes rows of the table (at most kvstate.MaxShardBatch,
-// one batch where the bucket takes atomic batches), renewing the lease
-// first when that is due.
+// writeShards writes rows of the table (at most kvstate.MaxShardBatch):
+// one batch where the store sends them as one (kvstate.Store.Batches),
+// else one row after another; before the batch, or before each row, it
+// renews the lease when that is due.
 func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) error {
 	chunk := len(recs)
 	if !l.cfg.Store.Batches(len(recs)) {
