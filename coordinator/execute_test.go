@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/natshard/natshard/internal/natstest"
-	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -21,18 +19,8 @@ import (
 // row, waitsForWrites, is not seen here.)
 func TestExecuteBatches(t *testing.T) {
 	const shards = 2500
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	js := natstest.JetStream(t, nc)
+	nc, store, buffer, subjects := openKV(t)
 	ctx := context.Background()
-	subjects := protocol.MustSubjects("", "", "kv")
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "i1"}
 	lease, err := store.AcquireCoordinator(ctx, info, time.Minute)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -140,18 +141,8 @@ func TestWaitsForWrites(t *testing.T) {
 // against a 1 s lease (renewed every 250 ms, given up 750 ms after the
 // last renewal), and the first term leads and stays.
 func TestSlowStartRenewsTheLease(t *testing.T) {
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	js := natstest.JetStream(t, nc)
+	nc, store, buffer, subjects := openKV(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	subjects := protocol.MustSubjects("", "", "kv")
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const ttl = time.Second
 	stats := &Stats{}
 	n := New(Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: 4, Region: "c1", LeaseTTL: ttl, Stats: stats,
@@ -191,18 +182,8 @@ func TestSlowStartRenewsTheLease(t *testing.T) {
 // is not the coordinator lease's"), its shards binding until it ended.
 func TestLateLeaseKeepsItsEpoch(t *testing.T) {
 	const shards = 4
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	js := natstest.JetStream(t, nc)
+	nc, store, buffer, subjects := openKV(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	subjects := protocol.MustSubjects("", "", "kv")
-	store, err := kvstate.Open(ctx, js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buffer, err := kvstate.OpenBuffer(ctx, js, subjects, kvstate.BufferOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	agent, err := region.Open(ctx, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: "r1", Factory: func(context.Context, string) (region.Entity, error) { return echo{}, nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -246,6 +227,24 @@ func TestLateLeaseKeepsItsEpoch(t *testing.T) {
 	if err != nil || current.Epoch != lease.Revision {
 		t.Fatalf("the lease's value carries epoch %d (%v), want %d", current.Epoch, err, lease.Revision)
 	}
+}
+
+// openKV starts a server and opens the KV bucket and the buffer of type
+// kv on it (the external tests' openType, for this package's own).
+func openKV(t *testing.T) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	js := natstest.JetStream(t, nc)
+	subjects := protocol.MustSubjects("", "", "kv")
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, store, buffer, subjects
 }
 
 // echo answers each message with its data (entities.Echo, which this
