@@ -59,9 +59,10 @@ func TestLongBatchRenewsTheLease(t *testing.T) {
 // than a batch pays for, or a bucket without atomic batches) are a round
 // trip each, a quarter of a second under load: the renewal, when due,
 // goes between two of them, not only before the first. The test's clock,
-// which only renewIfDue reads, runs 300 ms ahead per row (a 1 s lease is
-// renewed every 250 ms); before, 22 rows were written with no renewal
-// between them, and under load the server expired the lease halfway.
+// which only renewIfDue reads, jumps 600 ms ahead at the second row (a
+// 2 s lease is renewed every 500 ms); before, 22 rows were written with
+// no renewal between them, and under load the server expired the lease
+// halfway.
 func TestRowsRenewTheLease(t *testing.T) {
 	const rows = 22
 	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
@@ -74,12 +75,13 @@ func TestRowsRenewTheLease(t *testing.T) {
 	}
 	ctx := context.Background()
 	info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "c1-1"}
-	lease, err := store.AcquireCoordinator(ctx, info, time.Second)
+	const ttl = 2 * time.Second
+	lease, err := store.AcquireCoordinator(ctx, info, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	info.Epoch = lease.Revision
-	n := New(Config{Conn: nc, Store: store, Subjects: protocol.MustSubjects("", "", "kv"), Shards: rows, LeaseTTL: time.Second})
+	n := New(Config{Conn: nc, Store: store, Subjects: protocol.MustSubjects("", "", "kv"), Shards: rows, LeaseTTL: ttl})
 	l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
 	l.core, _ = NewCore(CoreConfig{Shards: rows}, "c1", lease.Revision, nil, nil)
 	l.track = newMoveTracker(n.cfg.Stats, nil, rows, nil)
@@ -87,7 +89,10 @@ func TestRowsRenewTheLease(t *testing.T) {
 	calls := 0
 	l.clock = func() time.Time {
 		calls++
-		return time.Now().Add(time.Duration(calls-1) * 300 * time.Millisecond)
+		if calls == 2 {
+			return time.Now().Add(600 * time.Millisecond)
+		}
+		return time.Now()
 	}
 
 	var acts []Action
@@ -98,7 +103,7 @@ func TestRowsRenewTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	if l.lease.Revision == lease.Revision {
-		t.Fatalf("%d rows written one after another, the clock %v ahead by the last, and the lease never renewed (%d checks)", rows, time.Duration(calls-1)*300*time.Millisecond, calls)
+		t.Fatalf("%d rows written one after another, the clock 600 ms ahead at the second, and the lease not renewed (%d checks)", rows, calls)
 	}
 	table, err := store.Shards(ctx)
 	if err != nil || len(table) != rows {
@@ -137,13 +142,13 @@ func TestWaitsForWrites(t *testing.T) {
 // TestSlowStartRenewsTheLease: a term's start-up reads (the table, the
 // regions, the pins) took longer than its lease lets it go without
 // renewing on a loaded machine, and every term stepped down as it began
-// to lead. The lease is renewed while they run: here they take 2.5 s
-// against a 1 s lease (renewed every 250 ms, given up 750 ms after the
+// to lead. The lease is renewed while they run: here they take 5 s
+// against a 2 s lease (renewed every 500 ms, given up 1.5 s after the
 // last renewal), and the first term leads and stays.
 func TestSlowStartRenewsTheLease(t *testing.T) {
 	nc, store, buffer, subjects := openKV(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	const ttl = time.Second
+	const ttl = 2 * time.Second
 	stats := &Stats{}
 	n := New(Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: 4, Region: "c1", LeaseTTL: ttl, Stats: stats,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
