@@ -60,7 +60,7 @@ func batchFrom(replicas int) int {
 // (Open lets the buckets it creates take them, on NATS 2.12 and later)
 // they are one batch, committed whole or not at all, with one check of
 // the fence for all of them, if they are enough for a batch to cost less
-// (batchFrom). Otherwise, or if the server refuses the batch as such or
+// (Batches). Otherwise, or if the server refuses the batch as such or
 // for its bytes (fencedBatch), they are written one after another, as
 // PutShard writes them, and an error may leave the first ones written.
 func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.ShardRecord) error {
