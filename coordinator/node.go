@@ -340,7 +340,9 @@ func (l *leader) run(parent context.Context) {
 
 func (l *leader) lead(ctx context.Context) error {
 	epoch := l.info.Epoch
-	start, err := l.readStart(ctx)
+	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
+	defer renew.Stop()
+	start, err := l.readStart(ctx, renew)
 	if err != nil {
 		return err
 	}
@@ -393,8 +395,6 @@ func (l *leader) lead(ctx context.Context) error {
 	watch := l.watchRegions(ctx)
 	tick := time.NewTicker(l.cfg.Tick)
 	defer tick.Stop()
-	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
-	defer renew.Stop()
 	reconnects := l.cfg.Conn.Stats().Reconnects
 	for {
 		var acts []Action
@@ -402,11 +402,9 @@ func (l *leader) lead(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-renew.C:
-			renewed, err := l.renew(ctx)
-			if err != nil {
+			if err := l.renewOn(ctx, renew); err != nil {
 				return err
 			}
-			renew.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
 		case ev, ok := <-watch:
 			if !ok {
 				watch = l.watchRegions(ctx)
@@ -453,29 +451,26 @@ type startState struct {
 	err     error
 }
 
-// readStart reads the term's startState, renewing the lease meanwhile.
+// readStart reads the term's startState, renewing the lease meanwhile
+// when renew (the term's renewal timer) fires.
 // The reads (KV snapshots of the table, the regions and the pins) took 2
 // to 5 s on a loaded machine (two fault tests beside the region's race
 // tests), longer than a 4 s lease lets its holder go without renewing (3
 // s, renewal.Deadline): each term stepped down as it began to lead, and
 // the next one read again (FAULTS.md).
-func (l *leader) readStart(ctx context.Context) (startState, error) {
+func (l *leader) readStart(ctx context.Context, renew *time.Timer) (startState, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the reads of a term that steps down meanwhile
 	read := make(chan startState, 1)
 	go func() { read <- readState(rctx, l.cfg.Store, l.startHook) }()
-	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
-	defer renew.Stop()
 	for {
 		select {
 		case s := <-read:
 			return s, s.err
 		case <-renew.C:
-			renewed, err := l.renew(ctx)
-			if err != nil {
+			if err := l.renewOn(ctx, renew); err != nil {
 				return startState{}, err
 			}
-			renew.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
 		}
 	}
 }
@@ -549,6 +544,16 @@ func (l *leader) renew(ctx context.Context) (bool, error) {
 	}
 	l.log.Warn("lease renewal failed; will retry", "err", err)
 	return false, nil
+}
+
+// renewOn renews the lease when the term's renewal timer t fired, and
+// sets t for the next renewal (sooner after a failed attempt).
+func (l *leader) renewOn(ctx context.Context, t *time.Timer) error {
+	renewed, err := l.renew(ctx)
+	if err == nil {
+		t.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
+	}
+	return err
 }
 
 // renewIfDue renews the lease when its renewal is due. The loop that
