@@ -55,59 +55,73 @@ func TestLongBatchRenewsTheLease(t *testing.T) {
 	}
 }
 
-// TestRowsRenewTheLease: rows the store writes one after another (fewer
-// than a batch pays for, or a bucket without atomic batches) are a round
-// trip each, a quarter of a second under load: the renewal, when due,
-// goes between two of them, not only before the first. The test's clock,
-// which only renewIfDue reads, jumps 600 ms ahead at the second row (a
-// 2 s lease is renewed every 500 ms); before, 22 rows were written with
-// no renewal between them, and under load the server expired the lease
-// halfway.
+// TestRowsRenewTheLease: rows written one after another (fewer than a
+// batch pays for, or a batch the server refused) are a round trip each,
+// a quarter of a second under load: the renewal, when due, goes between
+// two of them, not only before the first. The test's clock, which only
+// renewIfDue reads, jumps 600 ms ahead at its second reading (a 2 s lease
+// is renewed every 500 ms): at the second row; where a batch was tried
+// first, at the first row after the server refused it. Before, 22 rows
+// were written with no renewal between them, and under load the server
+// expired the lease halfway; rows of a refused batch went one at a time
+// inside kvstate, out of the leader's reach.
 func TestRowsRenewTheLease(t *testing.T) {
-	const rows = 22
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if store.Batches(rows) {
-		t.Fatalf("the store sends %d rows as one batch; the test needs them one after another", rows)
-	}
-	ctx := context.Background()
-	info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "c1-1"}
-	const ttl = 2 * time.Second
-	lease, err := store.AcquireCoordinator(ctx, info, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info.Epoch = lease.Revision
-	n := New(Config{Conn: nc, Store: store, Subjects: protocol.MustSubjects("", "", "kv"), Shards: rows, LeaseTTL: ttl})
-	l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
-	l.core, _ = NewCore(CoreConfig{Shards: rows}, "c1", lease.Revision, nil, nil)
-	l.track = newMoveTracker(n.cfg.Stats, nil, rows, nil)
-	defer l.track.stop()
-	calls := 0
-	l.clock = func() time.Time {
-		calls++
-		if calls == 2 {
-			return time.Now().Add(600 * time.Millisecond)
-		}
-		return time.Now()
-	}
+	for _, tc := range []struct {
+		name     string
+		rows     int
+		maxBatch int // the server's max_batch_size; 0: its default
+	}{
+		{"rows alone", 22, 0},
+		{"batch refused", 101, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := natstest.DefaultOptions(t)
+			opts.JetStreamLimits.MaxBatchSize = tc.maxBatch
+			nc := natstest.Connect(t, natstest.URL(natstest.RunServerWithOptions(t, opts)))
+			store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if batch := tc.maxBatch > 0; store.Batches(tc.rows) != batch {
+				t.Fatalf("Batches(%d) = %v; the test needs %v", tc.rows, !batch, batch)
+			}
+			ctx := context.Background()
+			info := protocol.CoordinatorInfo{Region: "c1", Incarnation: "c1-1"}
+			const ttl = 2 * time.Second
+			lease, err := store.AcquireCoordinator(ctx, info, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info.Epoch = lease.Revision
+			n := New(Config{Conn: nc, Store: store, Subjects: protocol.MustSubjects("", "", "kv"), Shards: tc.rows, LeaseTTL: ttl})
+			l := &leader{Node: n, info: info, lease: lease, renewedAt: time.Now()}
+			l.core, _ = NewCore(CoreConfig{Shards: tc.rows}, "c1", lease.Revision, nil, nil)
+			l.track = newMoveTracker(n.cfg.Stats, nil, tc.rows, nil)
+			defer l.track.stop()
+			calls := 0
+			l.clock = func() time.Time {
+				calls++
+				if calls == 2 {
+					return time.Now().Add(600 * time.Millisecond)
+				}
+				return time.Now()
+			}
 
-	var acts []Action
-	for sh := range rows {
-		acts = append(acts, WriteShard{Record: protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Epoch: lease.Revision, Handoff: uint64(sh + 1)}})
-	}
-	if err := l.execute(ctx, acts); err != nil {
-		t.Fatal(err)
-	}
-	if l.lease.Revision == lease.Revision {
-		t.Fatalf("%d rows written one after another, the clock 600 ms ahead at the second, and the lease not renewed (%d checks)", rows, calls)
-	}
-	table, err := store.Shards(ctx)
-	if err != nil || len(table) != rows {
-		t.Fatalf("%d rows in the table (%v), want %d", len(table), err, rows)
+			var acts []Action
+			for sh := range tc.rows {
+				acts = append(acts, WriteShard{Record: protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Epoch: lease.Revision, Handoff: uint64(sh + 1)}})
+			}
+			if err := l.execute(ctx, acts); err != nil {
+				t.Fatal(err)
+			}
+			if l.lease.Revision == lease.Revision {
+				t.Fatalf("%d rows written one after another, the clock 600 ms ahead at its second reading, and the lease not renewed (%d readings)", tc.rows, calls)
+			}
+			table, err := store.Shards(ctx)
+			if err != nil || len(table) != tc.rows {
+				t.Fatalf("%d rows in the table (%v), want %d", len(table), err, tc.rows)
+			}
+		})
 	}
 }
 

@@ -693,33 +693,51 @@ func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
 }
 
 // writeShards writes rows of the table (at most kvstate.MaxShardBatch):
-// one batch where the store sends them as one (kvstate.Store.Batches),
-// else one row after another; before the batch, or before each row, it
-// renews the lease when that is due.
+// as one batch where the store has them go as one (kvstate.Store.Batches)
+// and the server takes it, else one row after another. Before the batch,
+// and before each row, it renews the lease when that is due: under load
+// a row alone took a quarter of a second, and 22 of them outlasted a 4 s
+// lease that nothing renewed meanwhile (the server expired it; the rest
+// were refused as fenced, and the term ended).
 func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) error {
-	chunk := len(recs)
-	if !l.cfg.Store.Batches(len(recs)) {
-		// Written one after another: under load each took a quarter of
-		// a second, and 22 of them outlasted a 4 s lease that nothing
-		// renewed meanwhile (the server expired it; the rest were
-		// refused as fenced, and the term ended).
-		chunk = 1
+	if len(recs) == 0 {
+		return nil
 	}
-	for part := range slices.Chunk(recs, max(chunk, 1)) {
+	if l.cfg.Store.Batches(len(recs)) {
 		if err := l.renewIfDue(ctx); err != nil {
 			return err
 		}
-		if err := l.cfg.Store.PutShards(ctx, l.lease, part); err != nil {
-			return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(part), part[0].Shard, err)
+		err := l.cfg.Store.PutShards(ctx, l.lease, recs)
+		if err == nil {
+			l.written(recs)
+			return nil
 		}
-		now := time.Now()
-		for _, rec := range part {
-			l.track.written(rec, now)
-			l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
-			l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
+		if !errors.Is(err, kvstate.ErrBatchRefused) {
+			return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(recs), recs[0].Shard, err)
 		}
+		l.log.Debug("the table's rows go one at a time", "rows", len(recs), "why", err)
+	}
+	for i := range recs {
+		if err := l.renewIfDue(ctx); err != nil {
+			return err
+		}
+		if _, err := l.cfg.Store.PutShard(ctx, l.lease, recs[i]); err != nil {
+			return fmt.Errorf("%w: write shard %d: %w", errStepDown, recs[i].Shard, err)
+		}
+		l.written(recs[i : i+1])
 	}
 	return nil
+}
+
+// written records rows of the table just written: for the moves' timing,
+// the log and the event stream.
+func (l *leader) written(recs []protocol.ShardRecord) {
+	now := time.Now()
+	for _, rec := range recs {
+		l.track.written(rec, now)
+		l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
+		l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
+	}
 }
 
 // unpark ends the parking of shards whose new owner is replaying their

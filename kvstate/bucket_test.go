@@ -1,6 +1,7 @@
 package kvstate
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -56,8 +57,9 @@ func TestBucketConfig(t *testing.T) {
 }
 
 // TestPutShardsOverMaxBatchSize: a server whose max_batch_size is under
-// MaxShardBatch refuses a larger batch; the Store then writes the rows one
-// at a time, and from then on (docs/OPERATIONS.md, Atomic batches).
+// MaxShardBatch refuses a larger batch; PutShards writes none of its rows
+// and says so (ErrBatchRefused), and the Store has rows go one at a time
+// from then on (docs/OPERATIONS.md, Atomic batches).
 func TestPutShardsOverMaxBatchSize(t *testing.T) {
 	opts := natstest.DefaultOptions(t)
 	opts.JetStreamLimits.MaxBatchSize = 100
@@ -67,19 +69,20 @@ func TestPutShardsOverMaxBatchSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[int]string{}
 	var recs []protocol.ShardRecord
 	for n := range 101 { // over the server's bound
 		recs = append(recs, shardRec(n, "r", l.Revision))
-		want[n] = "r:active"
 	}
-	if err := s.PutShards(t.Context(), l, recs); err != nil {
-		t.Fatalf("PutShards of %d rows: %v", len(recs), err)
+	if !s.Batches(len(recs)) {
+		t.Fatalf("Batches(%d) is false before any batch was refused", len(recs))
 	}
-	if s.atomicBatches.Load() {
-		t.Fatal("the Store still sends batches after the server refused one as too large")
+	if err := s.PutShards(t.Context(), l, recs); !errors.Is(err, ErrBatchRefused) {
+		t.Fatalf("PutShards of %d rows: %v, want ErrBatchRefused", len(recs), err)
 	}
-	checkTable(t, s, want)
+	checkTable(t, s, map[int]string{})
+	if s.Batches(len(recs)) {
+		t.Fatal("Batches says yes after the server refused a batch as too large")
+	}
 }
 
 // TestBatchesFollowRowTime: on a one-replica bucket PutShards sends a

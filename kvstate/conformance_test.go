@@ -530,7 +530,9 @@ func testPutShards(t *testing.T, newStore func(t *testing.T) *Store) {
 
 // testPutShardsWithoutBatches: on a bucket that takes no atomic batches
 // (one made before them, or whose server refuses them) PutShards writes
-// the rows one at a time, and Open binds such a bucket as it is.
+// none of its rows and says so (ErrBatchRefused: the caller writes them
+// one at a time), Batches says no from then on, and Open binds such a
+// bucket as it is.
 func testPutShardsWithoutBatches(t *testing.T, newStore func(t *testing.T) *Store) {
 	a := newStore(t)
 	ctx := t.Context()
@@ -544,33 +546,28 @@ func testPutShardsWithoutBatches(t *testing.T, newStore func(t *testing.T) *Stor
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	// A lease of a minute: 1 200 rows one at a time on R3 outlasted one
-	// of 10 s on a loaded machine (two fault tests and the region's race
-	// tests beside it), and the server expired it halfway.
 	l, err := a.AcquireCoordinator(ctx, coordInfo("a"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[int]string{}
-	write := func(s *Store, from, to int) {
+	refused := func(s *Store, from, to int) {
 		t.Helper()
 		var recs []protocol.ShardRecord
 		for n := from; n < to; n++ {
 			recs = append(recs, shardRec(n, "r", l.Revision))
-			want[n] = "r:active"
 		}
-		if err := s.PutShards(ctx, l, recs); err != nil {
-			t.Fatalf("PutShards: %v", err)
+		if err := s.PutShards(ctx, l, recs); !errors.Is(err, ErrBatchRefused) {
+			t.Fatalf("PutShards of %d rows: %v, want ErrBatchRefused", len(recs), err)
 		}
-		if s.atomicBatches.Load() {
-			t.Fatal("the Store still sends batches")
+		if s.Batches(len(recs)) {
+			t.Fatalf("Batches(%d) says yes on a bucket that takes no batches", len(recs))
 		}
-		checkTable(t, s, want)
+		checkTable(t, s, map[int]string{})
 	}
 	// a believed the bucket took batches; the server refuses the first.
-	write(a, 0, MaxShardBatch)
+	refused(a, 0, MaxShardBatch)
 	// b, opened since, knows it does not.
-	write(peer(t, a, ""), MaxShardBatch, MaxShardBatch+200)
+	refused(peer(t, a, ""), MaxShardBatch, MaxShardBatch+200)
 }
 
 // checkTable holds s's shard table to want (shard: "region:state").

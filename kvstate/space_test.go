@@ -118,12 +118,21 @@ func testSpaceBucket(t *testing.T, url string, replicas int) {
 	}
 	// And the rows again, as their activation writes them: the server
 	// counts a batch's bytes as added, not as replacing the rows, so near
-	// the limit it refuses the batch; the rows go one at a time.
+	// the limit it refuses the batch, none of it written; the rows go one
+	// at a time (as the coordinator writes them then).
 	for i := range rows {
 		rows[i].State = protocol.StateActive
 	}
-	if err := s.PutShards(ctx, coord, rows); err != nil {
-		t.Fatalf("%d shard table rows rewritten with the bucket full of entity state: %v", len(rows), err)
+	if err := s.PutShards(ctx, coord, rows); !errors.Is(err, kvstate.ErrBatchRefused) {
+		t.Fatalf("%d shard table rows rewritten as one batch with the bucket full of entity state: %v, want ErrBatchRefused", len(rows), err)
+	}
+	if table, err := s.Shards(ctx); err != nil || table[len(rows)-1].State != protocol.StateBinding {
+		t.Fatalf("a refused batch wrote its rows: %v", err)
+	}
+	for _, rec := range rows {
+		if _, err := s.PutShard(ctx, coord, rec); err != nil {
+			t.Fatalf("shard table row %d rewritten alone with the bucket full of entity state: %v", rec.Shard, err)
+		}
 	}
 	if table, err := s.Shards(ctx); err != nil || len(table) != len(rows) || table[len(rows)-1].State != protocol.StateActive {
 		t.Fatalf("the table after the rows were rewritten: %d rows, %v", len(table), err)

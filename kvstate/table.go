@@ -37,11 +37,12 @@ func (s *Store) PutShard(ctx context.Context, fence Lease, rec protocol.ShardRec
 }
 
 // MaxShardBatch bounds the rows of one PutShards: NATS's default bound
-// on an atomic batch (a server's jetstream max_batch_size can lower it;
-// PutShards then writes one row at a time).
+// on an atomic batch (a server's jetstream max_batch_size can lower it:
+// PutShards then refuses with ErrBatchRefused, and Batches says no from
+// then on).
 const MaxShardBatch = 1000
 
-// batchFrom is the fewest rows PutShards sends as an atomic batch to a
+// batchFrom is the fewest rows Batches has go as an atomic batch to a
 // bucket of the given replicas. A replicated stream stages a batch in
 // memory: two rows in one batch already cost less than one after another.
 // A one-replica stream on file stages it in a file store of its own (to
@@ -55,14 +56,16 @@ func batchFrom(replicas int) int {
 	return 100
 }
 
-// PutShards writes rows of the shard table, each fenced as PutShard's is:
-// at most MaxShardBatch, in order. On a bucket that takes atomic batches
-// (Open lets the buckets it creates take them, on NATS 2.12 and later)
-// they are one batch, committed whole or not at all, with one check of
-// the fence for all of them, if they are enough for a batch to cost less
-// (Batches). Otherwise, or if the server refuses the batch as such or
-// for its bytes (fencedBatch), they are written one after another, as
-// PutShard writes them, and an error may leave the first ones written.
+// PutShards writes rows of the shard table, at most MaxShardBatch, as one
+// atomic batch: committed whole or not at all, with one check of the
+// fence (as PutShard's) for all of them. Batches says when n rows cost
+// less as a batch than one after another. On a bucket that takes no
+// atomic batches (one made before NATS 2.12), or when the server refuses
+// this one (its max_batch_size; the bucket near its byte limit:
+// fencedBatch), nothing is written and the error wraps ErrBatchRefused:
+// the caller writes the rows one at a time (PutShard), renewing its lease
+// between them as it needs (a row alone took a quarter of a second under
+// load).
 func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.ShardRecord) error {
 	if err := checkFence(fence, "PutShards"); err != nil {
 		return err
@@ -75,36 +78,36 @@ func (s *Store) PutShards(ctx context.Context, fence Lease, recs []protocol.Shar
 			return err
 		}
 	}
-	if s.Batches(len(recs)) {
-		msgs := make([]*nats.Msg, len(recs))
-		for i, rec := range recs {
-			data, err := protocol.Encode(rec)
-			if err != nil {
-				return err
-			}
-			msgs[i] = &nats.Msg{Subject: s.subject(shardKey(rec.Shard)), Data: data, Header: nats.Header{}}
-		}
-		err := s.fencedBatch(ctx, fence, msgs)
-		if !errors.Is(err, errRows) {
+	if len(recs) == 0 {
+		return nil
+	}
+	if !s.atomicBatches.Load() {
+		return fmt.Errorf("put %d shards: the bucket takes no atomic batches: %w", len(recs), ErrBatchRefused)
+	}
+	msgs := make([]*nats.Msg, len(recs))
+	for i, rec := range recs {
+		data, err := protocol.Encode(rec)
+		if err != nil {
 			return err
 		}
+		msgs[i] = &nats.Msg{Subject: s.subject(shardKey(rec.Shard)), Data: data, Header: nats.Header{}}
 	}
-	for _, rec := range recs {
-		if _, err := s.PutShard(ctx, fence, rec); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.fencedBatch(ctx, fence, msgs)
 }
 
-// Batches reports whether PutShards sends n rows as one atomic batch
-// (one round trip); otherwise it writes them one after another, a round
-// trip each. It does from batchFrom rows, and from fewer when the rows
-// written alone lately took so long that n of them would cost more than
-// a batch's staging (batchStaging) on top of one round trip: under load
-// a row alone took a quarter of a second, and the 22 rows of a killed
-// region's 11 shards were written 6.5 s after it was found dead (1.1 s
-// as one batch).
+// ErrBatchRefused: PutShards wrote none of its rows, because the bucket
+// takes no atomic batches or the server refused these rows as one; write
+// them one at a time (PutShard).
+var ErrBatchRefused = errors.New("kvstate: the rows cannot go as one atomic batch; write them one at a time")
+
+// Batches reports whether n rows are to be written as one atomic batch
+// (PutShards: one round trip) rather than one after another (PutShard: a
+// round trip each): never where the bucket takes no batches; from
+// batchFrom rows; and from fewer when the rows written alone lately took
+// so long that n of them would cost more than a batch's staging
+// (batchStaging) on top of one round trip: under load a row alone took a
+// quarter of a second, and the 22 rows of a killed region's 11 shards
+// were written 6.5 s after it was found dead (1.1 s as one batch).
 func (s *Store) Batches(n int) bool {
 	if n < 2 || !s.atomicBatches.Load() {
 		return false
@@ -129,10 +132,6 @@ func (s *Store) rowWritten(d time.Duration) {
 	s.rowTime.Store(old + (int64(d)-old)/8)
 }
 
-// errRows: the server refused the atomic batch; its rows are to be
-// written one at a time.
-var errRows = errors.New("kvstate: atomic batch refused")
-
 // fencedBatch publishes msgs as one atomic batch whose first message is
 // checked against the coordinator key's revision fence.Revision: the
 // server checks the batch at its commit, so the check holds for all. The
@@ -142,8 +141,8 @@ var errRows = errors.New("kvstate: atomic batch refused")
 // the first message, which has no reply, is where that is refused) was
 // not written, and is sent again, up to three times.
 //
-// errRows when the rows must go one at a time: from then on if the
-// server refuses atomic batches in the bucket, or batches this large
+// ErrBatchRefused when the rows must go one at a time: from then on if
+// the server refuses atomic batches in the bucket, or batches this large
 // (its max_batch_size), with a warning; this time if the bucket is near
 // its byte limit (the server counts every message of a batch as added
 // bytes, not as replacing its key's last value, as it does a single
@@ -182,9 +181,9 @@ func (s *Store) fencedBatch(ctx context.Context, fence Lease, msgs []*nats.Msg) 
 			if s.opts.Logger != nil {
 				s.opts.Logger.Warn("the type's KV bucket refuses atomic batches; the coordinator writes its shard table one row at a time", "bucket", s.bucket, "err", err)
 			}
-			return errRows
+			return fmt.Errorf("put %d shards: %w (%w)", len(msgs), ErrBatchRefused, err)
 		case noSpaceCause(err) != "":
-			return errRows
+			return fmt.Errorf("put %d shards: %w (%w)", len(msgs), ErrBatchRefused, err)
 		}
 		return translate(fmt.Errorf("put %d shards fenced at coordinator revision %d: %w", len(msgs), fence.Revision, err), ErrFenced)
 	}

@@ -9,10 +9,10 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// BenchmarkPutShards writes rows of the shard table in one PutShards, as
-// an atomic batch whatever their number and one row at a time (a Store
-// told that its bucket takes no batches), on one server (R1) and a
-// three-server cluster (R3): where a batch starts to pay (batchFrom).
+// BenchmarkPutShards writes rows of the shard table as one atomic batch
+// (PutShards, whatever their number) and one row at a time (PutShard),
+// on one server (R1) and a three-server cluster (R3): where a batch
+// starts to pay (batchFrom).
 //
 //	go test -run '^$' -bench PutShards ./kvstate/
 func BenchmarkPutShards(b *testing.B) {
@@ -32,16 +32,22 @@ func BenchmarkPutShards(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					s.atomicBatches.Store(batch)
-					s.batchFrom = 2
 					recs := make([]protocol.ShardRecord, rows)
 					for i := range recs {
 						recs[i] = shardRec(i, "r", l.Revision)
 					}
 					b.ResetTimer()
 					for range b.N {
-						if err := s.PutShards(b.Context(), l, recs); err != nil {
-							b.Fatal(err)
+						if batch {
+							if err := s.PutShards(b.Context(), l, recs); err != nil {
+								b.Fatal(err)
+							}
+							continue
+						}
+						for _, rec := range recs {
+							if _, err := s.PutShard(b.Context(), l, rec); err != nil {
+								b.Fatal(err)
+							}
 						}
 					}
 					b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*rows), "µs/row")
