@@ -47,9 +47,10 @@ type benchConfig struct {
 	Failover        bool
 	Kills           int
 
-	Progress   bool
-	CPUProfile string
-	MemProfile string
+	Progress     bool
+	CPUProfile   string
+	SideProfiles string
+	MemProfile   string
 }
 
 // benchUsage is the first line of shardctl bench --help.
@@ -116,6 +117,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Kills, "kills", 3, "with --failover: region crashes to measure, then as many coordinator crashes")
 	fs.BoolVar(&c.Progress, "progress", false, "show progress on stderr even when it is not a terminal")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the measured runs to this file")
+	fs.StringVar(&c.SideProfiles, "side-profiles", "", "write a CPU profile of each side's throughput rounds (merged over the rounds) to `PREFIX`.<delivery>.natshard.prof and PREFIX.<delivery>.raw.prof; what natshard adds: go tool pprof -top -diff_base PREFIX.core.raw.prof PREFIX.core.natshard.prof (not with --cpuprofile: Go takes one CPU profile at a time)")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write an allocation profile (pprof allocs) to this file at the end")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, benchUsage)
@@ -227,6 +229,8 @@ func (c benchConfig) validate() error {
 		return bad("--handoff-entities, --moves and --kills must be at least 1")
 	case c.Rate <= 0:
 		return bad("--rate must be positive")
+	case c.CPUProfile != "" && c.SideProfiles != "":
+		return bad("--cpuprofile and --side-profiles cannot both be given: Go takes one CPU profile at a time")
 	}
 	return nil
 }
@@ -272,8 +276,9 @@ func runBench(ctx context.Context, global *flag.FlagSet, args []string, stdout, 
 		return nil
 	}
 	res := newBenchResult(cfg)
+	sides := newSideProfiles(cfg.SideProfiles)
 	for _, d := range cfg.deliveries() {
-		if err := measure(ctx, cfg, srv, d, prog, profile, res); err != nil {
+		if err := measure(ctx, cfg, srv, d, prog, profile, sides, res); err != nil {
 			return err
 		}
 	}
@@ -295,7 +300,7 @@ func runBench(ctx context.Context, global *flag.FlagSet, args []string, stdout, 
 
 // measure runs the workloads of delivery d on a system of its own on srv,
 // which it closes at the end, and fills res with the figures.
-func measure(ctx context.Context, cfg benchConfig, srv *benchServer, d natshard.Delivery, prog *progress, profile func() error, res *benchResult) error {
+func measure(ctx context.Context, cfg benchConfig, srv *benchServer, d natshard.Delivery, prog *progress, profile func() error, sides *sideProfiles, res *benchResult) error {
 	prog.note("starting %d regions and a coordinator of %s delivery", cfg.Regions, d)
 	sys, err := startBenchSystem(ctx, cfg, srv, cfg.typeOf(d), d)
 	if err != nil {
@@ -307,6 +312,7 @@ func measure(ctx context.Context, cfg benchConfig, srv *benchServer, d natshard.
 		return err
 	}
 	defer b.close()
+	b.sides = sides
 	if err := profile(); err != nil {
 		return err
 	}

@@ -50,10 +50,11 @@ func (c *recvCounter) reset(target int64) <-chan struct{} {
 
 // bench runs the workloads of shardctl bench on a system.
 type bench struct {
-	ctx  context.Context
-	cfg  benchConfig
-	sys  *benchSystem
-	prog *progress
+	ctx   context.Context
+	cfg   benchConfig
+	sys   *benchSystem
+	prog  *progress
+	sides *sideProfiles // --side-profiles (nil: none)
 
 	pubs      []*nats.Conn // publishers, for both sides
 	requester *nats.Conn   // latency and handoff requests, for both sides
@@ -377,13 +378,19 @@ func (b *bench) rounds(t *throughputResult) error {
 		// on a warmer (or busier) machine.
 		sides := []bool{round%2 == 1, round%2 == 0} // natshard?
 		for _, nat := range sides {
-			side, counter, subjects, name := &t.Raw, &b.raw, b.rawSubj, rawName
+			side, counter, subjects, name, profile := &t.Raw, &b.raw, b.rawSubj, rawName, "raw"
 			if nat {
-				side, counter, subjects, name = &t.Natshard, &b.sys.handled, b.natSubj, natName
+				side, counter, subjects, name, profile = &t.Natshard, &b.sys.handled, b.natSubj, natName, "natshard"
 			}
 			label := fmt.Sprintf("throughput %s %d/%d", name, round+1, c.Rounds)
 			failed, acked, pubErrs := b.sys.failed.Load(), b.acked.Load(), b.pubErrs.Load()
+			if err := b.sides.start(); err != nil {
+				return err
+			}
 			rate, cpu, received, err := b.throughput(label, subjects, counter)
+			if perr := b.sides.stop(profile); err == nil {
+				err = perr
+			}
 			side.Sent += int64(c.Msgs)
 			side.Received += received
 			side.Acked += b.acked.Load() - acked
@@ -408,6 +415,9 @@ func (b *bench) rounds(t *throughputResult) error {
 		if natCPU[round] > 0 {
 			cpuRatios = append(cpuRatios, rawCPU[round]/natCPU[round])
 		}
+	}
+	if err := b.sides.write(string(b.sys.delivery)); err != nil {
+		return err
 	}
 	t.Natshard.CPUPerMsgUS, t.Raw.CPUPerMsgUS, t.CPURatio = median(natCPU), median(rawCPU), median(cpuRatios)
 	t.Natshard.MsgsPerSec = median(t.Natshard.RoundsPerSec)

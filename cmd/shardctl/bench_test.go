@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
@@ -177,9 +181,22 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 // delivery alone, whose JSON has no core figures.
 func TestBenchDurable(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
+	prefix := filepath.Join(t.TempDir(), "cpu")
 	res, raw := benchJSONRaw(t, "--nats", url, "bench", "--json", "--delivery", "both", "--shards", "8", "--entities", "20",
-		"--msgs", "400", "--pubs", "2", "--rounds", "2", "--requests", "40", "--window", "50")
+		"--msgs", "400", "--pubs", "2", "--rounds", "2", "--requests", "40", "--window", "50", "--side-profiles", prefix)
 	checkCounts(t, res, 400, 2, 40)
+	// A CPU profile of each side's rounds, per delivery.
+	for _, name := range []string{"core.natshard", "core.raw", "durable.natshard", "durable.raw"} {
+		f, err := os.Open(prefix + "." + name + ".prof")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := profile.Parse(f)
+		f.Close()
+		if err != nil || len(p.SampleType) == 0 || p.SampleType[len(p.SampleType)-1].Unit != "nanoseconds" {
+			t.Errorf("side profile %s: %v, %v", name, p, err)
+		}
+	}
 	checkDurable(t, res.Durable, 400, 2, 40)
 	if c := res.Durable.CoreRatio; c <= 0 || math.IsInf(c, 0) {
 		t.Errorf("durable against core: %v", c)
@@ -306,6 +323,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--failover", "--kills", "0"}, "--kills must be at least 1"},
 		{[]string{"bench", "--rate", "0"}, "--rate must be positive"},
 		{[]string{"bench", "--delivery", "jetstream"}, "--delivery must be core, durable or both"},
+		{[]string{"bench", "--cpuprofile", "a", "--side-profiles", "b"}, "--cpuprofile and --side-profiles cannot both be given"},
 		{[]string{"bench", "--delivery", "durable", "--handoff"}, "--handoff and --failover measure core delivery"},
 		{[]string{"bench", "--delivery", "both", "--msgs", "-1"}, "--msgs (-1) must be at least --pubs (2)"},
 		{[]string{"bench", "--delivery", "durable", "--type", strings.Repeat("t", 60)}, "longer than 64"},

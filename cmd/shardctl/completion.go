@@ -116,7 +116,7 @@ func benchFlags(fs *flag.FlagSet) []flagSpec {
 			continue // a global flag, completed as such
 		}
 		s := flagSpec{name: m[1], usage: m[3], value: m[2] != ""}
-		if m[1] == "cpuprofile" || m[1] == "memprofile" {
+		if m[1] == "cpuprofile" || m[1] == "memprofile" || m[1] == "side-profiles" {
 			s.complete = "file"
 		}
 		out = append(out, s)

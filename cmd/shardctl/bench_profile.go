@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime/pprof"
+
+	"github.com/google/pprof/profile"
+)
+
+// sideProfiles takes a CPU profile of each throughput round
+// (--side-profiles) and merges each side's rounds into one profile: both
+// sides handle the same messages, so the difference of the two (go tool
+// pprof -diff_base) is what natshard adds to raw NATS. The whole-run
+// profile (--cpuprofile) cannot tell the sides apart: they share the
+// process, the server and the publishers. A nil *sideProfiles takes none.
+type sideProfiles struct {
+	prefix string
+	rounds map[string][]*profile.Profile // side: one profile per round
+	buf    bytes.Buffer
+}
+
+func newSideProfiles(prefix string) *sideProfiles {
+	if prefix == "" {
+		return nil
+	}
+	return &sideProfiles{prefix: prefix, rounds: map[string][]*profile.Profile{}}
+}
+
+// start starts the CPU profile of a round.
+func (p *sideProfiles) start() error {
+	if p == nil {
+		return nil
+	}
+	p.buf.Reset()
+	return pprof.StartCPUProfile(&p.buf)
+}
+
+// stop stops the round's profile and keeps it as side's.
+func (p *sideProfiles) stop(side string) error {
+	if p == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	prof, err := profile.Parse(&p.buf)
+	if err != nil {
+		return fmt.Errorf("--side-profiles: the profile of a %s round: %w", side, err)
+	}
+	p.rounds[side] = append(p.rounds[side], prof)
+	return nil
+}
+
+// write merges each side's rounds and writes them to
+// <prefix>.<delivery>.<side>.prof, and forgets them.
+func (p *sideProfiles) write(delivery string) error {
+	if p == nil {
+		return nil
+	}
+	for side, rounds := range p.rounds {
+		merged, err := profile.Merge(rounds)
+		if err != nil {
+			return fmt.Errorf("--side-profiles: merging the %s rounds: %w", side, err)
+		}
+		if err := writeProfile(p.sideFile(delivery, side), merged); err != nil {
+			return fmt.Errorf("--side-profiles: %w", err)
+		}
+	}
+	clear(p.rounds)
+	return nil
+}
+
+// sideFile is where write puts side's profile of delivery.
+func (p *sideProfiles) sideFile(delivery, side string) string {
+	return fmt.Sprintf("%s.%s.%s.prof", p.prefix, delivery, side)
+}
+
+func writeProfile(path string, prof *profile.Profile) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := prof.Write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
