@@ -558,7 +558,7 @@ func (l *leader) renewOn(ctx context.Context, t *time.Timer) error {
 
 // renewIfDue renews the lease when its renewal is due. The loop that
 // renews also carries out the table writes, batch after batch (row
-// after row where the store writes rows one at a time), and a
+// after row where they go one at a time: writeShards), and a
 // first allocation of many shards (3 writes each; one after another,
 // 4 096 shards took longer than the lease before the batches) can take
 // longer than the lease: without this its writes would be refused as

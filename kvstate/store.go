@@ -79,8 +79,8 @@ type Store struct {
 	fenceMu fenceLock
 
 	// atomicBatches: the bucket's stream takes atomic batches
-	// (AllowAtomicPublish), so PutShards commits batchFrom rows or more
-	// in one, or fewer when rows written alone take long (Batches).
+	// (AllowAtomicPublish), so Batches has batchFrom rows or more go as
+	// one (PutShards), or fewer when rows written alone take long.
 	atomicBatches atomic.Bool
 	batchFrom     int
 	// rowTime: how long a row written alone takes, acknowledged (a
