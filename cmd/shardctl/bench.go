@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -231,6 +232,13 @@ func (c benchConfig) validate() error {
 		return bad("--rate must be positive")
 	case c.CPUProfile != "" && c.SideProfiles != "":
 		return bad("--cpuprofile and --side-profiles cannot both be given: Go takes one CPU profile at a time")
+	}
+	if c.SideProfiles != "" {
+		// Written after the rounds: a directory that is not there would
+		// otherwise be found only once the bench has run.
+		if fi, err := os.Stat(filepath.Dir(c.SideProfiles)); err != nil || !fi.IsDir() {
+			return bad("--side-profiles %s: no directory %s to write the profiles in", c.SideProfiles, filepath.Dir(c.SideProfiles))
+		}
 	}
 	return nil
 }

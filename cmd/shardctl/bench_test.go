@@ -324,6 +324,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--rate", "0"}, "--rate must be positive"},
 		{[]string{"bench", "--delivery", "jetstream"}, "--delivery must be core, durable or both"},
 		{[]string{"bench", "--cpuprofile", "a", "--side-profiles", "b"}, "--cpuprofile and --side-profiles cannot both be given"},
+		{[]string{"bench", "--side-profiles", "/nonexistent-natshard-dir/cpu"}, "no directory /nonexistent-natshard-dir to write the profiles in"},
 		{[]string{"bench", "--delivery", "durable", "--handoff"}, "--handoff and --failover measure core delivery"},
 		{[]string{"bench", "--delivery", "both", "--msgs", "-1"}, "--msgs (-1) must be at least --pubs (2)"},
 		{[]string{"bench", "--delivery", "durable", "--type", strings.Repeat("t", 60)}, "longer than 64"},
