@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -72,6 +73,20 @@ func runNode(cfg coordinator.Config) (stop func()) {
 		coordinator.New(cfg).Run(ctx)
 	}()
 	return func() { cancel(); <-done }
+}
+
+// failLog is a logger for a node of t: what it logs (at info: debug
+// logs each parked message, which would slow the node) is printed if t
+// fails, so that a failure that came of the timing of a loaded machine
+// can be read afterwards.
+func failLog(t *testing.T) *slog.Logger {
+	var logs natstest.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the node's log:\n%s", logs.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(&logs, nil))
 }
 
 func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
