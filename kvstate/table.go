@@ -181,7 +181,7 @@ func (s *Store) fencedBatch(ctx context.Context, fence Lease, msgs []*nats.Msg) 
 			if s.opts.Logger != nil {
 				s.opts.Logger.Warn("the type's KV bucket refuses atomic batches; the coordinator writes its shard table one row at a time", "bucket", s.bucket, "err", err)
 			}
-			return fmt.Errorf("put %d shards: %w (%w)", len(msgs), ErrBatchRefused, err)
+			fallthrough
 		case noSpaceCause(err) != "":
 			return fmt.Errorf("put %d shards: %w (%w)", len(msgs), ErrBatchRefused, err)
 		}

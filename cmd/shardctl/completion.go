@@ -60,17 +60,21 @@ type completion struct {
 	commands []cmdSpec
 }
 
+// fileFlags are the flags, global or bench's, whose value is a file's
+// path (or, for side-profiles, its prefix).
+var fileFlags = []string{"creds", "tls-cert", "tls-key", "tls-ca", "cpuprofile", "memprofile", "side-profiles"}
+
 func completionSpec(fs *flag.FlagSet) completion {
 	spec := func(f *flag.Flag) flagSpec {
 		_, usage := flag.UnquoteUsage(f)
 		s := flagSpec{name: f.Name, usage: usage, value: true}
+		if slices.Contains(fileFlags, f.Name) {
+			s.complete = "file"
+		}
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
 			s.value = false
 		}
-		switch f.Name {
-		case "creds", "tls-cert", "tls-key", "tls-ca", "cpuprofile", "memprofile":
-			s.complete = "file"
-		case "dir":
+		if f.Name == "dir" {
 			s.complete = "dir"
 		}
 		return s
@@ -116,7 +120,7 @@ func benchFlags(fs *flag.FlagSet) []flagSpec {
 			continue // a global flag, completed as such
 		}
 		s := flagSpec{name: m[1], usage: m[3], value: m[2] != ""}
-		if m[1] == "cpuprofile" || m[1] == "memprofile" || m[1] == "side-profiles" {
+		if slices.Contains(fileFlags, m[1]) {
 			s.complete = "file"
 		}
 		out = append(out, s)
