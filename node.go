@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/auth"
 	"github.com/natshard/natshard/coordinator"
-	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
@@ -64,6 +63,8 @@ type Node struct {
 	metrics  *metrics     // nil without Options.Metrics
 	tracer   trace.Tracer // nil without Options.TracerProvider
 	started  time.Time    // when Start returned (Ready's ReadyAfter counts from it)
+	// startDeadline: Start waits for JetStream until then (StartTimeout).
+	startDeadline time.Time
 
 	status    chan nats.Status // the connection's, watched by watchConn
 	watchDone chan struct{}
@@ -136,12 +137,13 @@ func Start(ctx context.Context, opts Options, types ...Type) (*Node, error) {
 		seen[types[i].Name] = true
 	}
 	n := &Node{
-		opts:      opts,
-		log:       opts.Logger,
-		watchDone: make(chan struct{}),
-		stopping:  make(chan struct{}),
-		stopped:   make(chan struct{}),
-		done:      make(chan struct{}),
+		opts:          opts,
+		log:           opts.Logger,
+		startDeadline: time.Now().Add(opts.StartTimeout),
+		watchDone:     make(chan struct{}),
+		stopping:      make(chan struct{}),
+		stopped:       make(chan struct{}),
+		done:          make(chan struct{}),
 	}
 	if opts.TracerProvider != nil {
 		n.tracer = opts.TracerProvider.Tracer(tracerName)
@@ -353,35 +355,48 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		return fmt.Errorf("natshard: type %q: %w", t.Name, err)
 	}
 	t = t.withLocalDefaults() // the byte limits are needed before the stored configuration is read
-	store, err := kvstate.Open(ctx, n.js, t.Name, kvstate.Options{Replicas: t.Replicas, MaxBytes: t.BucketBytes, Logger: log})
+	h := &hosted{t: t, node: n, log: log, subjects: subjects, tracer: n.tracer}
+	// What the type needs from JetStream is retried while JetStream is
+	// only unavailable (startwait.go).
+	bucket := "its KV bucket " + kvstate.BucketName(t.Name)
+	err = h.untilAvailable(ctx, bucket, func(ctx context.Context) (err error) {
+		h.store, err = kvstate.Open(ctx, n.js, t.Name, kvstate.Options{Replicas: t.Replicas, MaxBytes: t.BucketBytes, Logger: log})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: open its KV bucket: %w%s", t.Name, err, spaceHint(err, "BucketBytes", t.BucketBytes))
 	}
-	t, err = t.configure(ctx, store, func(attempt int, err error) bool {
-		if attempt == 30 {
-			return false
-		}
-		log.Warn("the type's configuration is not readable yet; retrying", "attempt", attempt, "err", err)
-		return wait.Sleep(ctx, 2*time.Second)
+	store := h.store
+	err = h.untilAvailable(ctx, "its stored configuration in "+kvstate.BucketName(t.Name), func(ctx context.Context) (err error) {
+		h.t, err = t.ensureConfig(ctx, store)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("natshard: %w", err)
 	}
+	t = h.t
 	strategy, _, err := strategies.Parse(t.Strategy)
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: its stored strategy: %w", t.Name, err)
 	}
-	buffer, err := kvstate.OpenBuffer(ctx, n.js, subjects, kvstate.BufferOptions{Replicas: t.Replicas, MaxPerShard: int64(t.BufferSize), MaxBytes: t.BufferBytes, Shards: t.Shards, Logger: log})
+	err = h.untilAvailable(ctx, "its handoff buffer stream "+kvstate.BufferStream(t.Name), func(ctx context.Context) (err error) {
+		h.buffer, err = kvstate.OpenBuffer(ctx, n.js, subjects, kvstate.BufferOptions{Replicas: t.Replicas, MaxPerShard: int64(t.BufferSize), MaxBytes: t.BufferBytes, Shards: t.Shards, Logger: log})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: open its handoff buffer: %w%s", t.Name, err, spaceHint(err, "BufferBytes", t.BufferBytes))
 	}
-	var stream *kvstate.Stream
+	buffer := h.buffer
 	if t.Delivery == Durable {
-		if stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Shards: t.Shards, Logger: log}); err != nil {
+		err = h.untilAvailable(ctx, "its message stream "+kvstate.MessageStream(t.Name), func(ctx context.Context) (err error) {
+			h.stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Shards: t.Shards, Logger: log})
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("natshard: type %q: open its message stream: %w%s", t.Name, err, spaceHint(err, "StreamBytes", t.StreamBytes))
 		}
 	}
-	h := &hosted{t: t, node: n, log: log, subjects: subjects, store: store, buffer: buffer, stream: stream, tracer: n.tracer}
+	stream := h.stream
 	observed := n.metrics != nil || n.tracer != nil
 	n.client.learn(subjects, t.Shards, t.Delivery)
 	if !n.opts.NoRegion {
@@ -397,7 +412,10 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		if observed {
 			cfg.OnStep = h.regionStep
 		}
-		h.agent, err = region.Open(ctx, cfg)
+		err = h.untilAvailable(ctx, "the region's registration in "+kvstate.BucketName(t.Name), func(ctx context.Context) (err error) {
+			h.agent, err = region.Open(ctx, cfg)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("natshard: type %q: %w", t.Name, err)
 		}

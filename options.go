@@ -182,6 +182,22 @@ type Options struct {
 	// disabled-after: a rolling update cannot stall). Zero means
 	// DefaultReadyAfter; Off waits for ever.
 	ReadyAfter time.Duration
+	// StartTimeout bounds how long Start waits for JetStream: opening each
+	// type's bucket and streams, agreeing on its stored configuration and
+	// the region's first registration are retried while JetStream is only
+	// unavailable (a cluster forming or electing a leader, a server
+	// starting), for at most this long from Start's call; then Start fails
+	// with ErrStartTimeout. Zero means DefaultStartTimeout. Start's context
+	// ends the wait too. What waiting cannot cure (a stored configuration
+	// that disagrees, a region id in use, a permission denied) fails at
+	// once.
+	StartTimeout time.Duration
+	// OnStartWait, when set, is told what Start waits for each time an
+	// attempt failed for JetStream's unavailability, and the zero
+	// StartWait once that wait is over: a process answering health probes
+	// before Start returned says so (package web's Handler.SetStartWait).
+	// It is called on Start's goroutine, and never after Start returned.
+	OnStartWait func(StartWait)
 }
 
 // ServerOptions configure the embedded NATS server.
@@ -260,6 +276,9 @@ func (o Options) withDefaults() Options {
 	if o.ReadyAfter == 0 {
 		o.ReadyAfter = DefaultReadyAfter
 	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
+	}
 	return o
 }
 
@@ -280,6 +299,9 @@ func (o *Options) validate() error {
 	}
 	if o.ReadyAfter < Off {
 		errs = append(errs, fmt.Errorf("ReadyAfter: %s is negative (Off waits for ever)", o.ReadyAfter))
+	}
+	if o.StartTimeout < 0 {
+		errs = append(errs, fmt.Errorf("StartTimeout: %s is negative", o.StartTimeout))
 	}
 	if o.NoRegion && o.NoCoordinator {
 		errs = append(errs, errors.New("NoRegion and NoCoordinator: the node would host nothing"))

@@ -288,20 +288,11 @@ func (t *Type) validate() error {
 	return nil
 }
 
-// configure agrees on the type's stored configuration: a new type stores
-// t's (with the defaults); an existing one must match what t gives, and
-// gives what t leaves zero. It returns t with the stored values. A bucket
-// just created on a cluster may still elect its leader: what is only
-// unavailable is retried for a while.
-func (t Type) configure(ctx context.Context, store *kvstate.Store, retry func(attempt int, err error) bool) (Type, error) {
-	for attempt := 1; ; attempt++ {
-		got, err := t.ensureConfig(ctx, store)
-		if err == nil || !errors.Is(err, kvstate.ErrUnavailable) || !retry(attempt, err) {
-			return got, err
-		}
-	}
-}
-
+// ensureConfig agrees on the type's stored configuration: a new type
+// stores t's (with the defaults); an existing one must match what t
+// gives, and gives what t leaves zero. It returns t with the stored
+// values. A bucket just created on a cluster may still elect its leader:
+// the caller retries what is only unavailable (startwait.go).
 func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store) (Type, error) {
 	if t.Kind == "" {
 		t.Kind = t.Name

@@ -102,6 +102,25 @@ func RunCluster(t testing.TB, n int) []*server.Server {
 // adjust (when not nil) before it starts: a small JetStreamMaxStore, say.
 func RunClusterWith(t testing.TB, n int, adjust func(*server.Options)) []*server.Server {
 	t.Helper()
+	opts := ClusterOptions(t, n)
+	servers := make([]*server.Server, n)
+	for i, o := range opts {
+		if adjust != nil {
+			adjust(o)
+		}
+		servers[i] = RunServerWithOptions(t, o)
+	}
+	WaitMetaLeader(t, servers)
+	return servers
+}
+
+// ClusterOptions are the options of the n servers of a JetStream cluster
+// that RunCluster starts (routed to each other on ports picked free), for
+// a test that starts them itself with RunServerWithOptions, one at a time:
+// a cluster with fewer than a majority of its servers up has no JetStream
+// meta leader.
+func ClusterOptions(t testing.TB, n int) []*server.Options {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: cluster of %d servers", n)
 	}
@@ -111,27 +130,30 @@ func RunClusterWith(t testing.TB, n int, adjust func(*server.Options)) []*server
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)}
 	}
 	name := fmt.Sprintf("natstest-%d", time.Now().UnixNano()%1_000_000)
-	servers := make([]*server.Server, n)
+	opts := make([]*server.Options, n)
 	for i := range n {
-		opts := DefaultOptions(t)
-		opts.ServerName = fmt.Sprintf("%s-s%d", name, i+1)
-		opts.Cluster = server.ClusterOpts{
+		o := DefaultOptions(t)
+		o.ServerName = fmt.Sprintf("%s-s%d", name, i+1)
+		o.Cluster = server.ClusterOpts{
 			Name:     name,
 			Host:     "127.0.0.1",
 			Port:     ports[i],
 			PoolSize: -1,
 		}
-		opts.Routes = routes
-		if adjust != nil {
-			adjust(opts)
-		}
-		servers[i] = RunServerWithOptions(t, opts)
+		o.Routes = routes
+		opts[i] = o
 	}
-	waitFor(t, fmt.Sprintf("JetStream meta leader with %d peers", n), func() bool {
+	return opts
+}
+
+// WaitMetaLeader waits until servers have a JetStream meta leader that
+// sees them all.
+func WaitMetaLeader(t testing.TB, servers []*server.Server) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("JetStream meta leader with %d peers", len(servers)), func() bool {
 		l := MetaLeader(servers)
-		return l != nil && len(l.JetStreamClusterPeers()) == n
+		return l != nil && len(l.JetStreamClusterPeers()) == len(servers)
 	})
-	return servers
 }
 
 // MetaLeader returns the server among servers that is the JetStream meta
