@@ -10,7 +10,11 @@
 // or mount it under a prefix with http.StripPrefix. A process that must
 // answer probes before its node has started creates the handler with a
 // nil node and calls SetNode once natshard.Start returned (shardd does):
-// until then both probes answer 503 "starting".
+// until then both probes answer 503 "starting". Given SetStartWait as
+// natshard.Options.OnStartWait, it also says what Start waits for while
+// JetStream is unavailable: /readyz answers 503 "starting: ... waiting for
+// ..." and /healthz 200 (alive: Start gives up by itself after its start
+// timeout).
 //
 // # Probes
 //

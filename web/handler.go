@@ -41,6 +41,7 @@ type Handler struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	node atomic.Pointer[natshard.Node]
+	wait atomic.Pointer[natshard.StartWait] // what Start waits for, until SetNode
 }
 
 // Timeouts of what the UI asks over NATS.
@@ -90,6 +91,29 @@ func New(node *natshard.Node, opts Options) *Handler {
 // SetNode gives the handler its node once it started.
 func (h *Handler) SetNode(n *natshard.Node) { h.node.Store(n) }
 
+// SetStartWait tells the handler what natshard.Start waits for before
+// SetNode: pass it as natshard.Options.OnStartWait. While Start waits for
+// JetStream, /readyz answers 503 saying what for and /healthz 200 (the
+// process is alive and connected, and Start gives up by itself after
+// Options.StartTimeout), so that a liveness probe does not restart a
+// process that only waits for its cluster.
+func (h *Handler) SetStartWait(w natshard.StartWait) {
+	if !w.Waiting() {
+		h.wait.Store(nil)
+		return
+	}
+	h.wait.Store(&w)
+}
+
+// startErr is why a node that has not started is not ready, and whether
+// it is alive.
+func (h *Handler) startErr() (err error, alive bool) {
+	if w := h.wait.Load(); w != nil {
+		return fmt.Errorf("starting: %s", w), true
+	}
+	return errStarting, false
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
@@ -111,20 +135,28 @@ var errStarting = errors.New("starting: not connected and registered yet")
 
 func (h *Handler) healthz(w http.ResponseWriter, _ *http.Request) {
 	n := h.node.Load()
-	err := errStarting
-	if n != nil {
-		err = n.Healthy()
+	if n == nil {
+		err, alive := h.startErr()
+		if alive {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			fmt.Fprintf(w, "ok (%s)\n", err)
+			return
+		}
+		probeAnswer(w, err)
+		return
 	}
-	probeAnswer(w, err)
+	probeAnswer(w, n.Healthy())
 }
 
 func (h *Handler) readyz(w http.ResponseWriter, _ *http.Request) {
 	n := h.node.Load()
-	err := errStarting
-	if n != nil {
-		err = n.Ready()
+	if n == nil {
+		err, _ := h.startErr()
+		probeAnswer(w, err)
+		return
 	}
-	probeAnswer(w, err)
+	probeAnswer(w, n.Ready())
 }
 
 // probeAnswer answers a health probe: 200 "ok", or 503 and why.
