@@ -48,6 +48,7 @@ type config struct {
 	Remember      bool   // --remember: remembered entities
 	RestartRate   int
 	LeaseTTL      time.Duration
+	StartTimeout  time.Duration // how long the start waits for JetStream
 	// Handoff and rebalance.
 	HandOffTimeout    time.Duration
 	RebalanceInterval time.Duration
@@ -148,6 +149,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		}
 	}
 	fs.Var((*autoFlag)(&c.LeaseTTL), "lease-ttl", fmt.Sprintf("TTL of the coordinator and region leases, whole seconds; auto: %s on a standalone NATS server, %s on a cluster (longer than a JetStream leader election) [NATSHARD_LEASE_TTL]", natshard.StandaloneLeaseTTL, natshard.ClusterLeaseTTL))
+	fs.DurationVar(&c.StartTimeout, "start-timeout", envDur("NATSHARD_START_TIMEOUT", natshard.DefaultStartTimeout), "how long the start waits for JetStream (a cluster forming or electing its meta leader, a server starting): opening the type's bucket and streams is retried, logged every 5s, until then; shardd then exits 1 saying what it waited for. A stored configuration that disagrees fails at once [NATSHARD_START_TIMEOUT]")
 	fs.StringVar(&c.Strategy, "strategy", env("NATSHARD_STRATEGY", ""), "allocation strategy, <name>[:<param>=<value>,...]: least-shard (default), legacy-least-shard, consistent-hashing, load-aware; stored per type, a process that disagrees refuses to start [NATSHARD_STRATEGY]")
 	fs.DurationVar(&c.HandOffTimeout, "handoff-timeout", envDur("NATSHARD_HANDOFF_TIMEOUT", natshard.DefaultHandOffTimeout), "how long a region may take to pause a shard before it is reallocated [NATSHARD_HANDOFF_TIMEOUT]")
 	fs.DurationVar(&c.RebalanceInterval, "rebalance-interval", envDur("NATSHARD_REBALANCE_INTERVAL", natshard.DefaultRebalanceInterval), "time between the starts of rebalance rounds (a round runs all its moves, --max-moves at a time); 0 disables them [NATSHARD_REBALANCE_INTERVAL]")
@@ -264,6 +266,9 @@ func (c *config) Validate() error {
 	}
 	if c.LeaseTTL != auto && (c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("--lease-ttl: %s must be whole seconds, at least 2s", c.LeaseTTL))
+	}
+	if c.StartTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--start-timeout: %s is not positive", c.StartTimeout))
 	}
 	if c.Strategy != "" {
 		if _, canonical, err := strategies.Parse(c.Strategy); err != nil {

@@ -92,11 +92,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var handler *web.Handler
 	if cfg.HTTP != "" {
 		// The listener comes first, so that /healthz and /readyz answer
-		// (503, starting) while the node connects and registers.
+		// (503, starting) while the node connects and registers, and say
+		// what the start waits for while JetStream is unavailable.
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
 		opts.Metrics = reg
 		handler = web.New(nil, web.Options{Gatherer: reg, Logger: log})
+		opts.OnStartWait = handler.SetStartWait // /readyz says what the start waits for
 		stop, err := serveHTTP(cfg.HTTP, handler, log)
 		if err != nil {
 			return err
@@ -161,7 +163,7 @@ func (c config) natshard(log *slog.Logger) (natshard.Options, natshard.Type, err
 		NATS: c.NATS, Creds: c.Auth.Creds, SystemCreds: c.SystemCreds,
 		Server: natshard.ServerOptions{Listen: c.Listen, DataDir: c.DataDir, AuthDir: c.AuthDir},
 		Region: c.Region, Name: "shardd " + c.Region, Version: c.Version, NoCoordinator: c.NoCoordinator, NoRegion: c.NoRegion,
-		LeaseTTL: autoZero(c.LeaseTTL), ReleaseGrace: autoZero(offZero(c.ReleaseGrace)),
+		LeaseTTL: autoZero(c.LeaseTTL), StartTimeout: c.StartTimeout, ReleaseGrace: autoZero(offZero(c.ReleaseGrace)),
 		DataPrefix: c.DataPrefix, ControlPrefix: c.ControlPrefix, Logger: log,
 	}
 	if c.NATS == "" {

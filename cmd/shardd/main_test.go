@@ -16,6 +16,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +42,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--shards", "x"}, nil, "invalid value"},
 		{[]string{"--replicas", "0"}, nil, "--replicas"},
 		{[]string{"--lease-ttl", "1500ms"}, nil, "--lease-ttl"},
+		{[]string{"--start-timeout", "0s"}, nil, "--start-timeout"},
+		{nil, map[string]string{"NATSHARD_START_TIMEOUT": "later"}, "NATSHARD_START_TIMEOUT"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"--log-format", "xml"}, nil, "--log-format"},
 		{[]string{"stray"}, nil, "unexpected argument"},
@@ -122,6 +125,27 @@ func TestRunRefusesMismatchedShardCount(t *testing.T) {
 	err = run(context.Background(), []string{"--nats", natstest.URL(srv), "--shards", "64"}, noEnv, io.Discard, &bytes.Buffer{})
 	if !errors.Is(err, kvstate.ErrConfigMismatch) || !strings.Contains(err.Error(), `type "kv": 64 shards disagree with the 128 stored for the type`) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// TestRunStartTimeout: shardd started on a cluster without a JetStream
+// meta leader (one server of three up) waits, saying so in its log at
+// INFO, until --start-timeout, then fails naming what it waited for.
+func TestRunStartTimeout(t *testing.T) {
+	opts := natstest.ClusterOptions(t, 3)
+	url := natstest.URL(natstest.RunServerWithOptions(t, opts[0]))
+	var log syncBuffer
+	err := run(context.Background(), []string{"--nats", url, "--replicas", "3", "--start-timeout", "15s"}, noEnv, io.Discard, &log)
+	if !errors.Is(err, natshard.ErrStartTimeout) {
+		t.Fatalf("err %v; want natshard.ErrStartTimeout", err)
+	}
+	for _, want := range []string{`type "kv": open its KV bucket`, "start timeout 15s", "--start-timeout", "for its KV bucket natshard_kv", "JetStream did not answer in time"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if got := log.String(); !strings.Contains(got, `level=INFO msg="waiting for JetStream" type=kv for="its KV bucket natshard_kv"`) {
+		t.Errorf("the log does not say what the start waits for:\n%s", got)
 	}
 }
 
@@ -243,7 +267,8 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		DataPrefix: protocol.DefaultDataPrefix, ControlPrefix: protocol.DefaultControlPrefix,
 	}
 	if opts.Region != want.Region || opts.Name != "shardd "+opts.Region || opts.Server != want.Server || opts.LeaseTTL != 0 || opts.ReleaseGrace != 0 ||
-		opts.DataPrefix != want.DataPrefix || opts.ControlPrefix != want.ControlPrefix || opts.NATS != "" || opts.NoCoordinator {
+		opts.DataPrefix != want.DataPrefix || opts.ControlPrefix != want.ControlPrefix || opts.NATS != "" || opts.NoCoordinator ||
+		opts.StartTimeout != natshard.DefaultStartTimeout {
 		t.Errorf("shardd's options %+v, want the library's defaults %+v", opts, want)
 	}
 	// shardd's 0 means never (or none) where the library's zero means the
@@ -458,4 +483,22 @@ func TestRunHTTP(t *testing.T) {
 	if !strings.Contains(logs.String(), `"msg":"HTTP listening: /metrics, /healthz, /readyz, /ui/","addr":"`+web+`"`) {
 		t.Errorf("no log line of the listener")
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
