@@ -81,7 +81,8 @@ const (
 func (h *hosted) untilAvailable(ctx context.Context, what string, op func(context.Context) error) error {
 	n := h.node
 	var (
-		since   time.Time // of the first failure
+		since   = time.Now() // the first attempt's start
+		waited  bool         // an attempt failed
 		logged  time.Time
 		backoff = wait.RetryFirst
 		lastErr = n.nc.LastError()
@@ -95,7 +96,7 @@ func (h *hosted) untilAvailable(ctx context.Context, what string, op func(contex
 		err := op(actx)
 		cancel()
 		if err == nil {
-			if !since.IsZero() {
+			if waited {
 				h.log.Info("JetStream available: done waiting", "for", what, "waited", time.Since(since).Round(time.Millisecond).String(), "attempts", attempt)
 				n.reportWait(StartWait{})
 			}
@@ -108,9 +109,7 @@ func (h *hosted) untilAvailable(ctx context.Context, what string, op func(contex
 			return err
 		}
 		now := time.Now()
-		if since.IsZero() {
-			since = now
-		}
+		waited = true
 		if ctx.Err() != nil {
 			return fmt.Errorf("start cancelled while waiting %s for %s: %w (last attempt: %w)", now.Sub(since).Round(time.Millisecond), what, context.Cause(ctx), err)
 		}

@@ -39,12 +39,7 @@ type natsCluster struct {
 // answers.
 func startNATS(t *testing.T, listen string) *natsCluster {
 	t.Helper()
-	c := &natsCluster{t: t, listen: listen}
-	ports := natstest.FreePorts(t, 9)
-	for i := range 3 {
-		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
-		c.dirs[i] = t.TempDir()
-	}
+	c := newNATS(t, listen)
 	for i := range 3 {
 		c.start(i)
 	}
@@ -66,6 +61,19 @@ func startNATS(t *testing.T, listen string) *natsCluster {
 		_, err := js.AccountInfo(ctx)
 		return err
 	})
+	return c
+}
+
+// newNATS is a cluster of three nats-server processes (as startNATS's),
+// none started yet: start them with start.
+func newNATS(t *testing.T, listen string) *natsCluster {
+	t.Helper()
+	c := &natsCluster{t: t, listen: listen}
+	ports := natstest.FreePorts(t, 9)
+	for i := range 3 {
+		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
+		c.dirs[i] = t.TempDir()
+	}
 	return c
 }
 
