@@ -112,6 +112,11 @@ type hosted struct {
 // coordinator allocates shards to it from then on. ctx bounds the start
 // only.
 //
+// While JetStream is only unavailable (a cluster forming or electing its
+// meta leader, a server starting), Start waits for it, logging what it
+// waits for every few seconds and telling Options.OnStartWait, for at most
+// Options.StartTimeout; then it fails with ErrStartTimeout.
+//
 // Start refuses, with an error that names both sides, a type whose stored
 // shard count, strategy or kind disagrees with the Type's, and a region id
 // that another live process serves.

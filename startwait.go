@@ -163,7 +163,7 @@ func jetStreamWhy(err error) string {
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrNoResponders):
 		return "JetStream is not enabled on the server (yet: it may be starting)"
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
-		return "JetStream did not answer in time (no meta leader: the cluster may be forming or electing one)"
+		return "JetStream did not answer in time (its server starting, or no meta leader: a cluster forming or electing one)"
 	case errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrNoServers):
 		return "not connected to NATS"
 	}

@@ -202,3 +202,40 @@ func TestStartMisconfiguredDoesNotWait(t *testing.T) {
 		}
 	}
 }
+
+// TestStartWaitsForJetStreamEnabled: a server without JetStream (yet) is
+// waited for too (nats.go retries the requests that had no responders
+// until the attempt's timeout).
+func TestStartWaitsForJetStreamEnabled(t *testing.T) {
+	o := natstest.DefaultOptions(t)
+	o.JetStream = false
+	url := natstest.URL(natstest.RunServerWithOptions(t, o))
+	s := await(t, startAsync(context.Background(), t, natshard.Options{
+		NATS: url, Region: "a", Logger: quiet, StartTimeout: 3 * time.Second,
+	}, natshard.Type{Name: "orders", Entity: newEnvEntity}))
+	if !errors.Is(s.err, natshard.ErrStartTimeout) || !strings.Contains(s.err.Error(), "JetStream did not answer in time (its server starting") {
+		t.Fatalf("Start on a server without JetStream: %v; want ErrStartTimeout saying JetStream did not answer", s.err)
+	}
+}
+
+// TestStartDeniedDoesNotWait: a user denied JetStream's API fails once
+// its first attempt timed out, saying so, instead of waiting for the
+// start timeout.
+func TestStartDeniedDoesNotWait(t *testing.T) {
+	o := natstest.DefaultOptions(t)
+	o.Users = []*server.User{{Username: "app", Password: "pw", Permissions: &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.>"}},
+	}}}
+	srv := natstest.RunServerWithOptions(t, o)
+	url := strings.Replace(natstest.URL(srv), "nats://", "nats://app:pw@", 1)
+	w := newWaits()
+	s := await(t, startAsync(context.Background(), t, natshard.Options{
+		NATS: url, Region: "a", Logger: quiet, StartTimeout: time.Hour, OnStartWait: w.on,
+	}, natshard.Type{Name: "orders", Entity: newEnvEntity}))
+	if s.err == nil || errors.Is(s.err, natshard.ErrStartTimeout) || !strings.Contains(s.err.Error(), "denied JetStream's API") {
+		t.Fatalf("Start denied JetStream: %v; want an error saying so", s.err)
+	}
+	if got := w.all(); len(got) != 0 {
+		t.Errorf("Start waited: %v", got)
+	}
+}

@@ -139,6 +139,7 @@ func TestRunStartTimeout(t *testing.T) {
 	if !errors.Is(err, natshard.ErrStartTimeout) {
 		t.Fatalf("err %v; want natshard.ErrStartTimeout", err)
 	}
+	t.Logf("shardd: %v", err)
 	for _, want := range []string{`type "kv": open its KV bucket`, "start timeout 15s", "--start-timeout", "for its KV bucket natshard_kv", "JetStream did not answer in time"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
