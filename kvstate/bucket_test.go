@@ -1,6 +1,7 @@
 package kvstate
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -128,5 +129,18 @@ func TestBatchesFollowRowTime(t *testing.T) {
 	}
 	if got := time.Duration(s.rowTime.Load()); got > 45*time.Microsecond {
 		t.Errorf("after 80 rows of 40 µs the average is %v", got)
+	}
+}
+
+// TestLookupStreamNotFoundYet: a stream created but still not found when
+// the lookup's context ends (a cluster electing) is ErrUnavailable, which
+// natshard's start waits for, not a failure.
+func TestLookupStreamNotFoundYet(t *testing.T) {
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(natstest.RunServer(t))))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := lookupStream(ctx, js, "never_made")
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("a stream not found until the lookup's context ended: %v; want ErrUnavailable", err)
 	}
 }

@@ -234,6 +234,11 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 		}
 	}
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		if create {
+			// Created (by this process or another) and still not found
+			// when ctx ended: a cluster electing; another attempt may pass.
+			return nil, fmt.Errorf("%w: bucket %s was created but is not found yet: %w", ErrUnavailable, bucket, err)
+		}
 		return nil, fmt.Errorf("%w: bucket %s: %w", ErrNotFound, bucket, err)
 	}
 	if err != nil {
@@ -251,11 +256,15 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 // a stream just created may still be "not found" for a moment, to a lookup
 // or to a racing create (a shardd of three started at once on a fresh
 // cluster failed so, in TestThreeShardd/cluster and TestFullRestart), so
-// that is retried until ctx ends (the store's timeout).
+// that is retried until ctx ends (the store's timeout); a stream still not
+// found then is ErrUnavailable (another attempt may find it).
 func lookupStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, name)
 	for errors.Is(err, jetstream.ErrStreamNotFound) && settling(ctx) {
 		st, err = js.Stream(ctx, name)
+	}
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: stream %s was created but is not found yet: %w", ErrUnavailable, name, err)
 	}
 	return st, err
 }
