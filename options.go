@@ -194,9 +194,10 @@ type Options struct {
 	StartTimeout time.Duration
 	// OnStartWait, when set, is told what Start waits for each time an
 	// attempt failed for JetStream's unavailability, and the zero
-	// StartWait once that wait is over: a process answering health probes
-	// before Start returned says so (package web's Handler.SetStartWait).
-	// It is called on Start's goroutine, and never after Start returned.
+	// StartWait once that wait is over (passed or failed): a process
+	// answering health probes before Start returned says so (package
+	// web's Handler.SetStartWait). It is called on Start's goroutine, and
+	// never after Start returned.
 	OnStartWait func(StartWait)
 }
 

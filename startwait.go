@@ -87,6 +87,11 @@ func (h *hosted) untilAvailable(ctx context.Context, what string, op func(contex
 		backoff = wait.RetryFirst
 		lastErr = n.nc.LastError()
 	)
+	defer func() {
+		if waited {
+			n.reportWait(StartWait{}) // over, whatever the outcome
+		}
+	}()
 	for attempt := 1; ; attempt++ {
 		deadline := time.Now().Add(startAttempt)
 		if deadline.After(n.startDeadline) {
@@ -98,7 +103,6 @@ func (h *hosted) untilAvailable(ctx context.Context, what string, op func(contex
 		if err == nil {
 			if waited {
 				h.log.Info("JetStream available: done waiting", "for", what, "waited", time.Since(since).Round(time.Millisecond).String(), "attempts", attempt)
-				n.reportWait(StartWait{})
 			}
 			return nil
 		}
