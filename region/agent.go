@@ -278,7 +278,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		a.cancel()
 		return nil, err
 	}
-	a.core = NewCore(CoreConfig{Shards: cfg.Shards, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
+	a.core = NewCore(CoreConfig{Shards: cfg.Shards, Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
 		a.cancel()
@@ -521,19 +521,22 @@ func (a *Agent) Fence(reason string) {
 }
 
 // Suspend is what the process calls when its NATS connection drops
-// (nats.RECONNECTING). The region keeps its registration and its live
-// shards, but serves none of them: nats.go subscribes them again on
-// reconnect, and what arrives is held (a durable shard stops pulling),
-// because the coordinator may have given a shard to another region
-// meanwhile. Back on NATS (Reconnected), the region renews its
-// registration, naming the new connection, by a compare-and-set: it fails
-// if the coordinator removed the region (it removes one only by a
+// (nats.RECONNECTING). The region keeps its registration and its shards,
+// but serves none of them: nats.go subscribes them again on reconnect,
+// and what arrives is held (a durable shard stops pulling), because the
+// coordinator may have given a shard to another region meanwhile. A
+// shard in the middle of a move rides it through too: a replaying one
+// stops delivering where it is (it holds its arrivals already), a paused
+// one goes on diverting. Back on NATS (Reconnected), the region renews
+// its registration, naming the new connection, by a compare-and-set: it
+// fails if the coordinator removed the region (it removes one only by a
 // compare-and-delete at the revision it saw before the region went
 // silent), and then the region fences. Only after that renewal does the
-// region read the shard table, and it serves again the shards the table
-// still gives it, in the order they arrived, and drops the others. If the
-// registration cannot be renewed before its deadline, the region fences.
-// Shards in the middle of a move are dropped at once.
+// region read the shard table, and each shard goes on as its row says
+// (Core.confirmed): live again (what it held first, in order), replaying
+// on, diverting on, paused for a handoff the coordinator started
+// meanwhile, or dropped. If the registration cannot be renewed before its
+// deadline, the region fences.
 func (a *Agent) Suspend(reason string) {
 	a.mu.Lock()
 	if !a.registered || a.closed {
@@ -575,8 +578,9 @@ func (a *Agent) Reconnected() {
 }
 
 // confirm renews the registration of a suspended region, naming its new
-// connection, then reads which of its shards the table still gives it,
-// until it has both with no disconnect in between, or is fenced or closed.
+// connection, then reads the shard table, until it has both with no
+// disconnect in between, or is fenced or closed; the core decides what
+// the rows mean for each shard.
 func (a *Agent) confirm() {
 	defer func() {
 		a.mu.Lock()
@@ -594,9 +598,11 @@ func (a *Agent) confirm() {
 			return
 		}
 		err := a.renew(a.ctx)
-		var keep []int
+		var rows []protocol.ShardRecord
 		if err == nil {
-			keep, err = a.tableShards(a.ctx, inc)
+			if rows, err = a.cfg.Store.Shards(a.ctx); err != nil {
+				err = fmt.Errorf("read the shard table: %w", err)
+			}
 		}
 		if errors.Is(err, errNotRegistered) {
 			return // fenced
@@ -610,8 +616,8 @@ func (a *Agent) confirm() {
 			a.mu.Unlock()
 			if ok {
 				a.stats.Confirmed.Add(1)
-				a.log.Info("reconnected: registration renewed and shards confirmed", "shards", len(keep), "took", time.Since(t0).Round(time.Millisecond))
-				a.post(Confirmed{Incarnation: inc, Keep: keep})
+				a.log.Info("reconnected: registration renewed and the shard table read", "took", time.Since(t0).Round(time.Millisecond))
+				a.post(Confirmed{Incarnation: inc, Rows: rows})
 				return
 			}
 			err = errors.New("the connection dropped again meanwhile")

@@ -107,6 +107,10 @@ type shardState struct {
 	ctx      context.Context     // the life's: ended by stop and forget
 	cancel   context.CancelFunc  // ends the replay (and the purge after it), and the clearing
 	cleared  chan struct{}       // closed when the clearing that pause began has ended
+	// gate, while replaying: not nil while the region is suspended (its
+	// connection dropped); the replay delivers nothing until it is closed
+	// (waitResumed).
+	gate chan struct{}
 
 	// live, just after hold: seen is kept to skip late copies of replayed
 	// messages until the subscription has delivered dedupUntil arrivals
@@ -290,8 +294,9 @@ func (a *Agent) bind(n int, handoff, life uint64) error {
 	return nil
 }
 
-// pause switches a live shard to divert for handoff: from now on its
-// arrivals go to the buffer, once it is cleared.
+// pause switches a live (or suspended) shard to divert for handoff: from
+// now on its arrivals go to the buffer, once it is cleared; what a
+// suspended shard held goes first, in order.
 //
 // A live shard's buffer should be empty (its replay purged it up to the
 // marker it went live at), but it can hold copies of messages the
@@ -336,11 +341,23 @@ func (st *shardState) clear() {
 	if st.mode != modeClearing {
 		return
 	}
-	for _, h := range st.held {
+	// What a suspension held is paused here too (a handoff that the
+	// coordinator started while the region was away; Core.confirmed): a
+	// copy of a message the entities handled (a replay's late copy,
+	// st.seen) is not buffered again.
+	appended := 0
+	for _, h := range st.held[st.heldNext:] {
+		if key := protocol.MessageKey(h.m.Header, h.m.Reply); key != "" && st.seen != nil {
+			if _, dup := st.seen[key]; dup {
+				a.stats.DuplicatesSkipped.Add(1)
+				continue
+			}
+		}
 		a.cfg.Buffer.Append(st.n, h.m, a.appendFailed)
+		appended++
 	}
-	a.stats.Buffered.Add(uint64(len(st.held)))
-	st.held, st.heldAt = nil, nil
+	a.stats.Buffered.Add(uint64(appended))
+	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
 	st.mode = modeDivert
 }
 
