@@ -22,10 +22,15 @@ import (
 //
 //	        connection lost                  the table still names this region
 //	live ------------------> suspended -------------------------------------> live
+//	                                         the table has a handoff from here
+//	                         suspended -------------------------------------> divert
 //
-// Drop, Fence and Close take any mode back to (none) at once, without end
-// marker; so does a confirmation after a reconnect that finds the shard
-// given to another region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
+// A lost connection leaves hold and divert as they are: a replaying shard
+// stops delivering where it is until the table confirms it (shardState.gate),
+// a paused one goes on diverting (Core.confirmed). Drop, Fence and Close
+// take any mode back to (none) at once, without end marker; so does a
+// confirmation after a reconnect that finds the shard given to another
+// region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
 // the entity host: the mode changes under the shard's lock, and every
 // delivery happens under it.
 type mode uint8
