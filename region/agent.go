@@ -616,7 +616,7 @@ func (a *Agent) confirm() {
 			a.mu.Unlock()
 			if ok {
 				a.stats.Confirmed.Add(1)
-				a.log.Info("reconnected: registration renewed and the shard table read", "took", time.Since(t0).Round(time.Millisecond))
+				a.log.Info("reconnected: registration renewed and shards confirmed", "took", time.Since(t0).Round(time.Millisecond))
 				a.post(Confirmed{Incarnation: inc, Rows: rows})
 				return
 			}
