@@ -223,6 +223,20 @@ func (a *Agent) goLive(st *shardState) bool {
 		st.mu.Unlock()
 		return false
 	}
+	if st.gate != nil {
+		// The connection dropped after the replay's end, before the core
+		// heard of it (Agent.Suspend suspends at once): the shard is live
+		// but suspended, its held arrivals waiting for the confirmation
+		// (resume delivers them, stop refuses them).
+		close(st.gate)
+		st.gate = nil
+		st.mode = modeSuspended
+		handoff, replayed := st.handoff, st.replayed
+		st.mu.Unlock()
+		a.log.Debug("shard live, suspended", "shard", st.n, "handoff", handoff, "replayed", replayed)
+		a.reportReplay(st.n, handoff, st.bound, replayed)
+		return true
+	}
 	held, skipped := a.flushHeldLocked(st)
 	// A copy of a replayed message may still come: the subscription may
 	// not have delivered everything it received before this point (its
