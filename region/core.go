@@ -586,10 +586,10 @@ const (
 // a move (Source and SourceIncarnation: handoff or binding). The cases
 // (PROTOCOL.md, Riding through a lost connection, has the table and why):
 //
-//   - live (suspended): owner of an active or binding row: live again. Source of a
-//     handoff or binding row: the coordinator started a move while the
-//     region was away and asks again; the shard pauses for the row's
-//     handoff, what it held goes to the buffer first, in order.
+//   - live (suspended): owner of an active or binding row: live again.
+//     Source of a handoff or binding row: the coordinator started a move
+//     while the region was away and asks again; the shard pauses for the
+//     row's handoff, what it held goes to the buffer first, in order.
 //     Otherwise dropped.
 //   - replaying: owner of a binding, active or handoff row: replays on
 //     where it stopped (a handoff of a replaying shard waits until it is
@@ -641,7 +641,7 @@ func (c *Core) confirmed(ev Confirmed) {
 	for _, n := range c.held() {
 		s := c.shards[n]
 		if s.mode != modeSuspended && !s.suspended {
-			continue // bound since the suspension ended? (never: commands were refused)
+			continue // not held through the suspension (none is: binds were refused)
 		}
 		r := rows[n]
 		switch c.confirmVerdict(s, r) {
