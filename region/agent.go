@@ -388,6 +388,12 @@ func (a *Agent) renew(ctx context.Context) error {
 	fenceAt := renewal.Deadline(renewedAt, a.cfg.LeaseTTL)
 	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(renewedAt, sent, a.cfg.LeaseTTL))
 	next, err := a.cfg.Store.Renew(rctx, lease, info)
+	if errors.Is(err, kvstate.ErrConflict) && rctx.Err() == nil {
+		if rev, ok := a.ownLaterRegistration(rctx, lease, info); ok {
+			lease.Revision = rev
+			next, err = a.cfg.Store.Renew(rctx, lease, info)
+		}
+	}
 	cancel()
 	if err != nil && ctx.Err() == nil {
 		a.stats.RenewalsFailed.Add(1)
@@ -411,6 +417,27 @@ func (a *Agent) renew(ctx context.Context) error {
 		a.limit.log(a.log, "renew-failed", "registration renewal failed; will retry", "err", err)
 	}
 	return err
+}
+
+// ownLaterRegistration looks, after a renewal at lease's revision was
+// refused, for a registration of this very agent and incarnation stored at
+// a later revision: a renewal the server stored after the agent stopped
+// waiting for its answer (the connection dropped with its server, or an
+// election timed it out). kvstate.Store.Renew finds such a write only when
+// it holds exactly the value renewed now, but a region back from a lost
+// connection names its new connection (RegionInfo.Conn), so the late
+// write differs; fencing then turned a disconnect into a crash (one run in
+// about eight of TestServerLossWhileReplaying). Nobody else writes a
+// registration naming this agent's instance (the coordinator only
+// deletes one, at the revision it read), so such a value is this agent's
+// own, and the renewal goes on from its revision.
+func (a *Agent) ownLaterRegistration(ctx context.Context, lease kvstate.Lease, info protocol.RegionInfo) (uint64, bool) {
+	stored, rev, err := a.cfg.Store.Region(ctx, a.cfg.ID)
+	if err != nil || rev <= lease.Revision || stored.Instance != a.instance || stored.Incarnation != info.Incarnation {
+		return 0, false
+	}
+	a.log.Info("a renewal of the registration was stored after its answer was lost; renewing from it", "revision", rev, "was", lease.Revision)
+	return rev, true
 }
 
 // nextRenewal is how long the lease loop waits before it renews (or

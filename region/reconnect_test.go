@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -41,6 +42,33 @@ func followConn(t *testing.T, nc *nats.Conn, a *region.Agent) {
 	t.Cleanup(func() {
 		nc.RemoveStatusListener(status)
 		<-done
+	})
+}
+
+// leaderOff moves the leader of stream off server (by name), if it is
+// there.
+func leaderOff(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream, server string) {
+	t.Helper()
+	leader := func() string {
+		s, err := js.Stream(context.Background(), stream)
+		if err != nil {
+			return ""
+		}
+		info, err := s.Info(context.Background())
+		if err != nil || info.Cluster == nil {
+			return ""
+		}
+		return info.Cluster.Leader
+	}
+	waitFor(t, "a leader of "+stream+" elsewhere", func() bool {
+		switch leader() {
+		case "":
+			return false
+		case server:
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 2*time.Second)
+			return false
+		}
+		return true
 	})
 }
 
@@ -208,7 +236,10 @@ func TestServerLossWhileReplaying(t *testing.T) {
 		return true
 	})
 
-	// a's server dies while a replays.
+	// a's server dies while a replays. The buffer's leader is elsewhere:
+	// the parker's appends would fail at once during its election (no
+	// responders), which is the parker's loss, not the region's.
+	leaderOff(t, c.nc, js, kvstate.BufferStream("kv"), servers[0].Name())
 	natstest.Shutdown(servers[0])
 	c.publishSeqs(ids, 51, 60) // buffered by the parker, held by a once it has resubscribed
 	waitFor(t, "a to renew its registration and confirm its shards", func() bool {
@@ -386,4 +417,41 @@ func TestReplayWaitsWhileSuspended(t *testing.T) {
 	waitFor(t, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.publishSeqs(ids, 21, 30)
 	c.expectSeqs(ids, 30)
+}
+
+// TestRenewalStoredLate: a renewal of the registration that the server
+// stored but whose answer the region never got (its server died with the
+// answer on its way) does not fence the region when it renews next with
+// another value (back from a lost connection, it names its new
+// connection): the later registration names this agent's instance and
+// incarnation, so it is its own. Before, the compare-and-set at the old
+// revision failed, the region fenced and dropped every shard, as after a
+// crash (TestServerLossWhileReplaying: one run in about eight).
+func TestRenewalStoredLate(t *testing.T) {
+	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.LeaseTTL = 8 * time.Second })
+	ctx := context.Background()
+	f.bind(t, f.epoch, 0)
+	waitFor(t, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
+	// The late renewal: the agent's registration, as it was, naming
+	// another connection, written at its current revision.
+	info, rev, err := f.store.Region(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Conn = protocol.ConnID{Server: "dead-server", Client: 7}
+	late, err := f.store.Renew(ctx, kvstate.Lease{Key: "regions.r1", Revision: rev, TTL: 8 * time.Second}, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := f.agent.Stats().RenewalsFailed.Load()
+	waitFor(t, "a renewal after the late one", func() bool {
+		_, now, err := f.store.Region(ctx, "r1")
+		return err == nil && now > late.Revision || f.agent.Stats().Fenced.Load() > 0
+	})
+	if n := f.agent.Stats().Fenced.Load(); n != 0 {
+		t.Fatalf("the region fenced %d times (renewals failed: %d, before %d)", n, f.agent.Stats().RenewalsFailed.Load(), renewed)
+	}
+	if h := f.agent.Held(); !slices.Equal(h, []int{0}) {
+		t.Fatalf("held %v", h)
+	}
 }
