@@ -278,7 +278,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		a.cancel()
 		return nil, err
 	}
-	a.core = NewCore(CoreConfig{Shards: cfg.Shards, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
+	a.core = NewCore(CoreConfig{Shards: cfg.Shards, Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
 		a.cancel()
@@ -388,6 +388,12 @@ func (a *Agent) renew(ctx context.Context) error {
 	fenceAt := renewal.Deadline(renewedAt, a.cfg.LeaseTTL)
 	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(renewedAt, sent, a.cfg.LeaseTTL))
 	next, err := a.cfg.Store.Renew(rctx, lease, info)
+	if errors.Is(err, kvstate.ErrConflict) && rctx.Err() == nil {
+		if rev, ok := a.ownLaterRegistration(rctx, lease, info); ok {
+			lease.Revision = rev
+			next, err = a.cfg.Store.Renew(rctx, lease, info)
+		}
+	}
 	cancel()
 	if err != nil && ctx.Err() == nil {
 		a.stats.RenewalsFailed.Add(1)
@@ -411,6 +417,27 @@ func (a *Agent) renew(ctx context.Context) error {
 		a.limit.log(a.log, "renew-failed", "registration renewal failed; will retry", "err", err)
 	}
 	return err
+}
+
+// ownLaterRegistration looks, after a renewal at lease's revision was
+// refused, for a registration of this very agent and incarnation stored at
+// a later revision: a renewal the server stored after the agent stopped
+// waiting for its answer (the connection dropped with its server, or an
+// election timed it out). kvstate.Store.Renew finds such a write only when
+// it holds exactly the value renewed now, but a region back from a lost
+// connection names its new connection (RegionInfo.Conn), so the late
+// write differs; fencing then turned a disconnect into a crash (one run in
+// about eight of TestServerLossWhileReplaying). Nobody else writes a
+// registration naming this agent's instance (the coordinator only
+// deletes one, at the revision it read), so such a value is this agent's
+// own, and the renewal goes on from its revision.
+func (a *Agent) ownLaterRegistration(ctx context.Context, lease kvstate.Lease, info protocol.RegionInfo) (uint64, bool) {
+	stored, rev, err := a.cfg.Store.Region(ctx, a.cfg.ID)
+	if err != nil || rev <= lease.Revision || stored.Instance != a.instance || stored.Incarnation != info.Incarnation {
+		return 0, false
+	}
+	a.log.Info("a renewal of the registration was stored after its answer was lost; renewing from it", "revision", rev, "was", lease.Revision)
+	return rev, true
 }
 
 // nextRenewal is how long the lease loop waits before it renews (or
@@ -521,19 +548,22 @@ func (a *Agent) Fence(reason string) {
 }
 
 // Suspend is what the process calls when its NATS connection drops
-// (nats.RECONNECTING). The region keeps its registration and its live
-// shards, but serves none of them: nats.go subscribes them again on
-// reconnect, and what arrives is held (a durable shard stops pulling),
-// because the coordinator may have given a shard to another region
-// meanwhile. Back on NATS (Reconnected), the region renews its
-// registration, naming the new connection, by a compare-and-set: it fails
-// if the coordinator removed the region (it removes one only by a
+// (nats.RECONNECTING). The region keeps its registration and its shards,
+// but serves none of them: nats.go subscribes them again on reconnect,
+// and what arrives is held (a durable shard stops pulling), because the
+// coordinator may have given a shard to another region meanwhile. A
+// shard in the middle of a move rides it through too: a replaying one
+// stops delivering where it is (it holds its arrivals already), a paused
+// one goes on diverting. Back on NATS (Reconnected), the region renews
+// its registration, naming the new connection, by a compare-and-set: it
+// fails if the coordinator removed the region (it removes one only by a
 // compare-and-delete at the revision it saw before the region went
 // silent), and then the region fences. Only after that renewal does the
-// region read the shard table, and it serves again the shards the table
-// still gives it, in the order they arrived, and drops the others. If the
-// registration cannot be renewed before its deadline, the region fences.
-// Shards in the middle of a move are dropped at once.
+// region read the shard table, and each shard goes on as its row says
+// (Core.confirmed): live again (what it held first, in order), replaying
+// on, diverting on, paused for a handoff the coordinator started
+// meanwhile, or dropped. If the registration cannot be renewed before its
+// deadline, the region fences.
 func (a *Agent) Suspend(reason string) {
 	a.mu.Lock()
 	if !a.registered || a.closed {
@@ -575,8 +605,9 @@ func (a *Agent) Reconnected() {
 }
 
 // confirm renews the registration of a suspended region, naming its new
-// connection, then reads which of its shards the table still gives it,
-// until it has both with no disconnect in between, or is fenced or closed.
+// connection, then reads the shard table, until it has both with no
+// disconnect in between, or is fenced or closed; the core decides what
+// the rows mean for each shard.
 func (a *Agent) confirm() {
 	defer func() {
 		a.mu.Lock()
@@ -594,9 +625,11 @@ func (a *Agent) confirm() {
 			return
 		}
 		err := a.renew(a.ctx)
-		var keep []int
+		var rows []protocol.ShardRecord
 		if err == nil {
-			keep, err = a.tableShards(a.ctx, inc)
+			if rows, err = a.cfg.Store.Shards(a.ctx); err != nil {
+				err = fmt.Errorf("read the shard table: %w", err)
+			}
 		}
 		if errors.Is(err, errNotRegistered) {
 			return // fenced
@@ -610,8 +643,8 @@ func (a *Agent) confirm() {
 			a.mu.Unlock()
 			if ok {
 				a.stats.Confirmed.Add(1)
-				a.log.Info("reconnected: registration renewed and shards confirmed", "shards", len(keep), "took", time.Since(t0).Round(time.Millisecond))
-				a.post(Confirmed{Incarnation: inc, Keep: keep})
+				a.log.Info("reconnected: registration renewed and shards confirmed", "took", time.Since(t0).Round(time.Millisecond))
+				a.post(Confirmed{Incarnation: inc, Rows: rows})
 				return
 			}
 			err = errors.New("the connection dropped again meanwhile")

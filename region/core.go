@@ -57,6 +57,10 @@ type Core struct {
 // CoreConfig configures a Core.
 type CoreConfig struct {
 	Shards int // the type's shard count
+	// Region is the region's id: a confirmation after a reconnect (see
+	// Confirmed) reads the table's rows that name it. Empty: rows are
+	// matched by incarnation alone (incarnations are unique).
+	Region string
 	// HandOffWait: ticks a HandOff answer waits for the paused shards'
 	// entities to stop before it says Complete=false (default 20).
 	HandOffWait int
@@ -69,6 +73,14 @@ type coreShard struct {
 	life      uint64
 	stopped   bool   // divert: its entities have stopped
 	releasing uint64 // the token of the Release under way; 0: none
+	// suspended: a shard in the middle of a move (hold, divert) riding
+	// through a lost connection until the region confirms it (a live one
+	// is modeSuspended instead). A replaying one delivers nothing
+	// meanwhile and keeps its place; a paused one keeps diverting.
+	suspended bool
+	// caughtUp: hold, suspended: its replay reached the marker; it goes
+	// live once confirmed.
+	caughtUp bool
 }
 
 type handoffAnswer struct {
@@ -155,19 +167,21 @@ type Fenced struct {
 // Registered: the region registered a new incarnation (after a fence).
 type Registered struct{ Incarnation string }
 
-// Suspended: the region's connection to NATS dropped. Its live shards are
-// suspended (arrivals held) rather than dropped; shards in any other mode
-// are dropped (a move under way is the coordinator's to finish, as after
-// a crash). Incarnation is the one suspended.
+// Suspended: the region's connection to NATS dropped. Every held shard
+// rides it through rather than being dropped: a live one is suspended
+// (arrivals held), a replaying one stops delivering where it is (its
+// place in the buffer and the keys it delivered are kept) and holds
+// arrivals, a paused one keeps diverting. Incarnation is the one
+// suspended.
 type Suspended struct{ Incarnation string }
 
 // Confirmed: back on NATS, the region renewed its registration (so the
-// coordinator had not removed it) and then read the shard table: Keep are
-// the shards the table still gives to Incarnation. The suspended shards
-// in Keep go live again, the others are dropped.
+// coordinator had not removed it) and then read the shard table, Rows
+// (every row, from the stream leader, after the renewal). Each suspended
+// shard is kept, paused or dropped as its row says (see Core.confirmed).
 type Confirmed struct {
 	Incarnation string
-	Keep        []int
+	Rows        []protocol.ShardRecord
 }
 
 // Leaving: the process is stopping (Agent.Leave): the region marks itself
@@ -234,14 +248,16 @@ type Pause struct {
 }
 
 // Suspend: hold the live shard's arrivals (a durable shard stops
-// pulling) until Resume or Unbind.
+// pulling) until Resume or Unbind; a replaying shard stops delivering
+// what it replays, where it is, until Resume or Unbind (it holds its
+// arrivals already).
 type Suspend struct {
 	Shard int
 	Life  uint64
 }
 
 // Resume: deliver what the suspended shard held, in order, and serve it
-// live again.
+// live again; a replaying shard goes on replaying from where it stopped.
 type Resume struct {
 	Shard int
 	Life  uint64
@@ -303,6 +319,10 @@ func (c *Core) Step(ev Event) []Action {
 		c.bound(ev)
 	case CaughtUp:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
+			if s.suspended {
+				s.caughtUp = true // live once confirmed
+				break
+			}
 			s.mode = modeLive
 			c.emit(GoLive(ev))
 		}
@@ -518,54 +538,145 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 // after a reconnect; the coordinator sends it again.
 var errSuspended = errors.New("region suspended: reconnected to NATS, confirming its shards")
 
-// suspend: the connection dropped. Live shards are suspended; the others
-// are dropped, and the commands waiting for them fail.
+// suspend: the connection dropped. No shard is dropped: nothing crashed,
+// and a shard dropped in the middle of a move made the region lose its
+// place (PROTOCOL.md, Riding through a lost connection). Live shards are
+// suspended; replaying ones stop delivering where they are; paused ones
+// go on diverting (nats.go subscribes them again on reconnect). The
+// commands waiting fail (the coordinator sends them again).
 func (c *Core) suspend(ev Suspended) {
 	if !c.registered || c.closed || c.suspended || ev.Incarnation != c.incarnation {
 		return
 	}
 	c.suspended = true
-	var kept, dropped []int
+	var live, moving []int
 	for _, n := range c.held() {
 		s := c.shards[n]
-		if s.mode == modeLive {
+		switch s.mode {
+		case modeLive:
 			s.mode = modeSuspended
 			c.emit(Suspend{Shard: n, Life: s.life})
-			kept = append(kept, n)
-		} else {
-			dropped = append(dropped, c.unbind([]int{n}, "disconnected from NATS while "+s.mode.String())...)
+			live = append(live, n)
+		case modeHold:
+			s.suspended = true
+			c.emit(Suspend{Shard: n, Life: s.life})
+			moving = append(moving, n)
+		case modeDivert:
+			s.suspended = true
+			moving = append(moving, n)
 		}
 	}
 	c.failWaiting(errSuspended)
-	c.log(slog.LevelWarn, "disconnected from NATS: live shards suspended until the region confirms them", "suspended", len(kept), "dropped", dropped)
+	c.log(slog.LevelWarn, "disconnected from NATS: shards suspended until the region confirms them", "suspended", len(live), "moving", moving)
 }
 
-// confirmed ends a suspension: the suspended shards in ev.Keep go live
-// again, the others are dropped.
+// verdict is what a confirmation does with a suspended shard.
+type verdict uint8
+
+const (
+	keepShard  verdict = iota // as it was: live again, replaying again, or still diverting
+	pauseShard                // paused for the row's handoff, as the handoff command would have
+	dropShard                 // not this region's any more: dropped, what it held refused
+)
+
+// confirmVerdict decides what becomes of suspended shard s once the region
+// has read its row (the zero row when the table has none). The table
+// "gives" a shard to this region as its owner (Region and Incarnation:
+// binding there, active there, or handoff from there) or as the source of
+// a move (Source and SourceIncarnation: handoff or binding). The cases
+// (PROTOCOL.md, Riding through a lost connection, has the table and why):
+//
+//   - live (suspended): owner of an active or binding row: live again.
+//     Source of a handoff or binding row: the coordinator started a move
+//     while the region was away and asks again; the shard pauses for the
+//     row's handoff, what it held goes to the buffer first, in order.
+//     Otherwise dropped.
+//   - replaying: owner of a binding, active or handoff row: replays on
+//     where it stopped (a handoff of a replaying shard waits until it is
+//     live). Otherwise dropped.
+//   - paused: source of a handoff or binding row, or a release under
+//     way (the coordinator's own command): diverts on. Otherwise dropped.
+//
+// A row that names neither (parked, or bound, active or handing off
+// elsewhere) means the coordinator took the shard without the region:
+// a forced reallocation after a handoff timeout, or a removal, which the
+// renewal before the read excludes.
+func (c *Core) confirmVerdict(s *coreShard, r protocol.ShardRecord) verdict {
+	mine := func(region, inc string) bool {
+		return inc == c.incarnation && (c.cfg.Region == "" || region == c.cfg.Region)
+	}
+	owner, source := mine(r.Region, r.Incarnation), mine(r.Source, r.SourceIncarnation)
+	switch s.mode {
+	case modeSuspended:
+		switch {
+		case owner && (r.State == protocol.StateActive || r.State == protocol.StateBinding):
+			return keepShard
+		case source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding):
+			return pauseShard
+		}
+	case modeHold:
+		if owner && (r.State == protocol.StateBinding || r.State == protocol.StateActive || r.State == protocol.StateHandoff) {
+			return keepShard
+		}
+	case modeDivert:
+		if s.releasing != 0 || source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding) {
+			return keepShard
+		}
+	}
+	return dropShard
+}
+
+// confirmed ends a suspension: each suspended shard is kept, paused or
+// dropped as its row in ev.Rows says (confirmVerdict).
 func (c *Core) confirmed(ev Confirmed) {
 	if !c.suspended || ev.Incarnation != c.incarnation {
 		return
 	}
 	c.suspended = false
-	keep := make(map[int]bool, len(ev.Keep))
-	for _, n := range ev.Keep {
-		keep[n] = true
+	rows := make(map[int]protocol.ShardRecord, len(ev.Rows))
+	for _, r := range ev.Rows {
+		rows[r.Shard] = r
 	}
-	var resumed, dropped []int
+	var resumed, replaying, diverting, paused, dropped []int
 	for _, n := range c.held() {
 		s := c.shards[n]
-		if s.mode != modeSuspended {
-			continue
+		if s.mode != modeSuspended && !s.suspended {
+			continue // not held through the suspension (none is: binds were refused)
 		}
-		if keep[n] {
-			s.mode = modeLive
-			c.emit(Resume{Shard: n, Life: s.life})
-			resumed = append(resumed, n)
-		} else {
-			dropped = append(dropped, c.unbind([]int{n}, "given to another region while this one was disconnected")...)
+		r := rows[n]
+		switch c.confirmVerdict(s, r) {
+		case keepShard:
+			s.suspended = false
+			switch s.mode {
+			case modeSuspended:
+				s.mode = modeLive
+				c.emit(Resume{Shard: n, Life: s.life})
+				resumed = append(resumed, n)
+			case modeHold:
+				c.emit(Resume{Shard: n, Life: s.life})
+				if s.caughtUp {
+					s.mode, s.caughtUp = modeLive, false
+					c.emit(GoLive{Shard: n, Life: s.life})
+				}
+				replaying = append(replaying, n)
+			case modeDivert:
+				if s.releasing == 0 && r.Handoff != 0 && r.Handoff != s.handoff {
+					c.log(slog.LevelInfo, "shard already paused under another handoff id", "shard", n, "was", s.handoff, "now", r.Handoff)
+					s.handoff = r.Handoff
+				}
+				diverting = append(diverting, n)
+			}
+		case pauseShard:
+			// Where the handoff command, refused while suspended, would
+			// have put it: the coordinator's next one finds it paused.
+			s.mode, s.handoff, s.stopped = modeDivert, r.Handoff, false
+			c.emit(Pause{Shard: n, Handoff: s.handoff, Life: s.life})
+			paused = append(paused, n)
+		case dropShard:
+			dropped = append(dropped, c.unbind([]int{n}, fmt.Sprintf("the table gives it elsewhere after the reconnect (%s, region %q)", r.State, r.Region))...)
 		}
 	}
-	c.log(slog.LevelInfo, "shards confirmed after the reconnect", "resumed", len(resumed), "dropped", dropped)
+	c.log(slog.LevelInfo, "shards confirmed after the reconnect", "resumed", len(resumed), "replaying", replaying, "diverting", diverting, "paused", paused, "dropped", dropped)
 }
 
 // bind binds the command's shards that are not held yet, each to be
@@ -607,14 +718,18 @@ func (c *Core) bind(id uint64, cmd protocol.Command, reply *protocol.Reply, answ
 // bound answers a bind once its subscriptions are flushed; the shards that
 // could not be bound are forgotten.
 func (c *Core) bound(ev Bound) {
+	// The shards that could not be bound are forgotten even when nobody
+	// waits for the answer any more (a suspension failed it).
+	for _, n := range ev.Failed {
+		if s := c.shards[n]; s != nil && s.mode == modeHold {
+			delete(c.shards, n)
+		}
+	}
 	reply, ok := c.binds[ev.ID]
 	if !ok {
 		return
 	}
 	delete(c.binds, ev.ID)
-	for _, n := range ev.Failed {
-		delete(c.shards, n)
-	}
 	if ev.Err != nil {
 		reply.Error = ev.Err.Error()
 		c.log(slog.LevelWarn, "cannot bind shards; the coordinator will ask again", "shards", ev.Failed, "err", ev.Err)

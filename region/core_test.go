@@ -23,10 +23,14 @@ type world struct {
 	refused map[uint64]bool
 	acts    []Action // of the last step
 	live    map[int]bool
+	// suspended: the shards told Suspend and not Resume, Pause or Unbind
+	// since.
+	suspended map[int]bool
+	wasLive   map[int]bool // of the suspended shards: live (not replaying) when suspended
 }
 
 func newWorld(t *testing.T) *world {
-	return &world{t: t, c: NewCore(CoreConfig{Shards: 8, HandOffWait: 5}, "inc1"), answers: map[uint64]protocol.Reply{}, refused: map[uint64]bool{}, live: map[int]bool{}}
+	return &world{t: t, c: NewCore(CoreConfig{Shards: 8, HandOffWait: 5}, "inc1"), answers: map[uint64]protocol.Reply{}, refused: map[uint64]bool{}, live: map[int]bool{}, suspended: map[int]bool{}, wasLive: map[int]bool{}}
 }
 
 func (w *world) step(ev Event) []Action {
@@ -58,22 +62,27 @@ func (w *world) record(acts []Action) {
 			}
 			w.live[a.Shard] = true
 		case Pause:
-			if !w.live[a.Shard] {
+			// A live shard, or a suspended one that a confirmation pauses
+			// for a handoff started meanwhile.
+			if !w.live[a.Shard] && !w.suspended[a.Shard] {
 				w.t.Fatalf("shard %d paused while not live", a.Shard)
 			}
-			w.live[a.Shard] = false
+			w.live[a.Shard], w.suspended[a.Shard] = false, false
 		case Unbind:
-			w.live[a.Shard] = false
+			w.live[a.Shard], w.suspended[a.Shard] = false, false
 		case Suspend:
-			if !w.live[a.Shard] {
-				w.t.Fatalf("shard %d suspended while not live", a.Shard)
+			// A live shard, or a replaying one (its replay stops where it is).
+			if !w.live[a.Shard] && w.c.Mode(a.Shard) != modeHold {
+				w.t.Fatalf("shard %d suspended while not live nor replaying (the core has it %s)", a.Shard, w.c.Mode(a.Shard))
 			}
-			w.live[a.Shard] = false
+			w.wasLive[a.Shard] = w.live[a.Shard]
+			w.live[a.Shard], w.suspended[a.Shard] = false, true
 		case Resume:
-			if w.live[a.Shard] || w.c.Mode(a.Shard) != modeLive {
-				w.t.Fatalf("shard %d resumed while live, or the core has it %s", a.Shard, w.c.Mode(a.Shard))
+			if !w.suspended[a.Shard] || w.live[a.Shard] || (w.c.Mode(a.Shard) != modeLive && w.c.Mode(a.Shard) != modeHold) {
+				w.t.Fatalf("shard %d resumed while not suspended, or live, or the core has it %s", a.Shard, w.c.Mode(a.Shard))
 			}
-			w.live[a.Shard] = true
+			w.suspended[a.Shard] = false
+			w.live[a.Shard] = w.wasLive[a.Shard] // a replaying one goes live by GoLive
 		}
 	}
 }
@@ -360,12 +369,27 @@ func TestCoreFence(t *testing.T) {
 	}
 }
 
-// TestCoreSuspend (issue 17, ride-through of a NATS server loss): when the
-// connection drops, live shards are suspended (held) and the others
-// dropped at once; until the region confirmed its shards it answers
-// probes and drops and refuses every other command; the confirmation
-// resumes the suspended shards the table still gives it and drops the
-// others. A fence during a suspension drops everything.
+// rows are shard table rows that give shards to the world's region
+// ("inc1", the core knows no region id), in state st.
+func rows(st protocol.ShardState, shards ...int) []protocol.ShardRecord {
+	var out []protocol.ShardRecord
+	for _, n := range shards {
+		r := protocol.ShardRecord{Shard: n, State: st, Region: "r", Incarnation: "inc1", Handoff: uint64(100 + n)}
+		if st == protocol.StateHandoff {
+			r.Source, r.SourceIncarnation = "r", "inc1"
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// TestCoreSuspend (issue 17, ride-through of a NATS server loss; issue
+// 30 B): when the connection drops, no shard is dropped: live shards are
+// suspended (held), replaying ones stop where they are, paused ones go
+// on diverting; until the region confirmed its shards it answers probes
+// and drops and refuses every other command; the confirmation resumes
+// the suspended shards the table still gives it and drops the others. A
+// fence during a suspension drops everything.
 func TestCoreSuspend(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
@@ -383,14 +407,11 @@ func TestCoreSuspend(t *testing.T) {
 		}
 		return out
 	}()
-	unbound := func() (out []int) {
-		for _, a := range only[Unbind](w.acts) {
-			out = append(out, a.Shard)
-		}
-		return out
-	}()
-	if !slices.Equal(suspended, []int{1, 4, 5}) || !slices.Equal(unbound, []int{2, 3}) {
-		t.Fatalf("suspend: suspended %v, unbound %v: %s", suspended, unbound, describeActions(w.acts))
+	if !slices.Equal(suspended, []int{1, 3, 4, 5}) || len(only[Unbind](w.acts)) != 0 {
+		t.Fatalf("suspend: suspended %v: %s", suspended, describeActions(w.acts))
+	}
+	if w.c.Mode(2) != modeDivert || w.c.Mode(3) != modeHold {
+		t.Fatalf("suspend: shard 2 %s, shard 3 %s; want them paused and replaying", w.c.Mode(2), w.c.Mode(3))
 	}
 	if w.answer(handoff).Error == "" || w.answer(bind).Error == "" {
 		t.Fatalf("the handoff and the bind under way were not failed: %+v %+v", w.answer(handoff), w.answer(bind))
@@ -404,20 +425,28 @@ func TestCoreSuspend(t *testing.T) {
 			t.Fatalf("%s while suspended did something: %s", kind, describeActions(w.acts))
 		}
 	}
-	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || !slices.Equal(r.Held, []int{1, 4, 5}) {
+	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || !slices.Equal(r.Held, []int{1, 2, 3, 4, 5}) {
 		t.Fatalf("probe while suspended: %+v", r)
 	}
-	if r := w.answer(w.cmd(protocol.CmdDrop, 1, 5)); r.Error != "" || !slices.Equal(r.Held, []int{1, 4}) {
+	if r := w.answer(w.cmd(protocol.CmdDrop, 1, 5)); r.Error != "" || !slices.Equal(r.Held, []int{1, 2, 3, 4}) {
 		t.Fatalf("drop while suspended: %+v", r)
 	}
-	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1, 3, 7}})
-	if r := only[Resume](w.acts); len(r) != 1 || r[0].Shard != 1 {
+	// 1 is still active here, 2 still handing off from here, 3 still
+	// binding here; 4 was given to another region meanwhile.
+	table := slices.Concat(rows(protocol.StateActive, 1), rows(protocol.StateHandoff, 2), rows(protocol.StateBinding, 3, 7),
+		[]protocol.ShardRecord{{Shard: 4, State: protocol.StateBinding, Region: "r2", Incarnation: "x", Handoff: 9}})
+	w.step(Confirmed{Incarnation: "inc1", Rows: table})
+	resumed := only[Resume](w.acts)
+	if len(resumed) != 2 || resumed[0].Shard != 1 || resumed[1].Shard != 3 {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
 	}
 	if u := only[Unbind](w.acts); len(u) != 1 || u[0].Shard != 4 {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
 	}
-	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1}})
+	if w.c.Mode(1) != modeLive || w.c.Mode(2) != modeDivert || w.c.Mode(3) != modeHold {
+		t.Fatalf("after the confirmation: 1 %s, 2 %s, 3 %s", w.c.Mode(1), w.c.Mode(2), w.c.Mode(3))
+	}
+	w.step(Confirmed{Incarnation: "inc1", Rows: table})
 	if len(w.acts) != 0 {
 		t.Fatalf("a second confirmation did something: %s", describeActions(w.acts))
 	}
@@ -427,12 +456,138 @@ func TestCoreSuspend(t *testing.T) {
 
 	w.step(Suspended{Incarnation: "inc1"})
 	w.step(Fenced{Reason: "registration lost"})
-	if u := only[Unbind](w.acts); len(u) != 1 || u[0].Shard != 1 {
+	if u := only[Unbind](w.acts); len(u) != 4 {
 		t.Fatalf("fence while suspended: %s", describeActions(w.acts))
 	}
-	w.step(Confirmed{Incarnation: "inc1", Keep: []int{1}})
+	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateActive, 1)})
 	if len(w.acts) != 0 {
 		t.Fatalf("a confirmation after the fence did something: %s", describeActions(w.acts))
+	}
+}
+
+// TestCoreReplayRidesThroughDisconnect (issue 30 B, PROTOCOL.md "Riding
+// through a lost connection"): a shard replaying its buffer when the
+// connection drops keeps its replay: a marker reached while suspended
+// does not make it live; once the table confirms it (the coordinator
+// wrote it active meanwhile, the source having released it), it goes
+// live; a bind of it again (the coordinator asks again) starts no second
+// replay, which would deliver the buffer's messages again with an empty
+// seen-set.
+func TestCoreReplayRidesThroughDisconnect(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	bind := w.cmd(protocol.CmdBind, 1, 3)
+	b := only[BindShards](w.acts)[0]
+	w.step(Bound{ID: bind})
+	w.step(Suspended{Incarnation: "inc1"})
+	if s := only[Suspend](w.acts); len(s) != 1 || s[0].Shard != 3 || len(only[Unbind](w.acts)) != 0 {
+		t.Fatalf("suspend: %s", describeActions(w.acts))
+	}
+	w.step(CaughtUp{Shard: 3, Life: b.Lives[0]})
+	if len(only[GoLive](w.acts)) != 0 || w.c.Mode(3) != modeHold {
+		t.Fatalf("a shard went live while suspended: %s", describeActions(w.acts))
+	}
+	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateActive, 3)})
+	if r, g := only[Resume](w.acts), only[GoLive](w.acts); len(r) != 1 || len(g) != 1 || w.c.Mode(3) != modeLive {
+		t.Fatalf("confirm: %s", describeActions(w.acts))
+	}
+	again := w.cmd(protocol.CmdBind, 1, 3)
+	if len(only[BindShards](w.acts)) != 0 {
+		t.Fatalf("a bind of a shard live here started a replay: %s", describeActions(w.acts))
+	}
+	if r := w.answer(again); r.Error != "" || !slices.Equal(r.Live, []int{3}) {
+		t.Fatalf("bind again: %+v", r)
+	}
+
+	// Suspended again while replaying, and this time the replay is still
+	// under way at the confirmation: it goes on, and a bind of it again
+	// starts nothing (answered bound, not live).
+	bind = w.cmd(protocol.CmdBind, 1, 5)
+	b = only[BindShards](w.acts)[0]
+	w.step(Bound{ID: bind})
+	w.step(Suspended{Incarnation: "inc1"})
+	w.step(Confirmed{Incarnation: "inc1", Rows: slices.Concat(rows(protocol.StateActive, 3), rows(protocol.StateBinding, 5))})
+	if r := only[Resume](w.acts); len(r) != 2 || len(only[GoLive](w.acts)) != 0 || w.c.Mode(5) != modeHold {
+		t.Fatalf("confirm: %s", describeActions(w.acts))
+	}
+	again = w.cmd(protocol.CmdBind, 1, 5)
+	if r := w.answer(again); len(only[BindShards](w.acts)) != 0 || r.Error != "" || len(r.Live) != 0 || !slices.Contains(r.Held, 5) {
+		t.Fatalf("bind again while replaying: %+v %s", r, describeActions(w.acts))
+	}
+	w.step(CaughtUp{Shard: 5, Life: b.Lives[0]})
+	if g := only[GoLive](w.acts); len(g) != 1 {
+		t.Fatalf("caught up: %s", describeActions(w.acts))
+	}
+}
+
+// TestCoreConfirmPausesHandoff (issue 30 C): a live shard whose row was
+// written handoff (from this region) while the region was suspended is
+// paused for that handoff at the confirmation, as the refused handoff
+// command would have done: what it held goes to the buffer, and the
+// coordinator's next handoff command finds it paused and completes.
+func TestCoreConfirmPausesHandoff(t *testing.T) {
+	w := newWorld(t)
+	w.c.maxEpoch = 1
+	w.bindLive(1, 2)
+	life := w.c.shards[2].life
+	w.step(Suspended{Incarnation: "inc1"})
+	refused := w.cmd(protocol.CmdHandOff, 1, 2)
+	if r := w.answer(refused); !strings.Contains(r.Error, errSuspended.Error()) {
+		t.Fatalf("handoff while suspended: %+v", r)
+	}
+	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateHandoff, 2)})
+	p := only[Pause](w.acts)
+	if len(p) != 1 || p[0].Shard != 2 || p[0].Handoff != 102 || p[0].Life != life || len(only[Unbind](w.acts)) != 0 {
+		t.Fatalf("confirm: %s", describeActions(w.acts))
+	}
+	w.step(EntitiesStopped{Shard: 2, Life: life})
+	if r := w.answer(w.cmd(protocol.CmdHandOff, 1, 2)); r.Error != "" || !r.Complete {
+		t.Fatalf("handoff asked again: %+v", r)
+	}
+}
+
+// TestCoreConfirmVerdicts: what a confirmation does with each kind of
+// suspended shard for each row (PROTOCOL.md, Riding through a lost
+// connection, has the table).
+func TestCoreConfirmVerdicts(t *testing.T) {
+	const me, inc = "r", "inc1"
+	row := func(st protocol.ShardState, region, rinc, src, srcInc string) protocol.ShardRecord {
+		return protocol.ShardRecord{Shard: 1, State: st, Region: region, Incarnation: rinc, Source: src, SourceIncarnation: srcInc, Handoff: 7}
+	}
+	rowsByName := map[string]protocol.ShardRecord{
+		"none":                {},
+		"parked":              row(protocol.StateParked, "", "", "", ""),
+		"active here":         row(protocol.StateActive, me, inc, "", ""),
+		"active elsewhere":    row(protocol.StateActive, "r2", "x", "", ""),
+		"active, old inc":     row(protocol.StateActive, me, "inc0", "", ""),
+		"binding here":        row(protocol.StateBinding, me, inc, "r2", "x"),
+		"binding from here":   row(protocol.StateBinding, "r2", "x", me, inc),
+		"binding elsewhere":   row(protocol.StateBinding, "r2", "x", "", ""),
+		"handoff from here":   row(protocol.StateHandoff, me, inc, me, inc),
+		"handoff elsewhere":   row(protocol.StateHandoff, "r2", "x", "r2", "x"),
+		"handoff, old inc":    row(protocol.StateHandoff, me, "inc0", me, "inc0"),
+		"binding, other name": row(protocol.StateBinding, "r9", inc, "", ""),
+	}
+	want := map[mode]map[string]verdict{
+		modeSuspended: {"active here": keepShard, "binding here": keepShard, "handoff from here": pauseShard, "binding from here": pauseShard},
+		modeHold:      {"active here": keepShard, "binding here": keepShard, "handoff from here": keepShard},
+		modeDivert:    {"handoff from here": keepShard, "binding from here": keepShard},
+	}
+	c := NewCore(CoreConfig{Shards: 8, Region: me}, inc)
+	for m, keep := range want {
+		for name, r := range rowsByName {
+			got := c.confirmVerdict(&coreShard{mode: m, suspended: m != modeSuspended}, r)
+			exp, ok := keep[name]
+			if !ok {
+				exp = dropShard
+			}
+			if got != exp {
+				t.Errorf("%s shard, row %s: verdict %d, want %d", m, name, got, exp)
+			}
+		}
+	}
+	if v := c.confirmVerdict(&coreShard{mode: modeDivert, suspended: true, releasing: 3}, rowsByName["parked"]); v != keepShard {
+		t.Errorf("a paused shard whose release is under way: verdict %d, want it kept (the release ends it)", v)
 	}
 }
 

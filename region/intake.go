@@ -42,11 +42,13 @@ type intake interface {
 	// handoff: its entities stop next).
 	pause(handoff uint64)
 	// suspend, on a live shard, holds what arrives (core) or stops pulling
-	// (durable) until resume or stop: the connection dropped.
+	// (durable) until resume or stop: the connection dropped. On a
+	// replaying shard (core), the replay stops delivering where it is
+	// until resume or stop (arrivals are held already).
 	suspend()
 	// resume serves a suspended shard live again: core delivery first
 	// delivers what it held, in order; durable delivery starts again at
-	// the first message not acknowledged.
+	// the first message not acknowledged. A replaying shard replays on.
 	resume()
 	// stop ends the shard here at once, in whatever mode (drop, fence,
 	// close): nothing more reaches the entities; what was held is refused.
@@ -71,10 +73,17 @@ func (st *shardState) goLive() { st.a.goLive(st) }
 func (st *shardState) suspend() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.mode == modeLive {
+	switch st.mode {
+	case modeLive:
 		st.mode = modeSuspended
 		if st.seen == nil {
 			st.seen = make(map[string]struct{}) // deliverHeldLocked notes the ids it delivers
+		}
+	case modeHold:
+		// The replay stops delivering where it is (waitResumed); it keeps
+		// its place and its seen keys, and arrivals are held as before.
+		if st.gate == nil {
+			st.gate = make(chan struct{})
 		}
 	}
 }
@@ -82,6 +91,14 @@ func (st *shardState) suspend() {
 func (st *shardState) resume() {
 	a := st.a
 	st.mu.Lock()
+	if st.mode == modeHold {
+		if st.gate != nil {
+			close(st.gate)
+			st.gate = nil
+		}
+		st.mu.Unlock()
+		return
+	}
 	if st.mode != modeSuspended {
 		st.mu.Unlock()
 		return

@@ -78,8 +78,9 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	// Purge before going live: the shard's next move may start as soon as
 	// it is live, and its new owner replays the buffer from the start, so
 	// messages left in it would be handled twice (a load test caught that
-	// when the purge came after). Held arrivals wait meanwhile.
-	if a.purge(ctx, st.n, marker) != nil {
+	// when the purge came after). Held arrivals wait meanwhile. Not while
+	// the region is suspended: the shard may not be its own any more.
+	if !st.waitResumed() || a.purge(ctx, st.n, marker) != nil {
 		return
 	}
 	st.mu.Lock()
@@ -124,6 +125,9 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		a.malformed(m, err)
 		return
 	}
+	if !st.waitResumed() {
+		return // dropped: the replay is being cancelled
+	}
 	st.mu.Lock()
 	if st.mode != modeHold {
 		st.mu.Unlock()
@@ -147,6 +151,26 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 	a.host.deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
+}
+
+// waitResumed waits while the region is suspended (see shardState.gate):
+// a replaying shard delivers nothing then, and stays where it is in its
+// buffer, since the coordinator may have given it to another region. It
+// reports false when the shard's life ended meanwhile.
+func (st *shardState) waitResumed() bool {
+	st.mu.Lock()
+	for st.mode == modeHold && st.gate != nil {
+		gate := st.gate
+		st.mu.Unlock()
+		select {
+		case <-gate:
+		case <-st.ctx.Done():
+			return false
+		}
+		st.mu.Lock()
+	}
+	st.mu.Unlock()
+	return st.ctx.Err() == nil
 }
 
 // trace logs, at debug level, what the replay of st did with the message
@@ -198,6 +222,20 @@ func (a *Agent) goLive(st *shardState) bool {
 	if st.mode != modeHold {
 		st.mu.Unlock()
 		return false
+	}
+	if st.gate != nil {
+		// The connection dropped after the replay's end, before the core
+		// heard of it (Agent.Suspend suspends at once): the shard is live
+		// but suspended, its held arrivals waiting for the confirmation
+		// (resume delivers them, stop refuses them).
+		close(st.gate)
+		st.gate = nil
+		st.mode = modeSuspended
+		handoff, replayed := st.handoff, st.replayed
+		st.mu.Unlock()
+		a.log.Debug("shard live, suspended", "shard", st.n, "handoff", handoff, "replayed", replayed)
+		a.reportReplay(st.n, handoff, st.bound, replayed)
+		return true
 	}
 	held, skipped := a.flushHeldLocked(st)
 	// A copy of a replayed message may still come: the subscription may

@@ -22,10 +22,15 @@ import (
 //
 //	        connection lost                  the table still names this region
 //	live ------------------> suspended -------------------------------------> live
+//	                                         the table has a handoff from here
+//	                         suspended -------------------------------------> divert
 //
-// Drop, Fence and Close take any mode back to (none) at once, without end
-// marker; so does a confirmation after a reconnect that finds the shard
-// given to another region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
+// A lost connection leaves hold and divert as they are: a replaying shard
+// stops delivering where it is until the table confirms it (shardState.gate),
+// a paused one goes on diverting (Core.confirmed). Drop, Fence and Close
+// take any mode back to (none) at once, without end marker; so does a
+// confirmation after a reconnect that finds the shard given to another
+// region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
 // the entity host: the mode changes under the shard's lock, and every
 // delivery happens under it.
 type mode uint8
@@ -107,6 +112,10 @@ type shardState struct {
 	ctx      context.Context     // the life's: ended by stop and forget
 	cancel   context.CancelFunc  // ends the replay (and the purge after it), and the clearing
 	cleared  chan struct{}       // closed when the clearing that pause began has ended
+	// gate, while replaying: not nil while the region is suspended (its
+	// connection dropped); the replay delivers nothing until it is closed
+	// (waitResumed).
+	gate chan struct{}
 
 	// live, just after hold: seen is kept to skip late copies of replayed
 	// messages until the subscription has delivered dedupUntil arrivals
@@ -290,8 +299,9 @@ func (a *Agent) bind(n int, handoff, life uint64) error {
 	return nil
 }
 
-// pause switches a live shard to divert for handoff: from now on its
-// arrivals go to the buffer, once it is cleared.
+// pause switches a live (or suspended) shard to divert for handoff: from
+// now on its arrivals go to the buffer, once it is cleared; what a
+// suspended shard held goes first, in order.
 //
 // A live shard's buffer should be empty (its replay purged it up to the
 // marker it went live at), but it can hold copies of messages the
@@ -336,11 +346,23 @@ func (st *shardState) clear() {
 	if st.mode != modeClearing {
 		return
 	}
-	for _, h := range st.held {
+	// What a suspension held is paused here too (a handoff that the
+	// coordinator started while the region was away; Core.confirmed): a
+	// copy of a message the entities handled (a replay's late copy,
+	// st.seen) is not buffered again.
+	appended := 0
+	for _, h := range st.held[st.heldNext:] {
+		if key := protocol.MessageKey(h.m.Header, h.m.Reply); key != "" && st.seen != nil {
+			if _, dup := st.seen[key]; dup {
+				a.stats.DuplicatesSkipped.Add(1)
+				continue
+			}
+		}
 		a.cfg.Buffer.Append(st.n, h.m, a.appendFailed)
+		appended++
 	}
-	a.stats.Buffered.Add(uint64(len(st.held)))
-	st.held, st.heldAt = nil, nil
+	a.stats.Buffered.Add(uint64(appended))
+	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
 	st.mode = modeDivert
 }
 
