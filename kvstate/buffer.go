@@ -864,6 +864,57 @@ func (b *Buffer) Purge(ctx context.Context, shard int, upTo uint64) error {
 	return errors.Join(purge(b.subjects.Buffer(shard)), <-markers)
 }
 
+// Clear empties shard's buffer for the source of handoff as it pauses
+// (PROTOCOL.md, Handoff: a live shard's buffer may hold copies of messages
+// it handled), unless handoff is fenced: then it removes nothing and
+// returns ErrFenced. The source was frozen past the handoff timeout and
+// woke up to pause a shard the coordinator has taken from it (see Fence);
+// its purge would remove what the coordinator diverted since, before the
+// new owner replayed it.
+//
+// Handoff is fenced when the shard's last fence names it or a later
+// handoff (the coordinator numbers a shard's handoffs in increasing
+// order). Clear reads the stream's last sequence first, then the fence,
+// and purges only up to that sequence: a fence written after the read of
+// the fence comes after that sequence, and so does everything the
+// coordinator diverts behind it.
+func (b *Buffer) Clear(ctx context.Context, shard int, handoff uint64) error {
+	ictx, cancel := b.ctx(ctx)
+	info, err := b.stream.Info(ictx)
+	cancel()
+	if err != nil {
+		return translate(fmt.Errorf("clear buffer of shard %d: %w", shard, err), ErrConflict)
+	}
+	last := info.State.LastSeq
+	fence, err := b.lastFence(ctx, shard)
+	if err != nil {
+		return err
+	}
+	if fence >= handoff && fence != 0 {
+		return fmt.Errorf("%w: handoff %d of shard %d is fenced (the shard's last fence names handoff %d): the coordinator took the shard from this source", ErrFenced, handoff, shard, fence)
+	}
+	return b.Purge(ctx, shard, last)
+}
+
+// lastFence is the handoff id that shard's last fence names; 0: none.
+func (b *Buffer) lastFence(ctx context.Context, shard int) (uint64, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	subject := b.subjects.BufferFence(shard)
+	m, err := b.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, translate(fmt.Errorf("read fence %s: %w", subject, err), ErrConflict)
+	}
+	h, err := strconv.ParseUint(m.Header.Get(protocol.HeaderFence), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: fence %s at %d: %w", ErrMalformed, subject, m.Sequence, err)
+	}
+	return h, nil
+}
+
 // Len is the number of messages in shard's buffer, markers excluded: what
 // counts against MaxPerShard.
 func (b *Buffer) Len(ctx context.Context, shard int) (uint64, error) {

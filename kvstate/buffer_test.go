@@ -530,9 +530,22 @@ func (e *bufEnv) testFence(t *testing.T) {
 	got, _ = replayAll(t, b, shard, 9)
 	sameMsgs(t, got, next)
 
-	// A source's pause empties the buffer (Purge to the end): the fence
+	// The zombie wakes up again and pauses for handoff 7 (or an earlier
+	// one): Clear refuses, and removes nothing, since what is in the
+	// buffer may be another's to replay.
+	appendParked(plain(s, shard, 1, "parked again"))
+	for _, h := range []uint64{7, 5} {
+		if err := b.Clear(ctx, shard, h); !errors.Is(err, kvstate.ErrFenced) {
+			t.Fatalf("Clear for fenced handoff %d: %v, want ErrFenced", h, err)
+		}
+	}
+	if n := bufLen(t, b, shard); n != 5 {
+		t.Fatalf("Len = %d after the zombie's Clear, want 5 (nothing removed)", n)
+	}
+
+	// A source's pause for a later handoff empties the buffer: the fence
 	// stays, and still holds.
-	if err := b.Purge(ctx, shard, math.MaxUint64); err != nil {
+	if err := b.Clear(ctx, shard, 10); err != nil {
 		t.Fatal(err)
 	}
 	if n := bufLen(t, b, shard); n != 0 {

@@ -192,6 +192,7 @@ type Stats struct {
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind
 	HeldOverflow      atomic.Uint64 // arrivals refused while replaying or suspended: MaxHeld reached
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
+	SourceFenced      atomic.Uint64 // shards dropped as they paused: the coordinator had fenced their handoff (kvstate.Buffer.Fence)
 
 	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
 	Suspended      atomic.Uint64 // times the connection dropped while registered: live shards held what arrived until confirmed
