@@ -104,7 +104,10 @@ func TestZombieSourceFenced(t *testing.T) {
 	if err := c.nc.PublishRequest(c.subjects.Region("a"), inbox, data); err != nil {
 		t.Fatal(err)
 	}
-	// The handoff timed out: the coordinator fences it, then diverts.
+	// The handoff times out: what is published meanwhile reaches only a's
+	// (frozen) subscription. Then the coordinator fences the handoff and
+	// diverts.
+	waitFor(t, "the handoff timeout (messages only a's subscription gets)", func() bool { return sent.Load() >= frozenAt+100 })
 	if _, err := c.buffer.Fence(context.Background(), x, h[0]); err != nil {
 		t.Fatal(err)
 	}
