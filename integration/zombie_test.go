@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -40,7 +41,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 		return startShardd(t, name, append(append([]string{"--region", name}, common...), extra...)...)
 	}
 	nc := connect(t, url)
-	start("b") // the coordinator: a never is
+	b := start("b") // the coordinator: a never is
 	a := start("a", "--no-coordinator")
 	st := waitSettled(t, nc, subjects, 60*time.Second, "a", "b")
 
@@ -124,6 +125,9 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("a stopped after %d values for %s; the shard active on b after %d values", stoppedAt, time.Since(t0).Round(time.Millisecond), tookOver)
+	if forced := fmt.Sprintf("handoff of shard %d from region a timed out", x); !strings.Contains(b.log.String(), forced) {
+		t.Fatalf("the move was not a forced reallocation (no %q in b's log): the test did not test it", forced)
+	}
 	contAt := sent.Load()
 	eventually(t, 30*time.Second, "more appends published after SIGCONT", func() error {
 		if sent.Load() < contAt+500 {

@@ -158,6 +158,20 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 	}
 	st.mu.Lock()
 	st.arrivals++
+	if st.mode == modeLive {
+		if gap, stalled := a.clock.stalledAt(a.clock.now()); stalled || a.clock.pastDeadline() {
+			// The region did not run for a while and the watch has not
+			// handled it yet: suspend first (stall.go), then look again.
+			st.mu.Unlock()
+			a.stalled(gap, a.clock.now())
+			st.mu.Lock()
+			if st.mode == modeLive { // not suspended: not registered, or closing
+				st.mu.Unlock()
+				a.notOwned(st.n, m)
+				return
+			}
+		}
+	}
 	switch st.mode {
 	case modeLive:
 		if st.seen != nil && st.lateCopy(m) {
