@@ -279,6 +279,9 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		maxActive = 0
 	}
 	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Passivation: cfg.PassivationPolicy, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	if cfg.StallLimit >= 0 {
+		hc.Stalls = a.stallCount
+	}
 	if cfg.Remember != nil {
 		if cfg.RestartRate <= 0 {
 			cfg.RestartRate = DefaultRestartRate

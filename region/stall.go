@@ -87,6 +87,19 @@ func (a *Agent) stallWatch(ctx context.Context) {
 	}
 }
 
+// stallCount returns the number of stalls the region handled; with check,
+// it first looks for one (a stall, or the registration deadline passed)
+// and handles it (hostConfig.Stalls). Called without locks.
+func (a *Agent) stallCount(check bool) uint64 {
+	if check {
+		now := a.clock.now()
+		if gap, stalled := a.clock.stalledAt(now); stalled || a.clock.pastDeadline() {
+			a.stalled(gap, now)
+		}
+	}
+	return a.stats.Stalls.Load()
+}
+
 // stalled handles a stall of gap, found at now: the region suspends (its
 // live shards hold what arrives), then confirms its shards as after a
 // reconnect. Only then does the beat move on, so that a delivery that
