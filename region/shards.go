@@ -159,11 +159,11 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 	st.mu.Lock()
 	st.arrivals++
 	if st.mode == modeLive {
-		if gap, stalled := a.clock.stalledAt(a.clock.now()); stalled || a.clock.pastDeadline() {
+		if now, gap, stalled := a.clock.check(); stalled {
 			// The region did not run for a while and the watch has not
 			// handled it yet: suspend first (stall.go), then look again.
 			st.mu.Unlock()
-			a.stalled(gap, a.clock.now())
+			a.stalled(gap, now)
 			st.mu.Lock()
 			if st.mode == modeLive { // not suspended: not registered, or closing
 				st.mu.Unlock()

@@ -60,8 +60,24 @@ func (c *stallClock) stalledAt(now int64) (time.Duration, bool) {
 // pastDeadline reports whether the registration deadline has passed
 // without a renewal (always false without a stall watch).
 func (c *stallClock) pastDeadline() bool {
+	if c.limit == 0 {
+		return false
+	}
 	d := c.deadline.Load()
-	return c.limit > 0 && d != 0 && c.now() >= d
+	return d != 0 && c.now() >= d
+}
+
+// check reads the clock once (not at all without a stall watch) and
+// reports, with the time it read, whether the region stalled or passed
+// its registration deadline, and the gap since the last beat.
+func (c *stallClock) check() (now int64, gap time.Duration, stalled bool) {
+	if c.limit == 0 {
+		return 0, 0, false
+	}
+	now = c.now()
+	g := now - c.beat.Load()
+	d := c.deadline.Load()
+	return now, time.Duration(g), g >= c.limit || d != 0 && now >= d
 }
 
 // stallWatch beats every stallBeat until ctx ends, and handles a stall.
@@ -92,8 +108,7 @@ func (a *Agent) stallWatch(ctx context.Context) {
 // and handles it (hostConfig.Stalls). Called without locks.
 func (a *Agent) stallCount(check bool) uint64 {
 	if check {
-		now := a.clock.now()
-		if gap, stalled := a.clock.stalledAt(now); stalled || a.clock.pastDeadline() {
+		if now, gap, stalled := a.clock.check(); stalled {
 			a.stalled(gap, now)
 		}
 	}
