@@ -410,6 +410,9 @@ func (n *Node) host(ctx context.Context, t Type) error {
 			ID: n.opts.Region, Version: n.opts.Version, Factory: h.factory,
 			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, PassivationPolicy: t.PassivationPolicy, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
 			MaxHeld: t.BufferSize, Logger: log, Trace: h.traceMessage,
+			// Half the handoff timeout: a region that did not run for
+			// longer may have lost a shard to a forced reallocation.
+			StallLimit: t.HandOffTimeout / 2,
 		}
 		if t.Remember {
 			cfg.Remember, cfg.RestartRate = store, t.RestartRate

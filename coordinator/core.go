@@ -389,8 +389,10 @@ func (c *Core) regionGone(id string) {
 			c.park(sh)
 		case rec.State == protocol.StateHandoff && isSource:
 			// It died pausing: its appends are in the buffer, no marker.
+			// Or it is frozen: fenced, whatever it appends later is not
+			// replayed.
 			c.stats.HandOffsForced.Add(1)
-			c.park(sh)
+			c.parkFenced(sh, rec.Handoff)
 		case rec.State == protocol.StateBinding && isSource:
 			c.sourceGone(sh)
 		case rec.State == protocol.StateBinding && isOwner:
@@ -444,12 +446,12 @@ func (c *Core) sourceGone(sh int) {
 	c.stats.HandOffsForced.Add(1)
 	rec := c.table[sh]
 	if !c.live(rec.Region, rec.Incarnation) {
-		c.park(sh)
+		c.parkFenced(sh, rec.Handoff)
 		return
 	}
 	rec.Source, rec.SourceIncarnation = "", ""
 	c.write(rec)
-	c.out = append(c.out, Mark{Shard: sh, Handoff: rec.Handoff})
+	c.out = append(c.out, Mark{Shard: sh, Handoff: rec.Handoff, Fence: true})
 }
 
 func (c *Core) commandDone(ev CommandDone) {
@@ -569,10 +571,13 @@ func (c *Core) reconcile(r *regionState, held []int, at int) {
 
 // park makes the coordinator the holder of shard sh under a new handoff id:
 // it starts diverting first, then records it.
-func (c *Core) park(sh int) {
+func (c *Core) park(sh int) { c.parkFenced(sh, 0) }
+
+// parkFenced is park, fencing handoff id fence first (0: none; see Park).
+func (c *Core) parkFenced(sh int, fence uint64) {
 	c.order++
 	rec := c.table[sh]
-	c.out = append(c.out, Park{Shard: sh, Handoff: c.order})
+	c.out = append(c.out, Park{Shard: sh, Handoff: c.order, Fence: fence})
 	c.write(protocol.ShardRecord{Shard: sh, State: protocol.StateParked, Order: rec.Order, Epoch: c.epoch, Handoff: c.order})
 	c.steps[sh] = step{at: c.tick}
 }
@@ -685,12 +690,15 @@ func (c *Core) activate(sh int) {
 // the shard over (parks it under the same id: the source writes no marker
 // for it), tells the source to drop it, and continues the move. This is the
 // documented forced reallocation: the source's stuck entities may still run.
+// The park fences the handoff first: a source that was frozen, and wakes
+// up to pause the shard after all, appends behind the coordinator's
+// messages, and no replay must take those appends (issue 30, A).
 func (c *Core) handOffTimedOut(sh int) {
 	rec := c.table[sh]
 	source := rec.Source
 	c.stats.HandOffsTimedOut.Add(1)
 	c.out = append(c.out, Warn{Msg: fmt.Sprintf("handoff of shard %d from region %s timed out; dropping it there and reallocating", sh, source)})
-	c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
+	c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff, Fence: rec.Handoff})
 	if src, ok := c.regions[source]; ok {
 		c.send(src, protocol.CmdDrop, []int{sh}, nil)
 	}

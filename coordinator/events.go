@@ -107,10 +107,14 @@ type StepDown struct{ Reason string }
 
 // Park: subscribe to the shard's subject and divert what arrives to its
 // buffer (the coordinator holds the shard until an owner binds).
-// Idempotent.
+// Idempotent. Fence, when not 0, is the handoff id of a source the shard
+// is taken from without its consent: the buffer is fenced on it
+// (kvstate.Buffer.Fence) before anything is diverted, so that what that
+// source appends from then on is never replayed.
 type Park struct {
 	Shard   int
 	Handoff uint64
+	Fence   uint64
 }
 
 // Unpark: keep diverting for the grace period, unsubscribe, append the end
@@ -126,10 +130,13 @@ type Unpark struct {
 }
 
 // Mark: append the end marker Handoff to the shard's buffer (its source
-// died before it could), then report Marked.
+// died before it could), then report Marked. Fence: fence Handoff first
+// (see Park): the source was found gone, but may be a frozen process that
+// wakes up.
 type Mark struct {
 	Shard   int
 	Handoff uint64
+	Fence   bool
 }
 
 // Warn: something an operator should see (a handoff timed out).

@@ -638,6 +638,20 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			if l.cfg.Durable {
 				continue // the stream keeps the shard's messages
 			}
+			if a.Fence != 0 {
+				// Before the parking's first append, and bounded: the
+				// leader's loop waits for it. A fence that cannot be
+				// written ends the term rather than let the parking's
+				// messages precede a zombie's in the buffer; the next
+				// term finds the move where this one left it.
+				fctx, cancel := context.WithTimeout(ctx, l.cfg.CommandTimeout)
+				_, err := l.cfg.Buffer.Fence(fctx, a.Shard, a.Fence)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("%w: fence handoff %d of shard %d: %w", errStepDown, a.Fence, a.Shard, err)
+				}
+				l.log.Info("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", a.Shard, "handoff", a.Fence)
+			}
 			if err := l.parker.park(a.Shard, a.Handoff, l.info.Epoch); err != nil {
 				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
 			}
@@ -649,7 +663,7 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			unparks = append(unparks, a)
 		case Mark:
 			if l.cfg.Durable {
-				go l.post(ctx, Marked(a))
+				go l.post(ctx, Marked{Shard: a.Shard, Handoff: a.Handoff})
 				continue
 			}
 			go l.mark(ctx, a)
@@ -788,8 +802,11 @@ func (l *leader) purgeRetrying(ctx context.Context, shard int) bool {
 
 // mark appends an end marker for a source that died.
 func (l *leader) mark(ctx context.Context, m Mark) {
+	if m.Fence && !l.fenceRetrying(ctx, m.Shard, m.Handoff) {
+		return
+	}
 	if l.markRetrying(ctx, m.Shard, m.Handoff) {
-		l.post(ctx, Marked(m))
+		l.post(ctx, Marked{Shard: m.Shard, Handoff: m.Handoff})
 	}
 }
 
@@ -799,6 +816,21 @@ func (l *leader) markRetrying(ctx context.Context, shard int, handoff uint64) bo
 			return true
 		} else {
 			l.log.Warn("cannot write an end marker; retrying", "shard", shard, "handoff", handoff, "err", err)
+		}
+		wait.Sleep(ctx, 500*time.Millisecond)
+	}
+	return false
+}
+
+// fenceRetrying fences handoff in shard's buffer (kvstate.Buffer.Fence),
+// retrying until it is written or ctx ends.
+func (l *leader) fenceRetrying(ctx context.Context, shard int, handoff uint64) bool {
+	for ctx.Err() == nil {
+		if _, err := l.cfg.Buffer.Fence(ctx, shard, handoff); err == nil {
+			l.log.Info("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", shard, "handoff", handoff)
+			return true
+		} else {
+			l.log.Warn("cannot fence a handoff's source in the shard's buffer; retrying", "shard", shard, "handoff", handoff, "err", err)
 		}
 		wait.Sleep(ctx, 500*time.Millisecond)
 	}

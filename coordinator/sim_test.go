@@ -143,7 +143,7 @@ func (s *sim) run(acts []Action) {
 			about = []int{a.Shard}
 		case Mark:
 			s.mark(a.Shard, a.Handoff)
-			ev = Marked(a)
+			ev = Marked{Shard: a.Shard, Handoff: a.Handoff}
 			about = []int{a.Shard}
 		case RemoveRegion:
 			// A compare-and-delete: the watch then reports the region gone.

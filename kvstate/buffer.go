@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -338,10 +339,22 @@ func bufferErr(err error) error {
 // except to be passed to failed: its data is copied out before Append
 // returns.
 func (b *Buffer) Append(shard int, m *nats.Msg, failed func(m *nats.Msg, err error)) {
+	b.append(shard, "", m, failed)
+}
+
+// AppendFrom is Append for the source region of a handoff, paused for
+// handoff id handoff: the buffered message names it (protocol.HeaderSource),
+// so that a Fence of that handoff stored before it makes every Replay skip
+// it. The coordinator's own appends (a parked shard) use Append.
+func (b *Buffer) AppendFrom(shard int, handoff uint64, m *nats.Msg, failed func(m *nats.Msg, err error)) {
+	b.append(shard, strconv.FormatUint(handoff, 10), m, failed)
+}
+
+func (b *Buffer) append(shard int, source string, m *nats.Msg, failed func(m *nats.Msg, err error)) {
 	bm := &nats.Msg{
 		Subject: b.subjects.Buffer(shard),
 		Data:    m.Data,
-		Header:  make(nats.Header, len(m.Header)+2),
+		Header:  make(nats.Header, len(m.Header)+3),
 	}
 	for k, v := range m.Header {
 		bm.Header[escapeHeader(k)] = slices.Clone(v)
@@ -349,6 +362,9 @@ func (b *Buffer) Append(shard int, m *nats.Msg, failed func(m *nats.Msg, err err
 	bm.Header[protocol.HeaderSubject] = []string{m.Subject}
 	if m.Reply != "" {
 		bm.Header[protocol.HeaderReply] = []string{m.Reply}
+	}
+	if source != "" {
+		bm.Header[protocol.HeaderSource] = []string{source}
 	}
 
 	// Registered before publishing: the acknowledgement may arrive before
@@ -506,6 +522,36 @@ func (b *Buffer) Mark(ctx context.Context, shard int, handoff uint64) (uint64, e
 	return ack.Sequence, nil
 }
 
+// Fence writes a fence of handoff to shard's buffer and returns its
+// sequence: every Replay of the shard skips the messages that the source of
+// handoff appends (AppendFrom) after it, whenever they arrive; what it
+// appended before the fence is replayed. The coordinator fences a handoff
+// when it takes the shard from its source without the source's consent
+// (the handoff timed out, or the source was found gone), before it appends
+// anything of its own: a source that was frozen meanwhile and wakes up
+// still believing it pauses the shard (a zombie) cannot place a message
+// behind the coordinator's, whatever it does.
+//
+// Fences have their own subject (protocol.Subjects.BufferFence), which
+// Purge leaves alone: a purge up to an end marker after the fence would
+// otherwise remove it, and a zombie's append stored after that purge
+// would be replayed by a later owner. They go with the stream's MaxAge (a
+// day); a region frozen that long has lost its registration long before.
+// Fencing twice is harmless.
+func (b *Buffer) Fence(ctx context.Context, shard int, handoff uint64) (uint64, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	m := &nats.Msg{
+		Subject: b.subjects.BufferFence(shard),
+		Header:  nats.Header{protocol.HeaderFence: []string{strconv.FormatUint(handoff, 10)}},
+	}
+	ack, err := b.js.PublishMsg(ctx, m)
+	if err != nil {
+		return 0, fmt.Errorf("fence handoff %d in %s: %w", handoff, m.Subject, bufferErr(err))
+	}
+	return ack.Sequence, nil
+}
+
 // Replay reads shard's buffer in order from its first message and calls fn
 // with each buffered message as it was published (Subject, Reply, Header
 // and Data restored; the buffer's own headers removed), skipping end
@@ -526,8 +572,9 @@ func (b *Buffer) Mark(ctx context.Context, shard int, handoff uint64) (uint64, e
 // (deleted, or lost with its server), makes Replay resume on a new
 // consumer from the stream sequence after the last message it read.
 //
-// A message without protocol.HeaderSubject was not appended by Append: it
-// is skipped silently. A restored message has a nil Header when the
+// A message that the source of a fenced handoff appended after the fence
+// (see Fence) is skipped. A message without protocol.HeaderSubject was not
+// appended by Append: it is skipped silently. A restored message has a nil Header when the
 // original had none; Data may be an empty slice instead of nil. Replay
 // does not remove anything: see Purge.
 func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(m *nats.Msg)) (uint64, error) {
@@ -536,8 +583,14 @@ func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(
 	}
 	r := &replay{b: b, subject: b.subjects.BufferShard(shard), want: strconv.FormatUint(handoff, 10), fn: fn}
 	if b.opts.Logger != nil {
-		stop := r.watch(ctx, b.opts.Logger.With("shard", shard, "handoff", handoff))
+		log := b.opts.Logger.With("shard", shard, "handoff", handoff)
+		stop := r.watch(ctx, log)
 		defer stop()
+		defer func() {
+			if n := r.fencedOut.Load(); n > 0 {
+				log.Warn("replay skipped messages a fenced source appended after its fence", "skipped", n, "fenced", slices.Sorted(maps.Keys(r.fenced)))
+			}
+		}()
 	}
 	defer r.setConsumer(nil)
 	if err := r.start(ctx); err != nil {
@@ -587,6 +640,11 @@ type replay struct {
 	next    uint64 // stream sequence to start or resume from
 	read    atomic.Uint64
 	fetches atomic.Uint64
+
+	// fenced: the handoff ids of the fences read so far; fencedOut counts
+	// the messages skipped for them (see Fence).
+	fenced    map[string]bool
+	fencedOut atomic.Uint64
 
 	mu   sync.Mutex
 	cons jetstream.Consumer // the current one, for the watch and deletion
@@ -657,6 +715,19 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 					return md.Sequence.Stream, true, nil
 				}
 				continue // the marker of another handoff
+			}
+			if v, ok := h[protocol.HeaderFence]; ok {
+				if len(v) > 0 {
+					if r.fenced == nil {
+						r.fenced = map[string]bool{}
+					}
+					r.fenced[v[0]] = true
+				}
+				continue
+			}
+			if v, ok := h[protocol.HeaderSource]; ok && len(v) > 0 && r.fenced[v[0]] {
+				r.fencedOut.Add(1) // a zombie source's append, stored after its fence
+				continue
 			}
 			if m := restore(h, jm.Data()); m != nil {
 				r.fn(m)
@@ -753,7 +824,7 @@ func restore(h nats.Header, data []byte) *nats.Msg {
 	}
 	m := &nats.Msg{Subject: subj, Reply: h.Get(protocol.HeaderReply), Data: data}
 	for k, v := range h {
-		if k == protocol.HeaderSubject || k == protocol.HeaderReply {
+		if k == protocol.HeaderSubject || k == protocol.HeaderReply || k == protocol.HeaderSource {
 			continue
 		}
 		if m.Header == nil {
@@ -767,24 +838,81 @@ func restore(h nats.Header, data []byte) *nats.Msg {
 // Purge removes shard's buffered messages with sequence up to and
 // including upTo.
 //
-// Markers up to upTo go too. Purge(shard, 0) removes nothing;
-// Purge(shard, math.MaxUint64) everything. (The server's purge request
-// takes a sequence to purge up to but not including.)
+// Markers up to upTo go too; fences stay (see Fence). Purge(shard, 0)
+// removes nothing; Purge(shard, math.MaxUint64) everything but the fences.
+// (The server's purge request takes a sequence to purge up to but not
+// including, and one subject filter: the messages and the markers are
+// purged by two requests, sent at once.)
 func (b *Buffer) Purge(ctx context.Context, shard int, upTo uint64) error {
 	if upTo == 0 {
 		return nil
 	}
-	subject := b.subjects.BufferShard(shard)
-	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subject)}
-	if upTo < ^uint64(0) {
-		opts = append(opts, jetstream.WithPurgeSequence(upTo+1))
-	}
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
-	if err := b.stream.Purge(ctx, opts...); err != nil {
-		return translate(fmt.Errorf("purge %s up to %d: %w", subject, upTo, err), ErrConflict)
+	purge := func(subject string) error {
+		opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subject)}
+		if upTo < ^uint64(0) {
+			opts = append(opts, jetstream.WithPurgeSequence(upTo+1))
+		}
+		if err := b.stream.Purge(ctx, opts...); err != nil {
+			return translate(fmt.Errorf("purge %s up to %d: %w", subject, upTo, err), ErrConflict)
+		}
+		return nil
 	}
-	return nil
+	markers := make(chan error, 1)
+	go func() { markers <- purge(b.subjects.BufferMarker(shard)) }()
+	return errors.Join(purge(b.subjects.Buffer(shard)), <-markers)
+}
+
+// Clear empties shard's buffer for the source of handoff as it pauses
+// (PROTOCOL.md, Handoff: a live shard's buffer may hold copies of messages
+// it handled), unless handoff is fenced: then it removes nothing and
+// returns ErrFenced. The source was frozen past the handoff timeout and
+// woke up to pause a shard the coordinator has taken from it (see Fence);
+// its purge would remove what the coordinator diverted since, before the
+// new owner replayed it.
+//
+// Handoff is fenced when the shard's last fence names it or a later
+// handoff (the coordinator numbers a shard's handoffs in increasing
+// order). Clear reads the stream's last sequence first, then the fence,
+// and purges only up to that sequence: a fence written after the read of
+// the fence comes after that sequence, and so does everything the
+// coordinator diverts behind it.
+func (b *Buffer) Clear(ctx context.Context, shard int, handoff uint64) error {
+	ictx, cancel := b.ctx(ctx)
+	info, err := b.stream.Info(ictx)
+	cancel()
+	if err != nil {
+		return translate(fmt.Errorf("clear buffer of shard %d: %w", shard, err), ErrConflict)
+	}
+	last := info.State.LastSeq
+	fence, err := b.lastFence(ctx, shard)
+	if err != nil {
+		return err
+	}
+	if fence >= handoff && fence != 0 {
+		return fmt.Errorf("%w: handoff %d of shard %d is fenced (the shard's last fence names handoff %d): the coordinator took the shard from this source", ErrFenced, handoff, shard, fence)
+	}
+	return b.Purge(ctx, shard, last)
+}
+
+// lastFence is the handoff id that shard's last fence names; 0: none.
+func (b *Buffer) lastFence(ctx context.Context, shard int) (uint64, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	subject := b.subjects.BufferFence(shard)
+	m, err := b.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, translate(fmt.Errorf("read fence %s: %w", subject, err), ErrConflict)
+	}
+	h, err := strconv.ParseUint(m.Header.Get(protocol.HeaderFence), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: fence %s at %d: %w", ErrMalformed, subject, m.Sequence, err)
+	}
+	return h, nil
 }
 
 // Len is the number of messages in shard's buffer, markers excluded: what

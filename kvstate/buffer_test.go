@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ func TestBuffer(t *testing.T) {
 			t.Run("Overflow", env.testOverflow)
 			t.Run("TooLarge", env.testTooLarge)
 			t.Run("Purge", env.testPurge)
+			t.Run("Fence", env.testFence)
 			t.Run("ReplayCancel", env.testReplayCancel)
 			t.Run("ReplayConsumerLost", env.testReplayConsumerLost)
 			t.Run("FlushWhileAppending", env.testFlushWhileAppending)
@@ -470,6 +472,91 @@ func (e *bufEnv) testPurge(t *testing.T) {
 	mark(t, b, 5, 2)
 	got, _ := replayAll(t, b, 5, 2)
 	sameMsgs(t, got, later)
+}
+
+// testFence (issue 30, violation A): the source of handoff 7 appends,
+// freezes, and the coordinator takes the shard over: it fences handoff 7,
+// then appends what it diverts. The woken source (a zombie) appends its
+// backlog after the coordinator's messages. The replay must skip what the
+// zombie appended after the fence, keep what it appended before, and the
+// fence must outlive the purges of the next moves: a zombie's append that
+// lands after them is skipped by every later replay too.
+func (e *bufEnv) testFence(t *testing.T) {
+	b, s := e.open(t, 0)
+	ctx := testCtx(t)
+	failed := noFailure(t)
+	const shard = 3
+	appendFrom := func(h uint64, ms []*nats.Msg) {
+		for _, m := range ms {
+			b.AppendFrom(shard, h, m, failed)
+		}
+		if err := b.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendParked := func(ms []*nats.Msg) {
+		for _, m := range ms {
+			b.Append(shard, m, failed)
+		}
+		if err := b.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := plain(s, shard, 3, "source")
+	appendFrom(7, before)
+	if _, err := b.Fence(ctx, shard, 7); err != nil {
+		t.Fatal(err)
+	}
+	parked := plain(s, shard, 3, "parked")
+	appendParked(parked[:2])
+	appendFrom(7, plain(s, shard, 4, "zombie"))
+	appendParked(parked[2:])
+	appendFrom(6, plain(s, shard, 1, "older")) // not fenced: an earlier move's source is not this one
+	want := append(append(slices.Clone(before), parked...), plain(s, shard, 1, "older")...)
+	m7 := mark(t, b, shard, 7)
+	got, _ := replayAll(t, b, shard, 7)
+	sameMsgs(t, got, want)
+
+	// The new owner purges up to the marker; the zombie's next append
+	// lands after that, then the shard moves on (handoff 9, a source that
+	// is not fenced). The next owner must not replay the zombie's append.
+	if err := b.Purge(ctx, shard, m7); err != nil {
+		t.Fatal(err)
+	}
+	appendFrom(7, plain(s, shard, 2, "late zombie"))
+	next := plain(s, shard, 2, "next")
+	appendFrom(9, next)
+	mark(t, b, shard, 9)
+	got, _ = replayAll(t, b, shard, 9)
+	sameMsgs(t, got, next)
+
+	// The zombie wakes up again and pauses for handoff 7 (or an earlier
+	// one): Clear refuses, and removes nothing, since what is in the
+	// buffer may be another's to replay.
+	appendParked(plain(s, shard, 1, "parked again"))
+	for _, h := range []uint64{7, 5} {
+		if err := b.Clear(ctx, shard, h); !errors.Is(err, kvstate.ErrFenced) {
+			t.Fatalf("Clear for fenced handoff %d: %v, want ErrFenced", h, err)
+		}
+	}
+	if n := bufLen(t, b, shard); n != 5 {
+		t.Fatalf("Len = %d after the zombie's Clear, want 5 (nothing removed)", n)
+	}
+
+	// A source's pause for a later handoff empties the buffer: the fence
+	// stays, and still holds.
+	if err := b.Clear(ctx, shard, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := bufLen(t, b, shard); n != 0 {
+		t.Fatalf("Len = %d after a full purge, want 0", n)
+	}
+	appendFrom(7, plain(s, shard, 1, "zombie again"))
+	last := plain(s, shard, 1, "last")
+	appendFrom(11, last)
+	mark(t, b, shard, 11)
+	got, _ = replayAll(t, b, shard, 11)
+	sameMsgs(t, got, last)
 }
 
 // testReplayCancel: Replay waiting for its marker ends with ctx's error

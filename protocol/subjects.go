@@ -35,6 +35,15 @@ const (
 	// HeaderMarker marks an end marker in a shard's buffer; its value is
 	// the handoff id.
 	HeaderMarker = "Natshard-Marker"
+	// HeaderSource is set on a message that a paused source region
+	// appended to a shard's buffer; its value is the handoff id it paused
+	// for. HeaderFence marks a fence in a shard's buffer (its own subject,
+	// Subjects.BufferFence): the coordinator took the shard from the source
+	// of that handoff id without its consent, and a replay skips every
+	// message of that source stored after the fence (PROTOCOL.md, Epochs
+	// and fencing).
+	HeaderSource = "Natshard-Source"
+	HeaderFence  = "Natshard-Fence"
 	// HeaderReminder is set on a message that a reminder sent to its
 	// entity (durable delivery); its value is the reminder's name.
 	HeaderReminder = "Natshard-Reminder"
@@ -143,7 +152,17 @@ func (s Subjects) BufferMarker(shard int) string {
 	return s.control + "buf." + strconv.Itoa(shard) + ".e"
 }
 
-// BufferShard matches a shard's messages and markers, in stream order.
+// BufferFence is the subject of a shard's fences in the buffer stream. It
+// matches BufferShard, so a replay reads fences in stream order, but a
+// purge leaves it alone (kvstate.Buffer.Purge): a fence must outlive the
+// purges of the moves after it, or a zombie source's late append would be
+// replayed by a later owner.
+func (s Subjects) BufferFence(shard int) string {
+	return s.control + "buf." + strconv.Itoa(shard) + ".f"
+}
+
+// BufferShard matches a shard's messages, markers and fences, in stream
+// order.
 func (s Subjects) BufferShard(shard int) string {
 	return s.control + "buf." + strconv.Itoa(shard) + ".*"
 }

@@ -94,6 +94,14 @@ type Config struct {
 	// ended (a pause, a replay); see Step. It runs on the region's own
 	// goroutines and must not block.
 	OnStep func(Step)
+	// StallLimit: a region that finds it did not run for this long (its
+	// process was stopped, a GC pause, a VM stall) suspends its shards
+	// until it has confirmed them against the shard table, as after a lost
+	// connection: the coordinator may have given them away meanwhile
+	// (stall.go). Keep it below the coordinator's handoff timeout; 0 means
+	// DefaultStallLimit, negative no stall watch (tests that play the
+	// coordinator without a shard table).
+	StallLimit time.Duration
 	// Remember, when set, keeps the ids of the active entities, and a
 	// shard's new owner starts them again (remember.go). Entities are
 	// then never passivated for idleness (IdleTimeout is ignored): they
@@ -165,6 +173,8 @@ type Agent struct {
 	disconnects uint64
 	confirming  bool
 
+	clock stallClock // beats of the stall watch, registration deadline (stall.go)
+
 	nextCmd  atomic.Uint64 // command ids
 	cmdSub   *nats.Subscription
 	querySub *nats.Subscription
@@ -192,6 +202,8 @@ type Stats struct {
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind
 	HeldOverflow      atomic.Uint64 // arrivals refused while replaying or suspended: MaxHeld reached
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
+	SourceFenced      atomic.Uint64 // shards dropped as they paused: the coordinator had fenced their handoff (kvstate.Buffer.Fence)
+	Stalls            atomic.Uint64 // times the region found it had not run for Config.StallLimit or more: suspended until confirmed (stall.go)
 
 	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
 	Suspended      atomic.Uint64 // times the connection dropped while registered: live shards held what arrived until confirmed
@@ -246,6 +258,13 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		done:     make(chan struct{}),
 		replays:  make(chan struct{}, maxReplays),
 	}
+	a.clock.base = time.Now()
+	switch {
+	case cfg.StallLimit == 0:
+		a.clock.limit = int64(DefaultStallLimit)
+	case cfg.StallLimit > 0:
+		a.clock.limit = int64(cfg.StallLimit)
+	}
 	a.traceMsgs = a.log.Enabled(context.Background(), slog.LevelDebug)
 	if err := a.checkIDFree(ctx); err != nil {
 		return nil, err
@@ -260,6 +279,9 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		maxActive = 0
 	}
 	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Passivation: cfg.PassivationPolicy, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	if cfg.StallLimit >= 0 {
+		hc.Stalls = a.stallCount
+	}
 	if cfg.Remember != nil {
 		if cfg.RestartRate <= 0 {
 			cfg.RestartRate = DefaultRestartRate
@@ -296,9 +318,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		_ = a.querySub.Unsubscribe()
 		return nil, fmt.Errorf("region: %w", err)
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.leaseLoop(a.ctx)
 	go a.passivationLoop(a.ctx)
+	go a.stallWatch(a.ctx)
 	if a.recorder != nil {
 		a.wg.Add(1)
 		go a.recorder.run(a.recorder.ctx)
@@ -354,6 +377,7 @@ func (a *Agent) register(ctx context.Context) error {
 	a.pendingInc = ""
 	a.mu.Lock()
 	a.incarnation, a.started, a.conn, a.lease, a.renewedAt, a.registered = inc, started, info.Conn, lease, sent, true
+	a.clock.deadline.Store(a.clock.at(renewal.Deadline(sent, a.cfg.LeaseTTL)))
 	a.mu.Unlock()
 	return nil
 }
@@ -403,6 +427,7 @@ func (a *Agent) renew(ctx context.Context) error {
 		a.mu.Lock()
 		if a.registered && a.incarnation == info.Incarnation {
 			a.lease, a.renewedAt = next, sent
+			a.clock.deadline.Store(a.clock.at(renewal.Deadline(sent, a.cfg.LeaseTTL)))
 		}
 		a.mu.Unlock()
 	case ctx.Err() != nil:

@@ -76,6 +76,7 @@ func newFixtureConfig(t *testing.T, mod func(*region.Config)) *fixture {
 	}
 	cfg := region.Config{
 		Conn: nc, Store: store, Buffer: f.buffer, Subjects: f.subjects, Shards: shards, ID: "r1", Factory: entities.Echo(),
+		StallLimit: time.Minute, // the counts of suspensions below must not see a loaded machine's delays
 	}
 	mod(&cfg)
 	f.agent, err = region.Open(context.Background(), cfg)

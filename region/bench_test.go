@@ -121,10 +121,25 @@ func (signalEntity) Stop(context.Context) error { return nil }
 // BenchmarkOnMessage: the subscription callback of a live shard, from the
 // NATS message to the entity's Handle (one op is one message, until it is
 // handled), 1000 entities round-robin.
-func BenchmarkOnMessage(b *testing.B) {
+func BenchmarkOnMessage(b *testing.B) { benchOnMessage(b, false) }
+
+// BenchmarkOnMessageStallWatch is BenchmarkOnMessage with the stall watch
+// on (stall.go): each delivery and each Handle read the monotonic clock.
+func BenchmarkOnMessageStallWatch(b *testing.B) { benchOnMessage(b, true) }
+
+func benchOnMessage(b *testing.B, watch bool) {
 	subjects := protocol.MustSubjects("", "", "bench")
 	a := &Agent{cfg: Config{Subjects: subjects, Shards: protocol.DefaultShards, MaxHeld: 1}, log: discardLogger()}
-	a.host = newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+	hc := hostConfig{Factory: benchFactory, Logger: discardLogger()}
+	if watch {
+		a.clock.base, a.clock.limit = time.Now(), int64(DefaultStallLimit)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		a.wg.Add(1)
+		go a.stallWatch(ctx)
+		hc.Stalls = a.stallCount
+	}
+	a.host = newHost(hc)
 	states := make([]*shardState, protocol.DefaultShards)
 	for i := range states {
 		states[i] = &shardState{n: i, mode: modeLive}

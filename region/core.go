@@ -164,6 +164,15 @@ type Fenced struct {
 	Incarnation string
 }
 
+// SourceFenced: the shard's buffer is fenced on the handoff the shard is
+// paused for (kvstate.Buffer.Clear): the coordinator took the shard from
+// this region without its consent (the handoff timed out while the region
+// was stalled). The shard is dropped; Life is its life here.
+type SourceFenced struct {
+	Shard int
+	Life  uint64
+}
+
 // Registered: the region registered a new incarnation (after a fence).
 type Registered struct{ Incarnation string }
 
@@ -200,6 +209,7 @@ func (EntitiesStopped) isEvent()     {}
 func (ReleaseDone) isEvent()         {}
 func (RegistrationWritten) isEvent() {}
 func (Fenced) isEvent()              {}
+func (SourceFenced) isEvent()        {}
 func (Registered) isEvent()          {}
 func (Suspended) isEvent()           {}
 func (Confirmed) isEvent()           {}
@@ -347,6 +357,12 @@ func (c *Core) Step(ev Event) []Action {
 			dropped := c.unbindAll("region fenced")
 			c.log(slog.LevelWarn, "fenced: stopped serving every shard", "reason", ev.Reason, "shards", len(dropped))
 			c.failWaiting(errNotRegistered)
+		}
+	case SourceFenced:
+		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
+			c.unbind([]int{ev.Shard}, "its handoff was fenced: the coordinator took it over")
+			c.log(slog.LevelWarn, "dropped a shard paused for a handoff that the coordinator had fenced (it timed out while this region was stalled): the shard is another's now", "shard", ev.Shard, "handoff", s.handoff)
+			c.answerHandoffs()
 		}
 	case Registered:
 		c.registered, c.incarnation, c.suspended = true, ev.Incarnation, false

@@ -84,6 +84,10 @@ func (c *cluster) addAgent(id string, tweak func(*region.Config)) *region.Agent 
 	cfg := region.Config{
 		Conn: nc, Store: store, Buffer: buf, Subjects: c.subjects, Shards: shards, ID: id,
 		Factory: c.rec.factory(id), IdleTimeout: -1,
+		// The test plays the coordinator and writes no shard table: the
+		// confirmation after a stall (a loaded machine's scheduling
+		// delay) would drop every shard.
+		StallLimit: -1,
 	}
 	if tweak != nil {
 		tweak(&cfg)

@@ -60,6 +60,12 @@ type hostConfig struct {
 	Logger *slog.Logger
 	// Now is the clock used for idleness; nil means time.Now.
 	Now func() time.Time
+	// Stalls, when set, is the number of stalls the region has handled
+	// (stall.go); with check, it first looks for a stall and handles it.
+	// A message of core delivery queued before a stall is not handled
+	// after it: its shard may be another region's by then. Called
+	// without the host's locks.
+	Stalls func(check bool) uint64
 	// Reply sends the answer to a request: data is the body and a non-nil
 	// err goes in the error header. It is called only for messages with a
 	// reply subject, from the goroutine that handled the message (or from
@@ -163,6 +169,7 @@ type host struct {
 	trace       func(ctx context.Context, m *nats.Msg) (context.Context, func(err error))
 	remember    func(ctx context.Context, shard int, id string) error
 	forget      func(shard int, id string)
+	stalls      func(check bool) uint64
 
 	ctx     context.Context // parent of the shards' contexts
 	epoch   time.Time       // lastActive values are offsets from it
@@ -279,6 +286,7 @@ func newHost(cfg hostConfig) *host {
 		clock:       cfg.Now,
 		replyFn:     cfg.Reply,
 		trace:       cfg.Trace,
+		stalls:      cfg.Stalls,
 		remember:    cfg.Remember,
 		forget:      cfg.Forget,
 		ctx:         cfg.Context,
@@ -325,8 +333,9 @@ func (h *host) now() int64 {
 // delivery. An envelope without message starts a remembered entity
 // (start).
 type envelope struct {
-	m *nats.Msg
-	d *durableMsg
+	m      *nats.Msg
+	d      *durableMsg
+	stalls uint64 // hostConfig.Stalls when it was delivered
 }
 
 // durableMsg is what a message of durable delivery carries besides itself:
@@ -340,7 +349,13 @@ type durableMsg struct {
 // deliver queues m for entity id of shard and makes sure a worker runs
 // the entity. It never waits for an entity. A shard being stopped refuses
 // the message: a request is answered with errShardNotServed.
-func (h *host) deliver(shard int, id string, m *nats.Msg) { h.enqueue(shard, id, envelope{m: m}) }
+func (h *host) deliver(shard int, id string, m *nats.Msg) {
+	e := envelope{m: m}
+	if h.stalls != nil {
+		e.stalls = h.stalls(false)
+	}
+	h.enqueue(shard, id, e)
+}
 
 // deliverDurable is deliver for a message of durable delivery: once its
 // entity handled it (or failed to), d.done is called. A shard being
@@ -986,6 +1001,13 @@ func (h *host) startOne(se *shardEntities, id string, ent Entity) Entity {
 // It returns the error the message was answered with.
 func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
 	ctx, shard := se.ctx, se.n
+	if h.stalls != nil && e.d == nil && h.stalls(true) != e.stalls {
+		// Queued before the region stalled: the shard may have been given
+		// to another region meanwhile, which handles what came after it.
+		// (Durable delivery's stream keeps the message for its owner.)
+		h.refuse(shard, id, e.m)
+		return ent, errShardNotServed
+	}
 	if h.trace != nil && e.m.Header != nil {
 		var end func(error)
 		if ctx, end = h.trace(ctx, e.m); end != nil {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -167,6 +167,20 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 	}
 	st.mu.Lock()
 	st.arrivals++
+	if st.mode == modeLive {
+		if now, gap, stalled := a.clock.check(); stalled {
+			// The region did not run for a while and the watch has not
+			// handled it yet: suspend first (stall.go), then look again.
+			st.mu.Unlock()
+			a.stalled(gap, now)
+			st.mu.Lock()
+			if st.mode == modeLive { // not suspended: not registered, or closing
+				st.mu.Unlock()
+				a.notOwned(st.n, m)
+				return
+			}
+		}
+	}
 	switch st.mode {
 	case modeLive:
 		if st.seen != nil && st.lateCopy(m) {
@@ -201,8 +215,10 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 		a.stats.Held.Add(1)
 	case modeDivert:
 		// Append keeps the order of its calls; they all come from this
-		// goroutine, under the lock.
-		a.cfg.Buffer.Append(st.n, m, a.appendFailed)
+		// goroutine, under the lock. They name the handoff, which the
+		// coordinator fences if it takes the shard from this region
+		// without its consent (kvstate.Buffer.Fence).
+		a.cfg.Buffer.AppendFrom(st.n, st.handoff, m, a.appendFailed)
 		st.mu.Unlock()
 		a.stats.Buffered.Add(1)
 	default:
@@ -320,6 +336,21 @@ func (st *shardState) pause(handoff uint64) {
 	st.a.goDo(st.clear)
 }
 
+// clearBuffer empties the shard's buffer as its source pauses for handoff
+// (kvstate.Buffer.Clear), retrying, unless the handoff is fenced.
+func (a *Agent) clearBuffer(ctx context.Context, shard int, handoff uint64) error {
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		err := a.cfg.Buffer.Clear(ctx, shard, handoff)
+		if err == nil || ctx.Err() != nil || errors.Is(err, kvstate.ErrFenced) {
+			return err
+		}
+		a.limit.log(a.log, "purge-failed", "purging a shard's buffer failed; retrying", "shard", shard, "err", err)
+		if !wait.Sleep(ctx, backoff) {
+			return err
+		}
+	}
+}
+
 // clearWait bounds the clearing of a paused shard's buffer (below
 // settleWait, which waits for it): a purge that cannot be done by then
 // is given up, the copies left (a warning says so).
@@ -333,9 +364,16 @@ func (st *shardState) clear() {
 	a := st.a
 	defer close(st.cleared)
 	ctx, cancel := context.WithTimeout(st.ctx, clearWait)
-	err := a.purge(ctx, st.n, math.MaxUint64)
+	err := a.clearBuffer(ctx, st.n, st.handoff)
 	cancel()
 	if st.ctx.Err() != nil {
+		return
+	}
+	if errors.Is(err, kvstate.ErrFenced) {
+		// What arrived meanwhile stays held, never appended: the Unbind
+		// that SourceFenced brings refuses it.
+		a.stats.SourceFenced.Add(1)
+		a.post(SourceFenced{Shard: st.n, Life: st.lifeN})
 		return
 	}
 	if err != nil {
@@ -358,7 +396,7 @@ func (st *shardState) clear() {
 				continue
 			}
 		}
-		a.cfg.Buffer.Append(st.n, h.m, a.appendFailed)
+		a.cfg.Buffer.AppendFrom(st.n, st.handoff, h.m, a.appendFailed)
 		appended++
 	}
 	a.stats.Buffered.Add(uint64(appended))

@@ -1,7 +1,6 @@
 package natstest
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ type Proxy struct {
 	conns   map[net.Conn]bool
 	refuse  time.Time // refuse connections until then
 	stopped bool
+	frozen  chan struct{} // closed by Thaw; nil: not frozen
 }
 
 // NewProxy listens on a random port of 127.0.0.1 and forwards to target
@@ -49,6 +49,40 @@ func (p *Proxy) Cut(d time.Duration) {
 	}
 }
 
+// Freeze stops forwarding, in both directions, without closing anything,
+// until Thaw: to the server and to the client, the other side looks like
+// a process that was stopped (SIGSTOP, a long GC pause, a VM stall). What
+// either side sends meanwhile waits, in order, in the proxy and the
+// sockets' buffers. Keep a freeze shorter than the server's and the
+// client's ping timeouts, or they close the connection.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen == nil {
+		p.frozen = make(chan struct{})
+	}
+}
+
+// Thaw forwards again what waited since Freeze, and the rest.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
+}
+
+// thawed waits while the proxy is frozen.
+func (p *Proxy) thawed() {
+	p.mu.Lock()
+	frozen := p.frozen
+	p.mu.Unlock()
+	if frozen != nil {
+		<-frozen
+	}
+}
+
 func (p *Proxy) accept() {
 	for {
 		c, err := p.ln.Accept()
@@ -71,7 +105,19 @@ func (p *Proxy) accept() {
 		p.conns[c], p.conns[s] = true, true
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 {
+					p.thawed()
+					if _, err := dst.Write(buf[:n]); err != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			dst.Close()
 			src.Close()
 			p.mu.Lock()
@@ -85,6 +131,7 @@ func (p *Proxy) accept() {
 }
 
 func (p *Proxy) stop() {
+	p.Thaw()
 	p.mu.Lock()
 	p.stopped = true
 	for c := range p.conns {

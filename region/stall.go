@@ -1,0 +1,133 @@
+package region
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Zombies (PROTOCOL.md, Zombie regions). A region whose process was not
+// scheduled for a while (SIGSTOP, a long GC pause, a VM stall) may have
+// lost shards meanwhile: the coordinator forces the reallocation of a
+// shard whose handoff timed out (--handoff-timeout, 1 s at the least), and
+// removes a region whose subscriptions are gone or whose registration
+// expired. Once it runs again, nothing tells it at once: the drop is
+// queued behind the messages and commands that arrived meanwhile, and
+// those are delivered first. So the region watches its own clock
+// (monotonic): a gap of Config.StallLimit or more between two beats of its watch
+// is a stall, and it is handled as a lost connection (Agent.Suspend): the
+// live shards hold what arrives, the others are dropped, and the region
+// renews its registration, reads the shard table and serves again only
+// the shards the table still gives it. The delivery to a live shard
+// checks the beat too, so that a message taken from the subscription
+// before the watch ran after the stall is held, not handled.
+//
+// A command received after a stall is refused while the region is
+// suspended; one that the driver takes before the watch ran is fenced
+// otherwise (a stale pause by the buffer's fence, kvstate.Buffer.Fence;
+// the rest by the epoch and the table's state). And a region whose
+// registration deadline passed without a renewal fences itself when a
+// command arrives (Agent.onCommand), as its lease loop would.
+
+// stallBeat is the period of the stall watch.
+const stallBeat = 100 * time.Millisecond
+
+// DefaultStallLimit is Config.StallLimit's default: half the shortest
+// handoff timeout the coordinator takes (1 s). natshard sets the type's
+// HandOffTimeout/2 (5 s by default), which a loaded machine's scheduling
+// delays do not reach.
+const DefaultStallLimit = 500 * time.Millisecond
+
+// stallClock is the region's monotonic clock: nanoseconds since base.
+type stallClock struct {
+	base     time.Time
+	limit    int64        // Config.StallLimit; 0: no stall watch
+	beat     atomic.Int64 // when the watch last ran
+	deadline atomic.Int64 // registration deadline (renewal.Deadline); 0: none
+}
+
+func (c *stallClock) now() int64 { return int64(time.Since(c.base)) }
+
+// at is t on the clock.
+func (c *stallClock) at(t time.Time) int64 { return int64(t.Sub(c.base)) }
+
+// stalledAt reports the gap since the last beat when it is a stall.
+func (c *stallClock) stalledAt(now int64) (time.Duration, bool) {
+	gap := now - c.beat.Load()
+	return time.Duration(gap), c.limit > 0 && gap >= c.limit
+}
+
+// pastDeadline reports whether the registration deadline has passed
+// without a renewal (always false without a stall watch).
+func (c *stallClock) pastDeadline() bool {
+	if c.limit == 0 {
+		return false
+	}
+	d := c.deadline.Load()
+	return d != 0 && c.now() >= d
+}
+
+// check reads the clock once (not at all without a stall watch) and
+// reports, with the time it read, whether the region stalled or passed
+// its registration deadline, and the gap since the last beat.
+func (c *stallClock) check() (now int64, gap time.Duration, stalled bool) {
+	if c.limit == 0 {
+		return 0, 0, false
+	}
+	now = c.now()
+	g := now - c.beat.Load()
+	d := c.deadline.Load()
+	return now, time.Duration(g), g >= c.limit || d != 0 && now >= d
+}
+
+// stallWatch beats every stallBeat until ctx ends, and handles a stall.
+func (a *Agent) stallWatch(ctx context.Context) {
+	defer a.wg.Done()
+	if a.clock.limit == 0 {
+		return
+	}
+	t := time.NewTicker(stallBeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := a.clock.now()
+		if gap, stalled := a.clock.stalledAt(now); stalled {
+			a.stalled(gap, now)
+		} else {
+			a.clock.beat.Store(now)
+		}
+	}
+}
+
+// stallCount returns the number of stalls the region handled; with check,
+// it first looks for one (a stall, or the registration deadline passed)
+// and handles it (hostConfig.Stalls). Called without locks.
+func (a *Agent) stallCount(check bool) uint64 {
+	if check {
+		if now, gap, stalled := a.clock.check(); stalled {
+			a.stalled(gap, now)
+		}
+	}
+	return a.stats.Stalls.Load()
+}
+
+// stalled handles a stall of gap, found at now: the region suspends (its
+// live shards hold what arrives), then confirms its shards as after a
+// reconnect. Only then does the beat move on, so that a delivery that
+// sees the old beat has found its shard suspended when it looks again.
+func (a *Agent) stalled(gap time.Duration, now int64) {
+	a.stats.Stalls.Add(1)
+	a.limit.log(a.log, "stalled", "the region was not running for a while (stopped, a long GC pause, a VM stall), or its registration deadline passed: it may have lost shards meanwhile; suspending them until it has confirmed them", "gap", gap.Round(time.Millisecond))
+	a.Suspend("stalled for " + gap.Round(time.Millisecond).String())
+	a.Reconnected()
+	for {
+		old := a.clock.beat.Load()
+		if old >= now || a.clock.beat.CompareAndSwap(old, now) {
+			return
+		}
+	}
+}
