@@ -25,6 +25,20 @@ var ErrUnknownType = errors.New("natshard: unknown entity type")
 // DefaultTimeout bounds a Client's call whose context has no deadline.
 const DefaultTimeout = 30 * time.Second
 
+// keyedResend is how long a request with an idempotency key (MsgID)
+// waits for its answer before it is sent again (core delivery), or its
+// answer asked for (durable delivery), when WithResend set no other
+// time: with a key, sending again never applies twice.
+const keyedResend = 2 * time.Second
+
+// ErrNoAnswer: a request sent again with the key of a message its
+// entity applied already could not be answered as the first time: the
+// entity keeps no answer for that key any more (it applied it before the
+// window of answers it keeps: docs/PROTOCOL.md, "Idempotency keys"), or
+// the message failed before its entity handled it. It was not applied
+// again.
+var ErrNoAnswer = errors.New("natshard: no answer kept for the idempotency key")
+
 // attemptTimeout bounds one request to JetStream (reading a type's
 // configuration, a publish to a stream), which is tried again while the
 // call's context lasts.
@@ -114,7 +128,7 @@ func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resen
 
 // NewClient returns a client on nc. The connection stays the caller's.
 func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
-	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, idPrefix: nuid.Next() + "."}
+	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, idPrefix: protocol.UniqueReplyMark + nuid.Next() + "."}
 	for _, o := range opts {
 		o(c)
 	}
@@ -172,12 +186,13 @@ func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts 
 		return c.requestDurable(ctx, typ, id, m)
 	}
 	replies := repliesOf(c.nc) // the connection's, shared by its clients
+	every := c.resendEvery(m)
 	var b backoff
 	var token uint64 // the reply subject's, the same for every attempt
 	for {
 		attempt, resend := until, false
-		if c.resend > 0 {
-			if next := time.Now().Add(c.resend); until.IsZero() || next.Before(until) {
+		if every > 0 {
+			if next := time.Now().Add(every); until.IsZero() || next.Before(until) {
 				attempt, resend = next, true
 			}
 		}
@@ -219,12 +234,34 @@ func answer(typ, id string, reply *nats.Msg, err error) (done bool, data []byte,
 		return true, reply.Data, &EntityError{Type: typ, ID: id, Message: reply.Header.Get(protocol.HeaderError), Data: reply.Data}
 	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedMalformed:
 		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: refused: %s", id, typ, reply.Header.Get(protocol.HeaderError))
+	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedNoAnswer:
+		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: %w: %s", id, typ, ErrNoAnswer, reply.Header.Get(protocol.HeaderError))
 	}
 	return false, nil, nil
 }
 
+// resendEvery is how long a request m waits for its answer before it is
+// sent again: WithResend's time, or keyedResend for a request with an
+// idempotency key; 0: never.
+func (c *Client) resendEvery(m *nats.Msg) time.Duration {
+	if c.resend > 0 {
+		return c.resend
+	}
+	if protocol.IdempotencyKey(m.Header) != "" {
+		return keyedResend
+	}
+	return 0
+}
+
 // requestDurable publishes a request to the type's stream, with its inbox
 // in Natshard-Reply, and waits there for the answer.
+//
+// When the stream dropped it as a duplicate of a message with its
+// idempotency key (MsgID) stored before, the entity is asked for that
+// message's answer instead (askAnswer): the stored message answers the
+// inbox of the call that sent it, not this one's. A request with a key
+// asks again when no answer came in resendEvery (an answer lost with a
+// connection).
 func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg) ([]byte, error) {
 	inbox := c.nc.NewRespInbox()
 	sub, err := c.nc.SubscribeSync(inbox)
@@ -233,11 +270,32 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 	}
 	defer sub.Unsubscribe()
 	m.Header.Set(protocol.HeaderReply, inbox)
-	if err := c.publishDurable(ctx, m); err != nil {
+	key := protocol.IdempotencyKey(m.Header)
+	duplicate, err := c.publishDurable(ctx, m)
+	if err != nil {
 		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
 	}
+	if duplicate && key != "" {
+		if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored before (key %q); asking for its answer: %w", id, typ, key, err)
+		}
+	}
+	every := c.resendEvery(m)
 	for {
-		reply, err := sub.NextMsgWithContext(ctx)
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if key != "" && every > 0 {
+			wctx, cancel = context.WithTimeout(ctx, every)
+		}
+		reply, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			// No answer in time: ask for it (the request is stored, and
+			// applied once whatever happens).
+			if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+				return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet; asking for its answer: %w", id, typ, err)
+			}
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet: %w", id, typ, err)
 		}
@@ -249,34 +307,50 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 	}
 }
 
+// askAnswer publishes to the type's stream, on subject (the entity's),
+// a request for the answer to the message with key
+// (protocol.HeaderAnswerOf), to be answered on inbox. Stored after that
+// message, it reaches the entity after it: the entity answers it with
+// the answer it kept, as the first time.
+func (c *Client) askAnswer(ctx context.Context, subject, key, inbox string) error {
+	q := &nats.Msg{Subject: subject, Header: nats.Header{}}
+	q.Header.Set(protocol.HeaderAnswerOf, key)
+	q.Header.Set(protocol.HeaderReply, inbox)
+	c.keyed(q)
+	_, err := c.publishDurable(ctx, q)
+	return err
+}
+
 // publishDurable publishes m to the type's stream and waits for the
 // stream's acknowledgement, retrying while JetStream is unavailable (a
-// leader election): the same Nats-Msg-Id stores it once. A refusal for
-// lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
+// leader election): the same Nats-Msg-Id stores it once. duplicate: the
+// stream had a message with m's Nats-Msg-Id already (stored by an
+// earlier attempt, or by an earlier call with the same MsgID). A refusal
+// for lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
 // store full) is returned at once, and so is a closed connection's
 // nats.ErrConnectionClosed.
-func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
+func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) (duplicate bool, _ error) {
 	if err := c.jetStream(); err != nil {
-		return err
+		return false, err
 	}
 	var b backoff
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout) // an acknowledgement lost: again, same id
-		_, err := kvstate.Publish(actx, c.js, m)
+		_, duplicate, err := kvstate.PublishOnce(actx, c.js, m)
 		cancel()
 		if err == nil {
-			return nil
+			return duplicate, nil
 		}
 		if errors.Is(err, kvstate.ErrNoSpace) {
 			// The stream is full (or the store): say so at once; the
 			// caller decides whether to wait for its entities to catch up.
-			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
+			return false, fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
 		if c.closedFor(err) {
-			return fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
+			return false, fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
 		}
 		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
-			return fmt.Errorf("not stored in the type's stream: %w", err)
+			return false, fmt.Errorf("not stored in the type's stream: %w", err)
 		}
 	}
 }
@@ -296,7 +370,7 @@ func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts 
 	if t.durable {
 		ctx, cancel := within(ctx, until)
 		defer cancel()
-		if err := c.publishDurable(ctx, m); err != nil {
+		if _, err := c.publishDurable(ctx, m); err != nil {
 			return fmt.Errorf("natshard: publish to entity %s of type %s: %w", id, typ, err)
 		}
 		return nil

@@ -49,9 +49,25 @@ type SeqStore interface {
 	SaveEntitySeq(ctx context.Context, id string, data []byte, rev, seq uint64) (uint64, error)
 }
 
+// EntityState is an entity's state as an AnswerStore stores it: the
+// bytes, the revision, the applied stream sequence and the answers to the
+// last keyed messages the state applied (region.Answers' encoding).
+type EntityState = kvstate.EntityState
+
+// AnswerStore is a SeqStore that also saves, with each state and in the
+// same compare-and-set, the answers to the last keyed messages the state
+// applied, so that a message sent again with its key after a move or a
+// crash is answered as the first time and not applied again (the kv
+// kind does: docs/PROTOCOL.md, "Idempotency keys"). *kvstate.Store is.
+type AnswerStore interface {
+	LoadEntityState(ctx context.Context, id string) (EntityState, error)
+	SaveEntityState(ctx context.Context, id string, s EntityState) (uint64, error)
+}
+
 var (
-	_ StateStore = (*kvstate.Store)(nil)
-	_ SeqStore   = (*kvstate.Store)(nil)
+	_ StateStore  = (*kvstate.Store)(nil)
+	_ SeqStore    = (*kvstate.Store)(nil)
+	_ AnswerStore = (*kvstate.Store)(nil)
 )
 
 // State is an entity's persisted state: a T kept in memory and in the

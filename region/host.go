@@ -241,6 +241,9 @@ type shardEntities struct {
 	// touches: the limit's policy's touches of the shard's entities not
 	// given to it yet (touchLimit).
 	touches []*limitEntry
+	// answers: the answers each active entity gave to keyed messages
+	// (answers.go); nil until one came, an entry removed with its cell.
+	answers map[*cell]*Answers
 }
 
 // Stop states of a cell.
@@ -534,6 +537,9 @@ func (h *host) abortShard(shard int) {
 func (h *host) removeLocked(se *shardEntities, id string, c *cell) {
 	if se.cells[id] == c {
 		delete(se.cells, id)
+	}
+	if se.answers != nil {
+		delete(se.answers, c)
 	}
 	if c.lim != nil {
 		h.limitMu.Lock()
@@ -996,6 +1002,13 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 	if e.d != nil {
 		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
 	}
+	var (
+		key string // the message's idempotency key, or the key it asks the answer of
+		ask bool   // it asks for the answer of key (protocol.HeaderAnswerOf)
+	)
+	if e.m.Header != nil {
+		key, ask = answerKey(e.m.Header)
+	}
 	backoff := wait.RetryFirst
 	for {
 		var data []byte
@@ -1007,9 +1020,23 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 		}
 		if ent != nil {
-			var ok bool
-			if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, msg); !ok {
-				ent = nil // panicked: drop this incarnation without Stop
+			recalled := false
+			if key != "" {
+				// Applied already: answered as the first time.
+				var ans KeptAnswer
+				if ans, recalled = h.recall(se, c, ent, key); recalled {
+					data, err = ans.Data, ans.err()
+				} else if ask {
+					data, err, recalled = nil, refused(protocol.RefusedNoAnswer, errNoAnswer), true
+				}
+			}
+			if !recalled {
+				var ok bool
+				if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, msg); !ok {
+					ent = nil // panicked: drop this incarnation without Stop
+				} else if key != "" && !transient(err) {
+					h.keep(se, c, key, data, err)
+				}
 			}
 		}
 		if e.d != nil && errors.Is(err, ErrUnavailable) {

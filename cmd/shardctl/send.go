@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -45,6 +46,9 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
+	if c.durable {
+		return c.requestDurable(ctx, args[0], []byte(args[1]), out)
+	}
 	m, err := c.nc.RequestWithContext(ctx, subject, []byte(args[1]))
 	if errors.Is(err, nats.ErrNoResponders) {
 		if d := c.deniedAfterFlush(); d != nil {
@@ -61,5 +65,28 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 	if e := m.Header.Get(protocol.HeaderError); e != "" {
 		return fmt.Errorf("entity answered with an error: %s", e)
 	}
+	return nil
+}
+
+// requestDurable sends a request to entity id of a type of durable
+// delivery as natshard's Client does: through the type's stream, with an
+// inbox in Natshard-Reply where the entity answers (a core request would
+// be answered by the stream's acknowledgement, not by the entity). It
+// prints the entity's answer as cmdRequest does.
+func (c *client) requestDurable(ctx context.Context, id string, data []byte, out io.Writer) error {
+	nc := natshard.NewClient(c.nc, natshard.WithPrefix(c.opts.DataPrefix), natshard.WithTimeout(c.opts.Timeout))
+	answer, err := nc.Request(ctx, c.opts.Type, id, data)
+	var ee *natshard.EntityError
+	switch {
+	case errors.As(err, &ee):
+		fmt.Fprintln(out, cleanText(string(ee.Data)))
+		return fmt.Errorf("entity answered with an error: %s", ee.Message)
+	case err != nil:
+		if d := c.deniedAfterFlush(); d != nil {
+			return d
+		}
+		return fmt.Errorf("request to entity %s through the stream of type %q: %w", id, c.opts.Type, err)
+	}
+	fmt.Fprintln(out, cleanText(string(answer)))
 	return nil
 }
