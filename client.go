@@ -56,8 +56,12 @@ const attemptTimeout = 5 * time.Second
 // Every message it sends has a key, unique unless MsgID gives one: while
 // a shard moves, its messages may reach both the old and the new owner,
 // and the new owner skips the copies by that key, so a message is handled
-// once through planned moves (DESIGN.md 7). A publish carries its key in
-// a Nats-Msg-Id header. A core request carries no header (unless MsgID,
+// once through planned moves (docs/PROTOCOL.md, "Handoff"). A publish
+// carries its key in a Nats-Msg-Id header, marked unique (a leading "~":
+// the client never sends it again in another call, so no entity keeps an
+// answer for it); MsgID's key is an idempotency key instead, whose
+// message is applied once and answered with the first answer however
+// often it is sent (MsgID). A core request carries no header (unless MsgID,
 // Header or a trace context give it one): its reply subject,
 // <inbox>.~<token>, is unique and marked so (protocol.UniqueReplyMark),
 // and is its key; it keeps it when it is sent again (after a refusal, or
@@ -73,14 +77,16 @@ const attemptTimeout = 5 * time.Second
 // a region's refusal of a message it did not handle (the shard moved, or
 // is moving and its buffer is full), is retried with backoff until the
 // context ends. A request that reached an entity whose process then died
-// is not answered: with WithResend it is sent again.
+// is not answered: with MsgID (or WithResend) it is sent again.
 //
 // To a type of durable delivery, a message is published to the type's
 // stream and the call returns once the stream acknowledged it (stored,
 // replicated): it is then handled even if regions crash or a NATS server
 // dies. A request carries its inbox in the Natshard-Reply header (a
 // stored message keeps no reply subject) and waits there for the entity's
-// answer, which comes however late the shard's next owner handles it.
+// answer, which comes however late the shard's next owner handles it. A
+// request with MsgID that the stream dropped as a duplicate of one stored
+// before asks the entity for that one's answer (Natshard-Answer-Of).
 type Client struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
@@ -93,9 +99,10 @@ type Client struct {
 	mu    sync.Mutex
 	types atomic.Pointer[map[string]clientType]
 
-	// ids makes the messages' default Nats-Msg-Id: a NUID of the
+	// ids makes the messages' default Nats-Msg-Id: "~", a NUID of the
 	// client's, then a count (nuid.Next takes a lock shared by the
-	// process at every call).
+	// process at every call); the "~" marks it unique
+	// (protocol.IdempotencyKey).
 	idPrefix string
 	ids      atomic.Uint64
 }
@@ -117,13 +124,16 @@ func WithPrefix(data string) ClientOption { return func(c *Client) { c.prefix = 
 // DefaultTimeout).
 func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
 
-// WithResend sends a request again, with the same key (its reply
+// WithResend sends a core request again, with the same key (its reply
 // subject, or MsgID's), when no answer came after d: a request
 // delivered to a region that crashed before answering is then answered by
-// the shard's next owner. An entity may thus handle a request twice when
-// its process crashed after handling it and before the answer left: use
-// it for idempotent requests, or where that is acceptable. (During planned
-// moves, a copy is skipped by its key.)
+// the shard's next owner. Without MsgID, an entity may thus handle a
+// request twice when its process crashed after handling it and before the
+// answer left: use it for idempotent requests, or where that is
+// acceptable. (During planned moves, a copy is skipped by its key.) With
+// MsgID, a request is applied once however often it is sent, and is sent
+// again after d, or after 2 s without WithResend; in durable delivery its
+// answer is asked for again instead.
 func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resend = d } }
 
 // NewClient returns a client on nc. The connection stays the caller's.
@@ -138,12 +148,29 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 // A SendOption configures one message.
 type SendOption func(*nats.Msg)
 
-// MsgID sets the message's idempotency key, in a Nats-Msg-Id header.
-// Without it the key is unique: a Nats-Msg-Id of the client's on a
-// publish, the reply subject of a core request. Copies of a message with
-// one key are skipped while its shard moves, and by JetStream's duplicate
-// window where a stream stores it. Give the same key to a message sent
-// again after a failure.
+// MsgID sets the message's idempotency key, in a Nats-Msg-Id header
+// (not starting with "~", which marks the Client's own unique keys). A
+// message or request sent again with the key of one its entity applied
+// already is not applied again, and a request is answered with the first
+// answer (the same data, or the same *EntityError), in both delivery
+// modes, through moves of its shard and, for persistent entities that
+// keep their answers (the kv kind), crashes of its owner: give the same
+// key to a message sent again after a failure, by this process or
+// another. A Request with a key sends itself again when no answer came
+// (every 2 s, or WithResend's time), through "no responders" and
+// refusals, until its context ends.
+//
+// The promise holds within a window: the region keeps the answers to an
+// active entity's last 64 keyed messages, and the kv kind saves those to
+// its last 32 keyed changes (2 KiB of answers) with its state. A key sent
+// again after more keyed messages than that to its entity is handled as a
+// new message (core delivery), or, within the stream's 2-minute duplicate
+// window (durable delivery), fails with ErrNoAnswer. docs/PROTOCOL.md,
+// "Idempotency keys", says why and how.
+//
+// Without MsgID the key is unique: a Nats-Msg-Id of the client's on a
+// publish, the reply subject of a core request; it only tells a message
+// from the copies a move makes of it.
 func MsgID(key string) SendOption {
 	return func(m *nats.Msg) { m.Header.Set(protocol.HeaderMsgID, key) }
 }
@@ -172,7 +199,11 @@ func (e *EntityError) Error() string {
 }
 
 // Request sends data to entity id of type typ and returns its answer. An
-// error the entity returned comes back as an *EntityError.
+// error the entity returned comes back as an *EntityError. With MsgID,
+// it may send the request several times (after no answer in 2 s, "no
+// responders", a refusal), and the entity applies it once: every call
+// with that key gets the first answer (see MsgID for the window, and
+// ErrNoAnswer beyond it).
 func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts ...SendOption) ([]byte, error) {
 	until := c.deadline(ctx)
 	t, m, err := c.message(ctx, until, typ, id, data, opts)
