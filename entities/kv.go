@@ -87,8 +87,8 @@ type kvEntity struct {
 // active, its region keeps the answers to the last 64 keyed messages,
 // reads included, whatever their size.)
 const (
-	KeptAnswers     = 32
-	KeptAnswerBytes = 2 << 10
+	KeptAnswers     = region.SavedAnswers
+	KeptAnswerBytes = region.SavedAnswerBytes
 )
 
 // SaveRetryFor bounds how long a kv entity tries again what JetStream did
@@ -450,7 +450,7 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		answers := e.answers
 		if key != "" {
 			answers = e.answers.Clone()
-			answers.Add(keptAnswer(key, out))
+			answers.Add(region.SavedAnswer(key, out, ""))
 		}
 		enc := answers.Encode()
 		rev, err := e.save(ctx, data, seq, enc)
@@ -486,16 +486,6 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 // Answer returns the answer the entity saved with its document for the
 // message with key (region.AnswerKeeper).
 func (e *kvEntity) Answer(key string) (region.KeptAnswer, bool) { return e.answers.Get(key) }
-
-// keptAnswer is the answer out to the message with key as the entity
-// saves it: out itself, or, larger than KeptAnswerBytes, an error that
-// says the message was applied.
-func keptAnswer(key string, out []byte) region.KeptAnswer {
-	if len(key)+len(out) <= KeptAnswerBytes {
-		return region.KeptAnswer{Key: key, Data: out}
-	}
-	return region.KeptAnswer{Key: key, Error: fmt.Sprintf("applied once already; its answer of %d bytes was larger than the %d bytes a kv entity keeps with its document", len(out), KeptAnswerBytes)}
-}
 
 // answerOf is Handle's return for a kept answer.
 func answerOf(ans region.KeptAnswer) ([]byte, error) {

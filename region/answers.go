@@ -129,6 +129,28 @@ func (a *Answers) Decode(s string) error {
 	return nil
 }
 
+// The window of answers a persistent entity saves with its state (the kv
+// kind, natshard.State): the answers to its last SavedAnswers keyed
+// changes, fewer while they take more than SavedAnswerBytes (encoded,
+// they ride in a header of the state's KV message, beside a state of up
+// to 1 MiB less 4 KiB). An answer larger than that is saved as
+// AppliedAnswer's error.
+const (
+	SavedAnswers     = 32
+	SavedAnswerBytes = 2 << 10
+)
+
+// SavedAnswer is the answer data (or the error errText, when not "") to
+// the message with key as a persistent entity saves it: itself, or, when
+// larger than SavedAnswerBytes, an error that says the message was
+// applied already, so that it is still never applied twice.
+func SavedAnswer(key string, data []byte, errText string) KeptAnswer {
+	if len(key)+len(data)+len(errText) <= SavedAnswerBytes {
+		return KeptAnswer{Key: key, Data: data, Error: errText}
+	}
+	return KeptAnswer{Key: key, Error: fmt.Sprintf("applied once already; its answer of %d bytes was larger than the %d bytes kept with the state", len(data)+len(errText), SavedAnswerBytes)}
+}
+
 // The window a region keeps for each active entity, whatever the entity
 // keeps itself: the answers to the last 64 keyed messages, fewer while
 // they take more than 1 MiB.
