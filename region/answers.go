@@ -55,13 +55,14 @@ type AnswerKeeper interface {
 // use.
 type Answers struct {
 	MaxKeys, MaxBytes int
-	list              []KeptAnswer // oldest first
-	bytes             int          // the answers' sizes, summed
+	list              []KeptAnswer // list[first:] are kept, oldest first
+	first             int          // the answers before it were dropped (and cleared)
+	bytes             int          // the kept answers' sizes, summed
 }
 
 // Get returns the answer kept for key, the latest if there are several.
 func (a *Answers) Get(key string) (KeptAnswer, bool) {
-	for i := len(a.list) - 1; i >= 0; i-- {
+	for i := len(a.list) - 1; i >= a.first; i-- {
 		if a.list[i].Key == key {
 			return a.list[i], true
 		}
@@ -69,43 +70,46 @@ func (a *Answers) Get(key string) (KeptAnswer, bool) {
 	return KeptAnswer{}, false
 }
 
-// Add keeps ans, dropping the oldest answers beyond the window.
+// Add keeps ans, dropping the oldest answers beyond the window. The
+// dropped ones leave the array once they are as many as MaxKeys (one
+// copy of the kept ones then): a copy at every Add would move the whole
+// window for each keyed message.
 func (a *Answers) Add(ans KeptAnswer) {
 	if a.MaxKeys <= 0 {
 		return
 	}
 	a.list = append(a.list, ans)
 	a.bytes += ans.size()
-	drop := 0
-	for len(a.list)-drop > 1 && (len(a.list)-drop > a.MaxKeys || a.MaxBytes > 0 && a.bytes > a.MaxBytes) {
-		a.bytes -= a.list[drop].size()
-		drop++
+	for len(a.list)-a.first > 1 && (len(a.list)-a.first > a.MaxKeys || a.MaxBytes > 0 && a.bytes > a.MaxBytes) {
+		a.bytes -= a.list[a.first].size()
+		a.list[a.first] = KeptAnswer{}
+		a.first++
 	}
-	if drop > 0 {
-		n := copy(a.list, a.list[drop:])
+	if a.first >= a.MaxKeys {
+		n := copy(a.list, a.list[a.first:])
 		clear(a.list[n:])
-		a.list = a.list[:n]
+		a.list, a.first = a.list[:n], 0
 	}
 }
 
 // Clone returns a copy of a that Add does not share.
 func (a *Answers) Clone() Answers {
 	c := *a
-	c.list = slices.Clone(a.list)
+	c.list, c.first = slices.Clone(a.list[a.first:]), 0
 	return c
 }
 
 // Len is how many answers are kept.
-func (a *Answers) Len() int { return len(a.list) }
+func (a *Answers) Len() int { return len(a.list) - a.first }
 
 // Encode is the answers kept, as stored beside an entity's state in the
 // protocol.HeaderAnswers header: a JSON array of {"key","data","error"}
 // (data in base64), "" when none is kept.
 func (a *Answers) Encode() string {
-	if len(a.list) == 0 {
+	if a.Len() == 0 {
 		return ""
 	}
-	b, err := json.Marshal(a.list)
+	b, err := json.Marshal(a.list[a.first:])
 	if err != nil {
 		return "" // cannot happen: strings and bytes only
 	}
@@ -115,7 +119,8 @@ func (a *Answers) Encode() string {
 // Decode replaces the answers kept by those of s (Encode's), then
 // applies the window. An empty s keeps none.
 func (a *Answers) Decode(s string) error {
-	a.list, a.bytes = a.list[:0], 0
+	clear(a.list)
+	a.list, a.first, a.bytes = a.list[:0], 0, 0
 	if s == "" {
 		return nil
 	}
