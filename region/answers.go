@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/natshard/natshard/protocol"
 )
@@ -209,8 +210,16 @@ func (h *host) keep(se *shardEntities, c *cell, key string, data []byte, err err
 // the answer of (ask), or else its idempotency key; "" when it has
 // neither.
 func answerKey(h map[string][]string) (key string, ask bool) {
-	if v := h[protocol.HeaderAnswerOf]; len(v) > 0 && v[0] != "" {
-		return v[0], true
+	id, hasID := h[protocol.HeaderMsgID]
+	if !hasID || len(h) > 1 {
+		// (A message whose only header is its Nats-Msg-Id, as the
+		// Client's publishes, asks for no answer: one lookup.)
+		if v := h[protocol.HeaderAnswerOf]; len(v) > 0 && v[0] != "" {
+			return v[0], true
+		}
+	}
+	if len(id) == 0 || id[0] == "" || strings.HasPrefix(id[0], protocol.UniqueReplyMark) {
+		return "", false
 	}
 	return protocol.IdempotencyKey(h), false
 }
