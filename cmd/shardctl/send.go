@@ -23,7 +23,8 @@ func cmdSend(_ context.Context, c *client, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := c.nc.Publish(subject, []byte(args[1])); err != nil {
+	m := c.keyed(&nats.Msg{Subject: subject, Data: []byte(args[1])})
+	if err := c.nc.PublishMsg(m); err != nil {
 		return fmt.Errorf("publish to %s: %w", subject, err)
 	}
 	if err := c.nc.FlushTimeout(c.opts.Timeout); err != nil {
@@ -49,7 +50,7 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 	if c.durable {
 		return c.requestDurable(ctx, args[0], []byte(args[1]), out)
 	}
-	m, err := c.nc.RequestWithContext(ctx, subject, []byte(args[1]))
+	m, err := c.nc.RequestMsgWithContext(ctx, c.keyed(&nats.Msg{Subject: subject, Data: []byte(args[1])}))
 	if errors.Is(err, nats.ErrNoResponders) {
 		if d := c.deniedAfterFlush(); d != nil {
 			return d
@@ -75,7 +76,11 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 // prints the entity's answer as cmdRequest does.
 func (c *client) requestDurable(ctx context.Context, id string, data []byte, out io.Writer) error {
 	nc := natshard.NewClient(c.nc, natshard.WithPrefix(c.opts.DataPrefix), natshard.WithTimeout(c.opts.Timeout))
-	answer, err := nc.Request(ctx, c.opts.Type, id, data)
+	var opts []natshard.SendOption
+	if c.opts.Key != "" {
+		opts = append(opts, natshard.MsgID(c.opts.Key))
+	}
+	answer, err := nc.Request(ctx, c.opts.Type, id, data, opts...)
 	var ee *natshard.EntityError
 	switch {
 	case errors.As(err, &ee):
@@ -89,4 +94,12 @@ func (c *client) requestDurable(ctx context.Context, id string, data []byte, out
 	}
 	fmt.Fprintln(out, cleanText(string(answer)))
 	return nil
+}
+
+// keyed gives m the idempotency key of --key, if set.
+func (c *client) keyed(m *nats.Msg) *nats.Msg {
+	if c.opts.Key != "" {
+		m.Header = nats.Header{protocol.HeaderMsgID: {c.opts.Key}}
+	}
+	return m
 }
