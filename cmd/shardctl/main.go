@@ -67,10 +67,10 @@ type options struct {
 	Version       bool
 	Auth          auth.Client // --creds, --tls-*
 	// Flags of single commands.
-	DryRun bool // rebalance
-	Count  int  // watch
-	Limit  int  // region, shard
-	Wait   bool // move, drain, undrain, rebalance
+	DryRun bool   // rebalance
+	Count  int    // watch
+	Limit  int    // region, shard
+	Wait   bool   // move, drain, undrain, rebalance
 	Key    string // send, request: the idempotency key (Nats-Msg-Id)
 	// Command is the command being run, for error messages.
 	Command string
