@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -171,19 +172,30 @@ var errNoAnswer = errors.New("no answer kept for this key: its message was appli
 
 // recall looks for the answer to key among those kept for the entity of
 // cell c (its activation's) and those the entity keeps with its state.
-func (h *host) recall(se *shardEntities, c *cell, ent Entity, key string) (KeptAnswer, bool) {
+// An entity's Answer that panicked is recovered (logged): ok is false
+// and panicked true.
+func (h *host) recall(se *shardEntities, c *cell, ent Entity, key string) (ans KeptAnswer, ok, panicked bool) {
 	se.mu.Lock()
 	kept := se.answers[c]
 	se.mu.Unlock()
 	if kept != nil {
 		if ans, ok := kept.Get(key); ok {
-			return ans, true
+			return ans, true, false
 		}
 	}
-	if k, ok := ent.(AnswerKeeper); ok {
-		return k.Answer(key)
+	k, keeps := ent.(AnswerKeeper)
+	if !keeps {
+		return KeptAnswer{}, false, false
 	}
-	return KeptAnswer{}, false
+	defer func() {
+		if r := recover(); r != nil {
+			h.log.Error("region: entity's Answer panicked",
+				"shard", se.n, "key", key, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			ans, ok, panicked = KeptAnswer{}, false, true
+		}
+	}()
+	ans, ok = k.Answer(key)
+	return ans, ok, false
 }
 
 // keep records the entity's answer to the message with key, for the

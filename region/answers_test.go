@@ -102,6 +102,11 @@ func TestKeyedMessagesAppliedOnce(t *testing.T) {
 	if a := rec.next(t); string(a.data) != "kept" || a.err != nil {
 		t.Fatalf("a key the entity keeps: %q, %v", a.data, a.err)
 	}
+	// An Answer that panics is a panic of the entity, answered so.
+	h2.deliver(0, "e", keyed("e", "boom", "x"))
+	if a := rec.next(t); !errors.Is(a.err, errEntityPanicked) {
+		t.Fatalf("a panicking Answer: %q, %v", a.data, a.err)
+	}
 }
 
 // keeper keeps the answer "kept" for the key "saved", and fails any
@@ -111,6 +116,9 @@ type keeper struct{}
 func (keeper) Handle(context.Context, *Message) ([]byte, error) { return nil, errors.New("handled") }
 func (keeper) Stop(context.Context) error                       { return nil }
 func (keeper) Answer(key string) (KeptAnswer, bool) {
+	if key == "boom" {
+		panic("answer")
+	}
 	return KeptAnswer{Key: key, Data: []byte("kept")}, key == "saved"
 }
 

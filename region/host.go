@@ -1022,11 +1022,15 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		if ent != nil {
 			recalled := false
 			if key != "" {
-				// Applied already: answered as the first time.
-				var ans KeptAnswer
-				if ans, recalled = h.recall(se, c, ent, key); recalled {
-					data, err = ans.Data, ans.err()
-				} else if ask {
+				// A key applied already is answered as the first
+				// time, and not handled.
+				ans, ok, panicked := h.recall(se, c, ent, key)
+				switch {
+				case panicked:
+					data, err, recalled, ent = nil, errEntityPanicked, true, nil // as a panic in Handle
+				case ok:
+					data, err, recalled = ans.Data, ans.err(), true
+				case ask:
 					data, err, recalled = nil, refused(protocol.RefusedNoAnswer, errNoAnswer), true
 				}
 			}
