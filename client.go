@@ -25,6 +25,20 @@ var ErrUnknownType = errors.New("natshard: unknown entity type")
 // DefaultTimeout bounds a Client's call whose context has no deadline.
 const DefaultTimeout = 30 * time.Second
 
+// keyedResend is how long a request with an idempotency key (MsgID)
+// waits for its answer before it is sent again (core delivery), or its
+// answer asked for (durable delivery), when WithResend set no other
+// time: with a key, sending again never applies twice.
+const keyedResend = 2 * time.Second
+
+// ErrNoAnswer: a request sent again with the key of a message its
+// entity applied already could not be answered as the first time: the
+// entity keeps no answer for that key any more (it applied it before the
+// window of answers it keeps: docs/PROTOCOL.md, "Idempotency keys"), or
+// the message failed before its entity handled it. It was not applied
+// again.
+var ErrNoAnswer = errors.New("natshard: no answer kept for the idempotency key")
+
 // attemptTimeout bounds one request to JetStream (reading a type's
 // configuration, a publish to a stream), which is tried again while the
 // call's context lasts.
@@ -42,8 +56,12 @@ const attemptTimeout = 5 * time.Second
 // Every message it sends has a key, unique unless MsgID gives one: while
 // a shard moves, its messages may reach both the old and the new owner,
 // and the new owner skips the copies by that key, so a message is handled
-// once through planned moves (DESIGN.md 7). A publish carries its key in
-// a Nats-Msg-Id header. A core request carries no header (unless MsgID,
+// once through planned moves (docs/PROTOCOL.md, "Handoff"). A publish
+// carries its key in a Nats-Msg-Id header, marked unique (a leading "~":
+// the client never sends it again in another call, so no entity keeps an
+// answer for it); MsgID's key is an idempotency key instead, whose
+// message is applied once and answered with the first answer however
+// often it is sent (MsgID). A core request carries no header (unless MsgID,
 // Header or a trace context give it one): its reply subject,
 // <inbox>.~<token>, is unique and marked so (protocol.UniqueReplyMark),
 // and is its key; it keeps it when it is sent again (after a refusal, or
@@ -59,14 +77,16 @@ const attemptTimeout = 5 * time.Second
 // a region's refusal of a message it did not handle (the shard moved, or
 // is moving and its buffer is full), is retried with backoff until the
 // context ends. A request that reached an entity whose process then died
-// is not answered: with WithResend it is sent again.
+// is not answered: with MsgID (or WithResend) it is sent again.
 //
 // To a type of durable delivery, a message is published to the type's
 // stream and the call returns once the stream acknowledged it (stored,
 // replicated): it is then handled even if regions crash or a NATS server
 // dies. A request carries its inbox in the Natshard-Reply header (a
 // stored message keeps no reply subject) and waits there for the entity's
-// answer, which comes however late the shard's next owner handles it.
+// answer, which comes however late the shard's next owner handles it. A
+// request with MsgID that the stream dropped as a duplicate of one stored
+// before asks the entity for that one's answer (Natshard-Answer-Of).
 type Client struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
@@ -79,9 +99,10 @@ type Client struct {
 	mu    sync.Mutex
 	types atomic.Pointer[map[string]clientType]
 
-	// ids makes the messages' default Nats-Msg-Id: a NUID of the
+	// ids makes the messages' default Nats-Msg-Id: "~", a NUID of the
 	// client's, then a count (nuid.Next takes a lock shared by the
-	// process at every call).
+	// process at every call); the "~" marks it unique
+	// (protocol.IdempotencyKey).
 	idPrefix string
 	ids      atomic.Uint64
 }
@@ -103,18 +124,21 @@ func WithPrefix(data string) ClientOption { return func(c *Client) { c.prefix = 
 // DefaultTimeout).
 func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
 
-// WithResend sends a request again, with the same key (its reply
+// WithResend sends a core request again, with the same key (its reply
 // subject, or MsgID's), when no answer came after d: a request
 // delivered to a region that crashed before answering is then answered by
-// the shard's next owner. An entity may thus handle a request twice when
-// its process crashed after handling it and before the answer left: use
-// it for idempotent requests, or where that is acceptable. (During planned
-// moves, a copy is skipped by its key.)
+// the shard's next owner. Without MsgID, an entity may thus handle a
+// request twice when its process crashed after handling it and before the
+// answer left: use it for idempotent requests, or where that is
+// acceptable. (During planned moves, a copy is skipped by its key.) With
+// MsgID, a request is applied once however often it is sent, and is sent
+// again after d, or after 2 s without WithResend; in durable delivery its
+// answer is asked for again instead.
 func WithResend(d time.Duration) ClientOption { return func(c *Client) { c.resend = d } }
 
 // NewClient returns a client on nc. The connection stays the caller's.
 func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
-	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, idPrefix: nuid.Next() + "."}
+	c := &Client{nc: nc, prefix: protocol.DefaultDataPrefix, timeout: DefaultTimeout, idPrefix: protocol.UniqueReplyMark + nuid.Next() + "."}
 	for _, o := range opts {
 		o(c)
 	}
@@ -124,12 +148,29 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 // A SendOption configures one message.
 type SendOption func(*nats.Msg)
 
-// MsgID sets the message's idempotency key, in a Nats-Msg-Id header.
-// Without it the key is unique: a Nats-Msg-Id of the client's on a
-// publish, the reply subject of a core request. Copies of a message with
-// one key are skipped while its shard moves, and by JetStream's duplicate
-// window where a stream stores it. Give the same key to a message sent
-// again after a failure.
+// MsgID sets the message's idempotency key, in a Nats-Msg-Id header
+// (not starting with "~", which marks the Client's own unique keys). A
+// message or request sent again with the key of one its entity applied
+// already is not applied again, and a request is answered with the first
+// answer (the same data, or the same *EntityError), in both delivery
+// modes, through moves of its shard and, for persistent entities that
+// keep their answers (the kv kind), crashes of its owner: give the same
+// key to a message sent again after a failure, by this process or
+// another. A Request with a key sends itself again when no answer came
+// (every 2 s, or WithResend's time), through "no responders" and
+// refusals, until its context ends.
+//
+// The promise holds within a window: the region keeps the answers to an
+// active entity's last 64 keyed messages, and the kv kind saves those to
+// its last 32 keyed changes (2 KiB of answers) with its state. A key sent
+// again after more keyed messages than that to its entity is handled as a
+// new message (core delivery), or, within the stream's 2-minute duplicate
+// window (durable delivery), fails with ErrNoAnswer. docs/PROTOCOL.md,
+// "Idempotency keys", says why and how.
+//
+// Without MsgID the key is unique: a Nats-Msg-Id of the client's on a
+// publish, the reply subject of a core request; it only tells a message
+// from the copies a move makes of it.
 func MsgID(key string) SendOption {
 	return func(m *nats.Msg) { m.Header.Set(protocol.HeaderMsgID, key) }
 }
@@ -158,7 +199,11 @@ func (e *EntityError) Error() string {
 }
 
 // Request sends data to entity id of type typ and returns its answer. An
-// error the entity returned comes back as an *EntityError.
+// error the entity returned comes back as an *EntityError. With MsgID,
+// it may send the request several times (after no answer in 2 s, "no
+// responders", a refusal), and the entity applies it once: every call
+// with that key gets the first answer (see MsgID for the window, and
+// ErrNoAnswer beyond it).
 func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts ...SendOption) ([]byte, error) {
 	until := c.deadline(ctx)
 	t, m, err := c.message(ctx, until, typ, id, data, opts)
@@ -172,12 +217,13 @@ func (c *Client) Request(ctx context.Context, typ, id string, data []byte, opts 
 		return c.requestDurable(ctx, typ, id, m)
 	}
 	replies := repliesOf(c.nc) // the connection's, shared by its clients
+	every := c.resendEvery(m)
 	var b backoff
 	var token uint64 // the reply subject's, the same for every attempt
 	for {
 		attempt, resend := until, false
-		if c.resend > 0 {
-			if next := time.Now().Add(c.resend); until.IsZero() || next.Before(until) {
+		if every > 0 {
+			if next := time.Now().Add(every); until.IsZero() || next.Before(until) {
 				attempt, resend = next, true
 			}
 		}
@@ -219,12 +265,34 @@ func answer(typ, id string, reply *nats.Msg, err error) (done bool, data []byte,
 		return true, reply.Data, &EntityError{Type: typ, ID: id, Message: reply.Header.Get(protocol.HeaderError), Data: reply.Data}
 	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedMalformed:
 		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: refused: %s", id, typ, reply.Header.Get(protocol.HeaderError))
+	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedNoAnswer:
+		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: %w: %s", id, typ, ErrNoAnswer, reply.Header.Get(protocol.HeaderError))
 	}
 	return false, nil, nil
 }
 
+// resendEvery is how long a request m waits for its answer before it is
+// sent again: WithResend's time, or keyedResend for a request with an
+// idempotency key; 0: never.
+func (c *Client) resendEvery(m *nats.Msg) time.Duration {
+	if c.resend > 0 {
+		return c.resend
+	}
+	if protocol.IdempotencyKey(m.Header) != "" {
+		return keyedResend
+	}
+	return 0
+}
+
 // requestDurable publishes a request to the type's stream, with its inbox
 // in Natshard-Reply, and waits there for the answer.
+//
+// When the stream dropped it as a duplicate of a message with its
+// idempotency key (MsgID) stored before, the entity is asked for that
+// message's answer instead (askAnswer): the stored message answers the
+// inbox of the call that sent it, not this one's. A request with a key
+// asks again when no answer came in resendEvery (an answer lost with a
+// connection).
 func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg) ([]byte, error) {
 	inbox := c.nc.NewRespInbox()
 	sub, err := c.nc.SubscribeSync(inbox)
@@ -233,11 +301,32 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 	}
 	defer sub.Unsubscribe()
 	m.Header.Set(protocol.HeaderReply, inbox)
-	if err := c.publishDurable(ctx, m); err != nil {
+	key := protocol.IdempotencyKey(m.Header)
+	duplicate, err := c.publishDurable(ctx, m)
+	if err != nil {
 		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
 	}
+	if duplicate && key != "" {
+		if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored before (key %q); asking for its answer: %w", id, typ, key, err)
+		}
+	}
+	every := c.resendEvery(m)
 	for {
-		reply, err := sub.NextMsgWithContext(ctx)
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if key != "" && every > 0 {
+			wctx, cancel = context.WithTimeout(ctx, every)
+		}
+		reply, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			// No answer in time: ask for it (the request is stored, and
+			// applied once whatever happens).
+			if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+				return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet; asking for its answer: %w", id, typ, err)
+			}
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet: %w", id, typ, err)
 		}
@@ -249,34 +338,50 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 	}
 }
 
+// askAnswer publishes to the type's stream, on subject (the entity's),
+// a request for the answer to the message with key
+// (protocol.HeaderAnswerOf), to be answered on inbox. Stored after that
+// message, it reaches the entity after it: the entity answers it with
+// the answer it kept, as the first time.
+func (c *Client) askAnswer(ctx context.Context, subject, key, inbox string) error {
+	q := &nats.Msg{Subject: subject, Header: nats.Header{}}
+	q.Header.Set(protocol.HeaderAnswerOf, key)
+	q.Header.Set(protocol.HeaderReply, inbox)
+	c.keyed(q)
+	_, err := c.publishDurable(ctx, q)
+	return err
+}
+
 // publishDurable publishes m to the type's stream and waits for the
 // stream's acknowledgement, retrying while JetStream is unavailable (a
-// leader election): the same Nats-Msg-Id stores it once. A refusal for
-// lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
+// leader election): the same Nats-Msg-Id stores it once. duplicate: the
+// stream had a message with m's Nats-Msg-Id already (stored by an
+// earlier attempt, or by an earlier call with the same MsgID). A refusal
+// for lack of space (kvstate.ErrNoSpace: the stream at its max bytes, the
 // store full) is returned at once, and so is a closed connection's
 // nats.ErrConnectionClosed.
-func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) error {
+func (c *Client) publishDurable(ctx context.Context, m *nats.Msg) (duplicate bool, _ error) {
 	if err := c.jetStream(); err != nil {
-		return err
+		return false, err
 	}
 	var b backoff
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout) // an acknowledgement lost: again, same id
-		_, err := kvstate.Publish(actx, c.js, m)
+		_, duplicate, err := kvstate.PublishOnce(actx, c.js, m)
 		cancel()
 		if err == nil {
-			return nil
+			return duplicate, nil
 		}
 		if errors.Is(err, kvstate.ErrNoSpace) {
 			// The stream is full (or the store): say so at once; the
 			// caller decides whether to wait for its entities to catch up.
-			return fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
+			return false, fmt.Errorf("not stored in the type's stream, which refused it for lack of space: %w", err)
 		}
 		if c.closedFor(err) {
-			return fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
+			return false, fmt.Errorf("not stored in the type's stream: %w", nats.ErrConnectionClosed)
 		}
 		if !errors.Is(err, kvstate.ErrUnavailable) || ctx.Err() != nil || !b.wait(ctx, time.Time{}) {
-			return fmt.Errorf("not stored in the type's stream: %w", err)
+			return false, fmt.Errorf("not stored in the type's stream: %w", err)
 		}
 	}
 }
@@ -296,7 +401,7 @@ func (c *Client) Publish(ctx context.Context, typ, id string, data []byte, opts 
 	if t.durable {
 		ctx, cancel := within(ctx, until)
 		defer cancel()
-		if err := c.publishDurable(ctx, m); err != nil {
+		if _, err := c.publishDurable(ctx, m); err != nil {
 			return fmt.Errorf("natshard: publish to entity %s of type %s: %w", id, typ, err)
 		}
 		return nil

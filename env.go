@@ -32,6 +32,38 @@ type Env struct {
 
 	log *slog.Logger
 	h   *hosted
+	// answers are the saved answers of the States loaded for the entity
+	// (LoadState): its region asks them (answering) before it gives the
+	// entity a message with an idempotency key.
+	answers []func(key string) (region.KeptAnswer, bool)
+}
+
+// answering is an entity whose States save answers (UpdateAnswer): the
+// region finds those through it (region.AnswerKeeper).
+type answering struct {
+	Entity
+	answers []func(key string) (region.KeptAnswer, bool)
+}
+
+func (a answering) Answer(key string) (region.KeptAnswer, bool) {
+	for _, f := range a.answers {
+		if ans, ok := f(key); ok {
+			return ans, true
+		}
+	}
+	return region.KeptAnswer{}, false
+}
+
+// keeper returns ent, made a region.AnswerKeeper of the answers of the
+// States its Factory loaded, unless it is one already.
+func (e *Env) keeper(ent Entity) Entity {
+	if len(e.answers) == 0 || ent == nil {
+		return ent
+	}
+	if _, ok := ent.(region.AnswerKeeper); ok {
+		return ent
+	}
+	return answering{Entity: ent, answers: e.answers}
 }
 
 // ErrNotDurable: reminders need durable delivery (Type.Delivery =

@@ -491,7 +491,8 @@ func (h *hosted) factory(ctx context.Context, id string) (Entity, error) {
 		Type: h.t.Name, ID: id, Shard: protocol.ShardOf(id, h.t.Shards), Region: n.opts.Region, Delivery: h.t.Delivery,
 		Store: h.store, Conn: n.nc, Client: n.client, log: h.log, h: h,
 	}
-	return h.t.Entity(withEnv(ctx, env), id)
+	ent, err := h.t.Entity(withEnv(ctx, env), id)
+	return env.keeper(ent), err
 }
 
 // Stop stops the node gracefully: every type's region leaves (its shards

@@ -49,9 +49,25 @@ type SeqStore interface {
 	SaveEntitySeq(ctx context.Context, id string, data []byte, rev, seq uint64) (uint64, error)
 }
 
+// EntityState is an entity's state as an AnswerStore stores it: the
+// bytes, the revision, the applied stream sequence and the answers to the
+// last keyed messages the state applied (region.Answers' encoding).
+type EntityState = kvstate.EntityState
+
+// AnswerStore is a SeqStore that also saves, with each state and in the
+// same compare-and-set, the answers to the last keyed messages the state
+// applied, so that a message sent again with its key after a move or a
+// crash is answered as the first time and not applied again (the kv
+// kind does: docs/PROTOCOL.md, "Idempotency keys"). *kvstate.Store is.
+type AnswerStore interface {
+	LoadEntityState(ctx context.Context, id string) (EntityState, error)
+	SaveEntityState(ctx context.Context, id string, s EntityState) (uint64, error)
+}
+
 var (
-	_ StateStore = (*kvstate.Store)(nil)
-	_ SeqStore   = (*kvstate.Store)(nil)
+	_ StateStore  = (*kvstate.Store)(nil)
+	_ SeqStore    = (*kvstate.Store)(nil)
+	_ AnswerStore = (*kvstate.Store)(nil)
 )
 
 // State is an entity's persisted state: a T kept in memory and in the
@@ -65,6 +81,12 @@ var (
 // message at or below the one the state applied last: a message given
 // again after a crash is applied once, with or without a Nats-Msg-Id.
 //
+// UpdateAnswer is Update for a handler whose answer comes with the
+// change: the answer is saved with the state, in the same compare-and-set,
+// under the message's idempotency key (MsgID), and a message sent again
+// with that key, after a move or a crash too, gets it back without being
+// applied again (docs/PROTOCOL.md, "Idempotency keys").
+//
 // A State belongs to one entity, which uses it from Handle, one message at
 // a time: it has no lock.
 type State[T any] struct {
@@ -74,27 +96,45 @@ type State[T any] struct {
 	data  []byte // val as stored; nil when nothing is
 	rev   uint64 // 0 when nothing is stored
 	seq   uint64 // the stream sequence of the message the state applied last
+	// answers are the answers to the last keyed changes, saved with the
+	// state when the store is an AnswerStore (region.SavedAnswers).
+	answers region.Answers
 }
 
 // LoadState loads the persisted state of the entity being activated, in
-// its Factory (ctx carries its Env); a zero T when it has none.
+// its Factory (ctx carries its Env); a zero T when it has none. The
+// entity's region then asks the state for the answers it saved
+// (UpdateAnswer) before it gives the entity a message with an idempotency
+// key.
 func LoadState[T any](ctx context.Context) (*State[T], error) {
 	env := EnvFrom(ctx)
 	if env == nil {
 		return nil, errors.New("natshard: LoadState needs the context a Factory is given")
 	}
-	return OpenState[T](ctx, env.Store, env.ID)
+	s, err := OpenState[T](ctx, env.Store, env.ID)
+	if err != nil {
+		return nil, err
+	}
+	env.answers = append(env.answers, s.Answer)
+	return s, nil
 }
 
 // OpenState loads the state of entity id from store; a zero T when it has
-// none. LoadState is OpenState with the entity's Env.
+// none. LoadState is OpenState with the entity's Env. (An entity that
+// opens its state so, and saves answers with UpdateAnswer, is a
+// region.AnswerKeeper with State.Answer for them to be found after a move
+// or a crash.)
 func OpenState[T any](ctx context.Context, store StateStore, id string) (*State[T], error) {
-	s := &State[T]{store: store, id: id}
+	s := &State[T]{store: store, id: id, answers: region.Answers{MaxKeys: region.SavedAnswers, MaxBytes: region.SavedAnswerBytes}}
 	if err := s.load(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
+
+// Answer returns the answer UpdateAnswer saved for the message with key
+// (region.AnswerKeeper's method).
+func (s *State[T]) Answer(key string) (region.KeptAnswer, bool) { return s.answers.Get(key) }
 
 // Value is the state. Change it with Update only: a change made to it
 // otherwise is neither saved nor kept.
@@ -121,36 +161,77 @@ func (s *State[T]) Applied(ctx context.Context) bool {
 // it is given, without effects elsewhere. For a message the state applied
 // already (Applied), Update does nothing and returns nil.
 func (s *State[T]) Update(ctx context.Context, change func(*T) error) error {
+	_, err := s.update(ctx, "", func(v *T) ([]byte, error) { return nil, change(v) })
+	return err
+}
+
+// UpdateAnswer is Update for a message m whose answer change returns with
+// the change: with an idempotency key (m.IdempotencyKey(), MsgID), the
+// answer is saved with the state in the same compare-and-set, and m sent
+// again with that key is answered with it, without calling change,
+// whichever region holds the entity then (its region asks Answer first:
+// the entity's Handle is not even called). An error of change is
+// returned, nothing saved. For a message the state applied already
+// (Applied: durable delivery, after a crash) whose answer it does not
+// keep, it returns an error wrapping ErrNoAnswer. The window is
+// region.SavedAnswers keys.
+func (s *State[T]) UpdateAnswer(ctx context.Context, m *Message, change func(*T) ([]byte, error)) ([]byte, error) {
+	return s.update(ctx, m.IdempotencyKey(), change)
+}
+
+func (s *State[T]) update(ctx context.Context, key string, change func(*T) ([]byte, error)) ([]byte, error) {
 	seq := region.SeqFrom(ctx)
 	for attempt := 0; ; attempt++ {
-		if s.Applied(ctx) {
-			return nil
+		if key != "" {
+			if ans, ok := s.answers.Get(key); ok {
+				return keptAnswer(ans)
+			}
 		}
-		if err := change(&s.val); err != nil {
+		if s.Applied(ctx) {
+			if key != "" {
+				return nil, fmt.Errorf("natshard: state of %q: %w: message %d applied already", s.id, ErrNoAnswer, seq)
+			}
+			return nil, nil
+		}
+		out, err := change(&s.val)
+		if err != nil {
 			s.restore()
-			return err
+			return out, err
 		}
 		data, err := json.Marshal(s.val)
 		if err != nil {
 			s.restore()
-			return fmt.Errorf("natshard: encode the state of %q: %w", s.id, err)
+			return nil, fmt.Errorf("natshard: encode the state of %q: %w", s.id, err)
 		}
-		rev, err := s.save(ctx, data, seq)
+		answers := s.answers
+		if key != "" {
+			answers = s.answers.Clone()
+			answers.Add(region.SavedAnswer(key, out, ""))
+		}
+		rev, err := s.save(ctx, data, seq, answers.Encode())
 		if err == nil {
-			s.data, s.rev = data, rev
+			s.data, s.rev, s.answers = data, rev, answers
 			if seq != 0 {
 				s.seq = seq
 			}
-			return nil
+			return out, nil
 		}
 		s.restore()
 		if !errors.Is(err, ErrConflict) || attempt > 0 {
-			return fmt.Errorf("natshard: save the state of %q: %w", s.id, err)
+			return nil, fmt.Errorf("natshard: save the state of %q: %w", s.id, err)
 		}
 		if lerr := s.load(ctx); lerr != nil {
-			return fmt.Errorf("natshard: save the state of %q: %w; reload: %w", s.id, err, lerr)
+			return nil, fmt.Errorf("natshard: save the state of %q: %w; reload: %w", s.id, err, lerr)
 		}
 	}
+}
+
+// keptAnswer is what UpdateAnswer returns for a kept answer.
+func keptAnswer(ans region.KeptAnswer) ([]byte, error) {
+	if ans.Error != "" {
+		return ans.Data, errors.New(ans.Error)
+	}
+	return ans.Data, nil
 }
 
 // Delete removes the persisted state (compare-and-set on the revision
@@ -166,12 +247,16 @@ func (s *State[T]) Delete(ctx context.Context) error {
 	}
 	var zero T
 	s.val, s.data, s.rev, s.seq = zero, nil, 0, 0
+	_ = s.answers.Decode("")
 	return nil
 }
 
 // save writes data at the revision held, with the applied sequence seq
-// when the store keeps it.
-func (s *State[T]) save(ctx context.Context, data []byte, seq uint64) (uint64, error) {
+// and the answers when the store keeps them.
+func (s *State[T]) save(ctx context.Context, data []byte, seq uint64, answers string) (uint64, error) {
+	if as, ok := s.store.(AnswerStore); ok {
+		return as.SaveEntityState(ctx, s.id, EntityState{Data: data, Rev: s.rev, Seq: max(seq, s.seq), Answers: answers})
+	}
 	if ss, ok := s.store.(SeqStore); ok {
 		return ss.SaveEntitySeq(ctx, s.id, data, s.rev, max(seq, s.seq))
 	}
@@ -183,20 +268,28 @@ func (s *State[T]) load(ctx context.Context) error {
 	var (
 		data     []byte
 		rev, seq uint64
+		answers  string
 		err      error
 	)
-	if ss, ok := s.store.(SeqStore); ok {
+	if as, ok := s.store.(AnswerStore); ok {
+		var st EntityState
+		st, err = as.LoadEntityState(ctx, s.id)
+		data, rev, seq, answers = st.Data, st.Rev, st.Seq, st.Answers
+	} else if ss, ok := s.store.(SeqStore); ok {
 		data, rev, seq, err = ss.LoadEntitySeq(ctx, s.id)
 	} else {
 		data, rev, err = s.store.LoadEntity(ctx, s.id)
 	}
 	if errors.Is(err, ErrNotFound) {
-		data, rev, seq = nil, 0, 0
+		data, rev, seq, answers = nil, 0, 0, ""
 	} else if err != nil {
 		return fmt.Errorf("natshard: load the state of %q: %w", s.id, err)
 	}
 	val, err := decodeState[T](data)
 	if err != nil {
+		return fmt.Errorf("natshard: load the state of %q at revision %d: %w", s.id, rev, err)
+	}
+	if err := s.answers.Decode(answers); err != nil {
 		return fmt.Errorf("natshard: load the state of %q at revision %d: %w", s.id, rev, err)
 	}
 	s.val, s.data, s.rev, s.seq = val, data, rev, seq

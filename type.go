@@ -33,6 +33,19 @@ type Entity = region.Entity
 // plain publish), the headers and the payload. It is valid during Handle.
 type Message = region.Message
 
+// AnswerKeeper is an Entity that keeps the answers to the keyed messages
+// it applied (MsgID) with its state, so that a message sent again with
+// its key after a move or a crash is answered with them, not handled
+// again: its region asks Answer before Handle. An entity whose Factory
+// loads its state with LoadState, and changes it with
+// State.UpdateAnswer, needs nothing more; one that saves its own state
+// implements it (docs/PROTOCOL.md, "Idempotency keys").
+type AnswerKeeper = region.AnswerKeeper
+
+// KeptAnswer is an answer an AnswerKeeper keeps: the body, and the
+// error's text for an error answer.
+type KeptAnswer = region.KeptAnswer
+
 // Factory activates the entity id of a type on its first message (or its
 // first after passivation). It may load state: EnvFrom(ctx) gives the
 // entity's environment, LoadState its persisted state. ctx is the

@@ -36,6 +36,15 @@
 // empty document stored, never a deleted entry. Stop does nothing: the state
 // is already saved.
 //
+// A request or publish with an idempotency key (a Nats-Msg-Id of its
+// sender's, natshard.MsgID) is applied once however often it is sent: the
+// entity saves the answers to its last KeptAnswers keyed changes
+// (KeptAnswerBytes of them at most) with its document, in the same
+// compare-and-set, and answers a message sent again with one of those
+// keys as the first time, without applying it, in whichever process holds
+// it after a move or a crash (region.AnswerKeeper; docs/PROTOCOL.md,
+// "Idempotency keys").
+//
 // A save that JetStream did not answer (kvstate.ErrUnavailable, as while
 // the bucket elects a leader for a few seconds after a NATS server's loss;
 // not ErrNoSpace, which is answered at once) is tried again, in core

@@ -51,13 +51,15 @@ func KV(store StateStore) region.Factory {
 			}
 			store = env.Store
 		}
-		e := &kvEntity{store: store, id: id, retryFor: SaveRetryFor}
+		e := &kvEntity{store: store, id: id, retryFor: SaveRetryFor, answers: region.Answers{MaxKeys: KeptAnswers, MaxBytes: KeptAnswerBytes}}
 		if err := e.loadAgain(ctx); err != nil {
 			return nil, err
 		}
 		return e, nil
 	}
 }
+
+var _ region.AnswerKeeper = (*kvEntity)(nil)
 
 // kvEntity is one document. The region calls it from one goroutine at a
 // time, so it needs no lock.
@@ -67,9 +69,27 @@ type kvEntity struct {
 	doc   map[string]any // never nil; values as decoded with UseNumber
 	rev   uint64         // revision of doc in the store; 0: not stored yet
 	seq   uint64         // stream sequence of the message doc applied last (durable delivery)
+	// answers are the answers to the last keyed messages that changed
+	// doc, saved with it when the store is a natshard.AnswerStore.
+	answers region.Answers
 	// retryFor bounds saveAgain and loadAgain (SaveRetryFor).
 	retryFor time.Duration
 }
+
+// The window of answers a kv entity saves with its document (with a
+// store that keeps them: natshard.AnswerStore, as its type's bucket is):
+// the answers to the last KeptAnswers messages with an idempotency key
+// that changed the document, fewer while they take more than
+// KeptAnswerBytes. A message sent again with one of those keys, after a
+// move or a crash, is answered as the first time and not applied again.
+// An answer larger than KeptAnswerBytes is kept as an error saying that
+// the message was applied and its answer not kept. (While the entity is
+// active, its region keeps the answers to the last 64 keyed messages,
+// reads included, whatever their size.)
+const (
+	KeptAnswers     = region.SavedAnswers
+	KeptAnswerBytes = region.SavedAnswerBytes
+)
 
 // SaveRetryFor bounds how long a kv entity tries again what JetStream did
 // not answer (kvstate.ErrUnavailable but not ErrNoSpace): the bucket
@@ -89,15 +109,21 @@ func (e *kvEntity) load(ctx context.Context) error {
 	var (
 		data     []byte
 		rev, seq uint64
+		answers  string
 		err      error
 	)
-	if ss, ok := e.store.(natshard.SeqStore); ok {
+	if as, ok := e.store.(natshard.AnswerStore); ok {
+		var st natshard.EntityState
+		st, err = as.LoadEntityState(ctx, e.id)
+		data, rev, seq, answers = st.Data, st.Rev, st.Seq, st.Answers
+	} else if ss, ok := e.store.(natshard.SeqStore); ok {
 		data, rev, seq, err = ss.LoadEntitySeq(ctx, e.id)
 	} else {
 		data, rev, err = e.store.LoadEntity(ctx, e.id)
 	}
 	if errors.Is(err, kvstate.ErrNotFound) {
 		e.doc, e.rev, e.seq = map[string]any{}, 0, 0
+		_ = e.answers.Decode("")
 		return nil
 	}
 	if err != nil {
@@ -109,6 +135,9 @@ func (e *kvEntity) load(ctx context.Context) error {
 			err = errors.New("not a JSON object")
 		}
 		return fmt.Errorf("load state of %q: %w: %v", e.id, kvstate.ErrMalformed, err)
+	}
+	if err := e.answers.Decode(answers); err != nil {
+		return fmt.Errorf("load state of %q: %w", e.id, err)
 	}
 	e.doc, e.rev, e.seq = doc, rev, seq
 	return nil
@@ -130,8 +159,11 @@ func (e *kvEntity) loadAgain(ctx context.Context) error {
 }
 
 // save writes next at the revision held, with the applied sequence seq
-// when the store keeps it.
-func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64) (uint64, error) {
+// and the answers when the store keeps them.
+func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64, answers string) (uint64, error) {
+	if as, ok := e.store.(natshard.AnswerStore); ok {
+		return as.SaveEntityState(ctx, e.id, natshard.EntityState{Data: next, Rev: e.rev, Seq: max(seq, e.seq), Answers: answers})
+	}
 	if ss, ok := e.store.(natshard.SeqStore); ok {
 		return ss.SaveEntitySeq(ctx, e.id, next, e.rev, max(seq, e.seq))
 	}
@@ -146,7 +178,7 @@ func (e *kvEntity) save(ctx context.Context, next []byte, seq uint64) (uint64, e
 // revision is the lost answer's write (the entity is its state's only
 // writer); other state at a newer revision is someone else's:
 // ErrConflict, for Handle to reload and apply once more.
-func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint64, error) {
+func (e *kvEntity) saveAgain(ctx context.Context, data []byte, answers string, err error) (uint64, error) {
 	deadline := time.Now().Add(e.retryFor)
 	for backoff := wait.RetryFirst; unanswered(err) && time.Now().Before(deadline); backoff = wait.Next(backoff) {
 		if !wait.Sleep(ctx, min(backoff, time.Until(deadline))) {
@@ -165,7 +197,7 @@ func (e *kvEntity) saveAgain(ctx context.Context, data []byte, err error) (uint6
 		default:
 			return 0, fmt.Errorf("%w: the state of %q changed while its save was unanswered (%w)", kvstate.ErrConflict, e.id, err)
 		}
-		if rev, err = e.save(ctx, data, 0); err == nil {
+		if rev, err = e.save(ctx, data, 0, answers); err == nil {
 			return rev, nil
 		}
 		if !errors.Is(err, kvstate.ErrConflict) {
@@ -381,7 +413,16 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		return failure(err)
 	}
 	seq := region.SeqFrom(ctx)
+	key := m.IdempotencyKey()
 	for attempt := 0; ; attempt++ {
+		if key != "" {
+			if ans, ok := e.Answer(key); ok {
+				// Applied already, by the writer whose state a conflict
+				// made this entity read (its region asked Answer before
+				// Handle).
+				return answerOf(ans)
+			}
+		}
 		if seq != 0 && seq <= e.seq && r.op != "get" {
 			// Given again after a crash: applied already. The answer
 			// is the value now (later messages may have changed it).
@@ -402,16 +443,26 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 		if len(data) > MaxDocumentSize {
 			return failure(fmt.Errorf("%w: %d bytes after %s, at most %d", ErrDocumentTooLarge, len(data), r.op, MaxDocumentSize))
 		}
-		rev, err := e.save(ctx, data, seq)
+		out, err := success(value)
+		if err != nil {
+			return out, err
+		}
+		answers := e.answers
+		if key != "" {
+			answers = e.answers.Clone()
+			answers.Add(region.SavedAnswer(key, out, ""))
+		}
+		enc := answers.Encode()
+		rev, err := e.save(ctx, data, seq, enc)
 		if unanswered(err) && seq == 0 {
-			rev, err = e.saveAgain(ctx, data, err)
+			rev, err = e.saveAgain(ctx, data, enc, err)
 		}
 		if err == nil {
-			e.doc, e.rev = next, rev
+			e.doc, e.rev, e.answers = next, rev, answers
 			if seq != 0 {
 				e.seq = seq
 			}
-			return success(value)
+			return out, nil
 		}
 		if !errors.Is(err, kvstate.ErrConflict) || attempt > 0 {
 			return failure(fmt.Errorf("save state: %w", err))
@@ -430,6 +481,18 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 			return success(value)
 		}
 	}
+}
+
+// Answer returns the answer the entity saved with its document for the
+// message with key (region.AnswerKeeper).
+func (e *kvEntity) Answer(key string) (region.KeptAnswer, bool) { return e.answers.Get(key) }
+
+// answerOf is Handle's return for a kept answer.
+func answerOf(ans region.KeptAnswer) ([]byte, error) {
+	if ans.Error != "" {
+		return ans.Data, errors.New(ans.Error)
+	}
+	return ans.Data, nil
 }
 
 // Stop does nothing: every change was saved when it was made.

@@ -748,3 +748,63 @@ func FuzzKVRequest(f *testing.F) {
 		}
 	})
 }
+
+// callKeyed is call with the idempotency key key.
+func callKeyed(t testing.TB, e region.Entity, key, request string) (string, error) {
+	t.Helper()
+	out, err := e.Handle(context.Background(), &region.Message{EntityID: "doc", Reply: "r", Data: []byte(request), Header: map[string][]string{"Nats-Msg-Id": {key}}})
+	return string(out), err
+}
+
+// TestKVKeepsAnswers: a kv entity saves the answers to its last keyed
+// changes with its document (KeptAnswers, KeptAnswerBytes): its next
+// incarnation (a move, a crash) answers a message sent again with one of
+// those keys as the first time, without applying it; an answer too
+// large to keep is kept as an error saying it was applied; a document
+// of the largest size still saves with a full window of answers.
+func TestKVKeepsAnswers(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newKV(t, store, "doc")
+	first, err := callKeyed(t, e, "op-1", `{"op":"incr","key":"n"}`)
+	if err != nil || first != `{"ok":true,"value":1}` {
+		t.Fatalf("%s, %v", first, err)
+	}
+	e2 := newKV(t, store, "doc")
+	if ans, ok := e2.(region.AnswerKeeper).Answer("op-1"); !ok || string(ans.Data) != first || ans.Error != "" {
+		t.Fatalf("the next incarnation's answer of op-1: %+v, %v", ans, ok)
+	}
+	if again, err := callKeyed(t, e2, "op-1", `{"op":"incr","key":"n"}`); err != nil || again != first {
+		t.Fatalf("op-1 given to Handle again: %s, %v; want %s", again, err, first)
+	}
+	mustOK(t, e2, `{"op":"get","key":"n"}`, `1`)
+
+	big := strings.Repeat("x", KeptAnswerBytes)
+	if out, err := callKeyed(t, e2, "op-2", `{"op":"set","key":"big","value":"`+big+`"}`); err != nil || !strings.Contains(out, big) {
+		t.Fatalf("a large set: %.40s, %v", out, err)
+	}
+	if ans, ok := newKV(t, store, "doc").(region.AnswerKeeper).Answer("op-2"); !ok || !strings.Contains(ans.Error, "applied once already") {
+		t.Fatalf("an answer too large to keep: %+v, %v", ans, ok)
+	}
+
+	// The window full, then a document of the largest size.
+	for i := range KeptAnswers {
+		if _, err := callKeyed(t, e2, fmt.Sprint("fill-", i), `{"op":"incr","key":"n"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fits := strings.Repeat("x", MaxDocumentSize-len(`{"big":"","n":34}`))
+	if _, err := callKeyed(t, e2, "op-3", `{"op":"set","key":"big","value":"`+fits+`"}`); err != nil {
+		t.Fatalf("the largest document with a full window of answers: %v", err)
+	}
+	e3 := newKV(t, store, "doc").(region.AnswerKeeper)
+	if _, ok := e3.Answer("op-1"); ok {
+		t.Error("op-1 kept beyond the window")
+	}
+	if ans, ok := e3.Answer(fmt.Sprint("fill-", KeptAnswers-1)); !ok || ans.Error != "" {
+		t.Errorf("the last fill: %+v, %v", ans, ok)
+	}
+}

@@ -948,8 +948,23 @@ func testEntities(t *testing.T, newStore func(t *testing.T) *Store) {
 	if data, rev, seq, err := p.LoadEntitySeq(ctx, id); err != nil || string(data) != "three" || rev != applied || seq != 1234 {
 		t.Fatalf("LoadEntitySeq = %q, %d, %d, %v; want three at %d, applied 1234", data, rev, seq, err, applied)
 	}
+	// So are the kept answers (region.Answers' encoding, opaque here).
+	answers := `[{"key":"op-1","data":"eyJvayI6dHJ1ZX0="}]`
+	applied, err = s.SaveEntityState(ctx, id, EntityState{Data: []byte("four"), Rev: applied, Seq: 1240, Answers: answers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.LoadEntityState(ctx, id); err != nil || string(st.Data) != "four" || st.Rev != applied || st.Seq != 1240 || st.Answers != answers {
+		t.Fatalf("LoadEntityState = %+v, %v; want four at %d, applied 1240, with its answers", st, err, applied)
+	}
+	if _, err := s.SaveEntityState(ctx, id, EntityState{Data: []byte("x"), Rev: applied, Answers: "a\nb"}); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("answers with a line break: %v, want ErrMalformed", err)
+	}
 	if _, err := s.SaveEntity(ctx, id, []byte("two"), applied); err != nil {
 		t.Fatal(err)
+	}
+	if st, err := p.LoadEntityState(ctx, id); err != nil || st.Answers != "" {
+		t.Fatalf("LoadEntityState after a SaveEntity = %+v, %v; want no answers", st, err)
 	}
 	if _, rev, seq, err := p.LoadEntitySeq(ctx, id); err != nil || seq != 0 {
 		t.Fatalf("LoadEntitySeq after a SaveEntity = %d, %v; want no applied sequence", seq, err)

@@ -31,20 +31,42 @@ func (s *Store) SaveEntity(ctx context.Context, id string, data []byte, rev uint
 // LoadEntitySeq is LoadEntity, with the stream sequence of the message the
 // state applied last (durable delivery; 0 when the state says none).
 func (s *Store) LoadEntitySeq(ctx context.Context, id string) ([]byte, uint64, uint64, error) {
+	r, err := s.LoadEntityState(ctx, id)
+	return r.Data, r.Rev, r.Seq, err
+}
+
+// EntityState is an entity's state as stored, with what is saved with
+// it in the same compare-and-set.
+type EntityState struct {
+	Data []byte
+	// Rev is the state's revision: read by LoadEntityState; the revision
+	// the state must still have for SaveEntityState (0: none yet).
+	Rev uint64
+	// Seq is the stream sequence of the message the state applied last
+	// (durable delivery; protocol.HeaderAppliedSeq), 0 for none.
+	Seq uint64
+	// Answers are the answers to the last keyed messages the state
+	// applied, as region.Answers encodes them (protocol.HeaderAnswers),
+	// "" for none.
+	Answers string
+}
+
+// LoadEntityState is LoadEntity, with what was saved with the state.
+func (s *Store) LoadEntityState(ctx context.Context, id string) (EntityState, error) {
 	if err := checkEntityID(id); err != nil {
-		return nil, 0, 0, err
+		return EntityState{}, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	key := EntityKey(id)
 	r, err := s.last(ctx, key)
 	if err != nil {
-		return nil, 0, 0, translate(fmt.Errorf("read %s: %w", key, err), ErrConflict)
+		return EntityState{}, translate(fmt.Errorf("read %s: %w", key, err), ErrConflict)
 	}
 	if r.deleted {
-		return nil, 0, 0, fmt.Errorf("%w: %s deleted at revision %d", ErrNotFound, key, r.rev)
+		return EntityState{}, fmt.Errorf("%w: %s deleted at revision %d", ErrNotFound, key, r.rev)
 	}
-	return r.value, r.rev, r.seq, nil
+	return EntityState{Data: r.value, Rev: r.rev, Seq: r.seq, Answers: r.answers}, nil
 }
 
 // SaveEntitySeq is SaveEntity that stores, with the state and in the same
@@ -52,9 +74,20 @@ func (s *Store) LoadEntitySeq(ctx context.Context, id string) ([]byte, uint64, u
 // (durable delivery). A state saved so can tell a message given again
 // after a crash (LoadEntitySeq) and skip it.
 func (s *Store) SaveEntitySeq(ctx context.Context, id string, data []byte, rev, seq uint64) (uint64, error) {
+	return s.SaveEntityState(ctx, id, EntityState{Data: data, Rev: rev, Seq: seq})
+}
+
+// SaveEntityState is SaveEntity that stores, with the state and in the
+// same compare-and-set, r's applied sequence and answers. An answers
+// value must not hold a line break (region.Answers' JSON has none).
+func (s *Store) SaveEntityState(ctx context.Context, id string, r EntityState) (uint64, error) {
 	if err := checkEntityID(id); err != nil {
 		return 0, err
 	}
+	if strings.ContainsAny(r.Answers, "\r\n") {
+		return 0, fmt.Errorf("%w: save entity %q: a line break in its answers", ErrMalformed, id)
+	}
+	data, rev, seq := r.Data, r.Rev, r.Seq
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	key := EntityKey(id)
@@ -62,7 +95,10 @@ func (s *Store) SaveEntitySeq(ctx context.Context, id string, data []byte, rev, 
 	if seq > 0 {
 		hdr.Set(protocol.HeaderAppliedSeq, strconv.FormatUint(seq, 10))
 	}
-	size := msgSize(s.subject(key), 64, len(data)) // headers: the applied sequence, a TTL marker
+	if r.Answers != "" {
+		hdr.Set(protocol.HeaderAnswers, r.Answers)
+	}
+	size := msgSize(s.subject(key), 64+len(r.Answers), len(data)) // headers: the applied sequence, a TTL marker, the answers
 	if err := s.space.admit(ctx, size, true); err != nil && !s.shrinks(ctx, key, rev, data) {
 		s.spaceLog.refused(err)
 		return 0, fmt.Errorf("save entity %q at revision %d: %w", id, rev, err)

@@ -469,6 +469,7 @@ type record struct {
 	rev     uint64
 	deleted bool   // a tombstone: KV delete/purge, or the marker of an expired TTL
 	seq     uint64 // an entity state's applied message (protocol.HeaderAppliedSeq)
+	answers string // an entity state's kept answers (protocol.HeaderAnswers)
 }
 
 // msgGetResponse is the answer of the JetStream API to STREAM.MSG.GET (see
@@ -522,6 +523,7 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 		if v := h.Get(protocol.HeaderAppliedSeq); v != "" {
 			r.seq, _ = strconv.ParseUint(v, 10, 64)
 		}
+		r.answers = h.Get(protocol.HeaderAnswers)
 	}
 	return r, nil
 }

@@ -371,9 +371,17 @@ func (s *Stream) Messages(ctx context.Context) (uint64, error) {
 // answer or has no stream leader (a new attempt with the same
 // Nats-Msg-Id stores the message once), and as translate leaves them.
 func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (uint64, error) {
+	seq, _, err := PublishOnce(ctx, js, m)
+	return seq, err
+}
+
+// PublishOnce is Publish that also reports whether the stream dropped m
+// as a duplicate: a message with its Nats-Msg-Id was stored within the
+// stream's duplicate window (seq is then that message's).
+func PublishOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (seq uint64, duplicate bool, _ error) {
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {
-		return 0, translate(fmt.Errorf("publish %s: %w", m.Subject, err), ErrConflict)
+		return 0, false, translate(fmt.Errorf("publish %s: %w", m.Subject, err), ErrConflict)
 	}
-	return ack.Sequence, nil
+	return ack.Sequence, ack.Duplicate, nil
 }

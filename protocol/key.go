@@ -32,3 +32,22 @@ func MessageKey(h nats.Header, reply string) string {
 	}
 	return ""
 }
+
+// IdempotencyKey is the key a message's sender gave it so that it is
+// applied once however often it is sent (natshard's MsgID): its
+// Nats-Msg-Id, unless the sender marked that unique with a leading
+// UniqueReplyMark (natshard's Client does for the keys it makes itself,
+// which it never sends again in another call) or the message is a
+// reminder's. An entity's runtime keeps the answers to the messages with
+// such keys and answers a message with a key it has seen with the first
+// answer. "" when the message has none; it reads no header when h is nil.
+func IdempotencyKey(h nats.Header) string {
+	if h == nil {
+		return ""
+	}
+	id := h.Get(HeaderMsgID)
+	if id == "" || strings.HasPrefix(id, UniqueReplyMark) || h.Get(HeaderReminder) != "" {
+		return ""
+	}
+	return id
+}

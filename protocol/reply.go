@@ -29,6 +29,11 @@ const (
 	// RefusedStopping: the shard's entities are stopping (it is leaving
 	// the region).
 	RefusedStopping = "stopping"
+	// RefusedNoAnswer: a request for the answer of a key
+	// (HeaderAnswerOf) whose answer its entity does not keep: applied
+	// before the entity's window of answers, or never applied (it failed
+	// before its entity handled it). Asking again cannot help.
+	RefusedNoAnswer = "no-answer"
 )
 
 // RefusedReply is ErrorReply for a message that no entity handled, with

@@ -47,6 +47,17 @@ const (
 	// HeaderReminder is set on a message that a reminder sent to its
 	// entity (durable delivery); its value is the reminder's name.
 	HeaderReminder = "Natshard-Reminder"
+	// HeaderAnswerOf asks an entity for the answer it gave to the message
+	// whose idempotency key is its value (IdempotencyKey), without
+	// applying anything: a requester whose message the stream dropped as
+	// a duplicate of one stored before sends it (durable delivery). The
+	// entity answers it with the stored answer, or with the refusal
+	// RefusedNoAnswer when it keeps none for that key.
+	HeaderAnswerOf = "Natshard-Answer-Of"
+	// HeaderAnswers is stored with an entity's state (persistent
+	// entities): the answers to the last keyed messages the state
+	// applied, a JSON array of {"key","data" (base64),"error"}.
+	HeaderAnswers = "Natshard-Answers"
 )
 
 // Subjects builds and parses the subjects of one entity type.

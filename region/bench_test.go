@@ -239,3 +239,33 @@ func BenchmarkTakeShards(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDeliverKeyed is BenchmarkDeliver with 1000 entities for
+// messages with a Nats-Msg-Id header: "unique", a key marked unique with
+// "~" (natshard.Client's own on a publish: no answer kept); "keyed", an
+// idempotency key of its own for every message (MsgID: the answer is
+// kept in the entity's window, the oldest dropped).
+func BenchmarkDeliverKeyed(b *testing.B) {
+	for _, kind := range []string{"unique", "keyed"} {
+		b.Run(kind, func(b *testing.B) {
+			h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+			const n = 1000
+			ids, shards := benchIDs(n)
+			msgs := make([]*nats.Msg, 4096)
+			for i := range msgs {
+				key := fmt.Sprintf("op-%d", i)
+				if kind == "unique" {
+					key = "~" + key
+				}
+				msgs[i] = &nats.Msg{Subject: "x", Data: []byte("payload"), Header: nats.Header{protocol.HeaderMsgID: {key}}}
+			}
+			benchHandled.Store(0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				h.deliver(shards[i%n], ids[i%n], msgs[i%len(msgs)])
+			}
+			waitHandled(b, int64(b.N))
+		})
+	}
+}

@@ -54,6 +54,15 @@ type Message struct {
 // request it sends again within one call).
 func (m *Message) Key() string { return protocol.MessageKey(m.Header, m.Reply) }
 
+// IdempotencyKey is the key its sender gave the message so that it is
+// applied once however often it is sent (natshard's MsgID: its
+// Nats-Msg-Id, protocol.IdempotencyKey), "" if it has none. The region
+// keeps the entity's answer to it and answers the message sent again
+// with that key with the same, without calling Handle (AnswerKeeper); a
+// persistent entity saves the answer with its state to keep that promise
+// across moves and crashes.
+func (m *Message) IdempotencyKey() string { return protocol.IdempotencyKey(m.Header) }
+
 // Reminder is the name of the reminder that sent the message (durable
 // delivery: natshard's Env.Remind), "" for any other message.
 func (m *Message) Reminder() string {

@@ -248,6 +248,9 @@ type shardEntities struct {
 	// touches: the limit's policy's touches of the shard's entities not
 	// given to it yet (touchLimit).
 	touches []*limitEntry
+	// answers: the answers each active entity gave to keyed messages
+	// (answers.go); nil until one came, an entry removed with its cell.
+	answers map[*cell]*Answers
 }
 
 // Stop states of a cell.
@@ -549,6 +552,9 @@ func (h *host) abortShard(shard int) {
 func (h *host) removeLocked(se *shardEntities, id string, c *cell) {
 	if se.cells[id] == c {
 		delete(se.cells, id)
+	}
+	if se.answers != nil {
+		delete(se.answers, c)
 	}
 	if c.lim != nil {
 		h.limitMu.Lock()
@@ -1018,6 +1024,13 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 	if e.d != nil {
 		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
 	}
+	var (
+		key string // the message's idempotency key, or the key it asks the answer of
+		ask bool   // it asks for the answer of key (protocol.HeaderAnswerOf)
+	)
+	if e.m.Header != nil {
+		key, ask = answerKey(e.m.Header)
+	}
 	backoff := wait.RetryFirst
 	for {
 		var data []byte
@@ -1029,9 +1042,27 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 		}
 		if ent != nil {
-			var ok bool
-			if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, msg); !ok {
-				ent = nil // panicked: drop this incarnation without Stop
+			recalled := false
+			if key != "" {
+				// A key applied already is answered as the first
+				// time, and not handled.
+				ans, ok, panicked := h.recall(se, c, ent, key)
+				switch {
+				case panicked:
+					data, err, recalled, ent = nil, errEntityPanicked, true, nil // as a panic in Handle
+				case ok:
+					data, err, recalled = ans.Data, ans.err(), true
+				case ask:
+					data, err, recalled = nil, refused(protocol.RefusedNoAnswer, errNoAnswer), true
+				}
+			}
+			if !recalled {
+				var ok bool
+				if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, msg); !ok {
+					ent = nil // panicked: drop this incarnation without Stop
+				} else if key != "" && !transient(err) {
+					h.keep(se, c, key, data, err)
+				}
 			}
 		}
 		if e.d != nil && errors.Is(err, ErrUnavailable) {

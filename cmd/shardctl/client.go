@@ -23,6 +23,7 @@ type client struct {
 	store    *kvstate.Store
 	subjects protocol.Subjects
 	shards   int
+	durable  bool      // the type's delivery is durable: messages go through its stream
 	stderr   io.Writer // for what is not the command's output (watch's banner, --wait's progress)
 	denials  *denials
 }
@@ -72,6 +73,7 @@ func dial(ctx context.Context, o options) (*client, error) {
 		return nil, c.jetStreamErr(err, fmt.Sprintf("read the configuration of type %q", o.Type))
 	}
 	c.shards = cfg.Shards
+	c.durable = cfg.DeliveryOf() == protocol.DeliveryDurable
 	return c, nil
 }
 

@@ -110,20 +110,26 @@ network sent are printed escaped (\x1b), never raw.`,
 shardctl watch --count 3 --json`,
 		},
 		{
-			name: "send", args: "<entity> <payload>", short: "publish a message to an entity", group: "Talk to entities", nargs: 2, run: cmdSend,
+			name: "send", args: "<entity> <payload> [--key K]", short: "publish a message to an entity", group: "Talk to entities", nargs: 2, flags: []string{"key"}, run: cmdSend,
 			long: `Publishes the payload ("-": standard input) to the entity's subject, as
-any NATS client can (nats pub shard.<type>.<shard>.<entity> ...).`,
+any NATS client can (nats pub shard.<type>.<shard>.<entity> ...). With
+--key, the message carries it as its Nats-Msg-Id: sent again with the
+same key, it is applied once.`,
 			examples: `shardctl send order-42 '{"op":"incr","key":"items"}'
 echo '{"op":"incr","key":"items"}' | shardctl send order-42 -`,
 		},
 		{
-			name: "request", args: "<entity> <payload>", short: "send a request to an entity and print the answer", group: "Talk to entities", nargs: 2, run: cmdRequest,
+			name: "request", args: "<entity> <payload> [--key K]", short: "send a request to an entity and print the answer", group: "Talk to entities", nargs: 2, flags: []string{"key"}, run: cmdRequest,
 			long: `Sends the payload ("-": standard input) as a request to the entity and
-prints the answer; an answer with the Natshard-Error header exits 1.
-Control characters of the answer, other than newlines and tabs, are
-printed escaped.`,
+prints the answer, in either delivery mode (to a type of durable delivery
+through its stream, as natshard's Client does); an answer with the
+Natshard-Error header exits 1. Control characters of the answer, other
+than newlines and tabs, are printed escaped. With --key, the request
+carries it as its idempotency key (Nats-Msg-Id): sent again with the
+same key, it is applied once and answered with the first answer.`,
 			examples: `shardctl request order-42 '{"op":"set","key":"status","value":"paid"}'
-shardctl request order-42 '{"op":"get"}'`,
+shardctl request order-42 '{"op":"get"}'
+shardctl request order-42 '{"op":"incr","key":"items"}' --key add-item-17`,
 		},
 		{
 			name: "move", args: "<shard> <region> [--wait]", short: "hand a shard off to a region", group: "Operate", nargs: 2, flags: []string{"wait"}, run: cmdMove,

@@ -67,10 +67,11 @@ type options struct {
 	Version       bool
 	Auth          auth.Client // --creds, --tls-*
 	// Flags of single commands.
-	DryRun bool // rebalance
-	Count  int  // watch
-	Limit  int  // region, shard
-	Wait   bool // move, drain, undrain, rebalance
+	DryRun bool   // rebalance
+	Count  int    // watch
+	Limit  int    // region, shard
+	Wait   bool   // move, drain, undrain, rebalance
+	Key    string // send, request: the idempotency key (Nats-Msg-Id)
 	// Command is the command being run, for error messages.
 	Command string
 }
@@ -108,6 +109,7 @@ func newFlagSet(o *options, getenv func(string) string) *flag.FlagSet {
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print the plan, move nothing")
 	fs.IntVar(&o.Count, "count", 0, "stop after `N` events (0: until interrupted)")
 	fs.IntVar(&o.Limit, "limit", protocol.DefaultEntityLimit, "list at most `N` entity ids")
+	fs.StringVar(&o.Key, "key", "", "idempotency `key` of the message (its Nats-Msg-Id): sent again with it, it is applied once and answered as the first time")
 	fs.BoolVar(&o.Wait, "wait", false, "wait until it is done, printing progress on stderr; bounded by --timeout")
 	return fs
 }
