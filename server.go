@@ -2,9 +2,7 @@ package natshard
 
 import (
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -23,14 +21,13 @@ import (
 // password is made here and returned: the node connects with it in
 // process to read the servers' disconnect advisories (the user without
 // credentials, every other client, is in the global account as before).
-func startServer(o ServerOptions) (*server.Server, *sysUser, error) {
-	host, portStr, err := net.SplitHostPort(o.Listen)
+//
+// With Cluster and Routes it is a member of an embedded cluster
+// (cluster.go), named after region on its first start.
+func startServer(o ServerOptions, region string) (*server.Server, *sysUser, error) {
+	host, port, err := splitHostPort(o.Listen)
 	if err != nil {
-		return nil, nil, fmt.Errorf("Server.Listen: %q is not host:port: %w", o.Listen, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, nil, fmt.Errorf("Server.Listen: port %q is not a port number", portStr)
+		return nil, nil, fmt.Errorf("Server.Listen: %w", err)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
@@ -49,6 +46,11 @@ func startServer(o ServerOptions) (*server.Server, *sysUser, error) {
 		NoSigs:                 true,
 		NoLog:                  true,
 		DisableJetStreamBanner: true,
+	}
+	if o.clustered() {
+		if err := configureCluster(opts, o, region); err != nil {
+			return nil, nil, err
+		}
 	}
 	var sys *sysUser
 	if o.AuthDir == "" {
