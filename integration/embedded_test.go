@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/protocol"
+)
+
+// embeddedCluster is three shardd whose embedded NATS servers form one
+// cluster (--cluster, --routes): nothing else runs. A member can be killed
+// and started again on its ports and data directory.
+type embeddedCluster struct {
+	t        *testing.T
+	client   [3]int
+	route    [3]int
+	http     [3]int
+	dirs     [3]string
+	procs    [3]*proc
+	starts   int
+	shards   int
+	subjects protocol.Subjects
+}
+
+func newEmbeddedCluster(t *testing.T, shards int) *embeddedCluster {
+	c := &embeddedCluster{t: t, shards: shards, subjects: protocol.MustSubjects("", "", "kv")}
+	ports := natstest.FreePorts(t, 9)
+	for i := range 3 {
+		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
+		c.dirs[i] = t.TempDir()
+	}
+	return c
+}
+
+func (c *embeddedCluster) name(i int) string { return fmt.Sprintf("s%d", i+1) }
+
+// start starts member i (again, on its data directory).
+func (c *embeddedCluster) start(i int) {
+	c.t.Helper()
+	var routes []string
+	for j := range 3 {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", c.route[j]))
+	}
+	c.starts++
+	c.procs[i] = startShardd(c.t, fmt.Sprintf("%s-%d", c.name(i), c.starts),
+		"--region", c.name(i), "--type", "kv", "--kind", "kv", "--shards", fmt.Sprint(c.shards), "--min-regions", "3",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", c.client[i]), "--data-dir", c.dirs[i],
+		"--cluster", fmt.Sprintf("127.0.0.1:%d", c.route[i]), "--routes", strings.Join(routes, ","), "--cluster_name", "embedded-test",
+		"--http", fmt.Sprintf("127.0.0.1:%d", c.http[i]), "--start-timeout", "10m")
+}
+
+// url is member i's client URL.
+func (c *embeddedCluster) url(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.client[i]) }
+
+// urls is every member's client URL, comma-separated.
+func (c *embeddedCluster) urls() string {
+	return strings.Join([]string{c.url(0), c.url(1), c.url(2)}, ",")
+}
+
+// ready says why member i's /readyz is not 200 (its JetStream current
+// with the cluster, its region registered), or nil.
+func (c *embeddedCluster) ready(i int) error {
+	select {
+	case <-c.procs[i].done:
+		c.t.Fatalf("shardd %s exited: %v", c.procs[i].name, c.procs[i].exitErr)
+	default:
+	}
+	code, body := httpGet(c.t, fmt.Sprintf("http://127.0.0.1:%d/readyz", c.http[i]))
+	if code != http.StatusOK {
+		return fmt.Errorf("/readyz of %s: %d %s", c.name(i), code, strings.TrimSpace(body))
+	}
+	return nil
+}
+
+// served waits until every shard is active on the live regions and
+// answers exactly once.
+func (c *embeddedCluster) served(nc *nats.Conn, timeout time.Duration, live ...string) {
+	c.t.Helper()
+	eventually(c.t, timeout, fmt.Sprintf("every shard served once on %v", live), func() error {
+		st, err := status(nc, c.subjects)
+		if err != nil {
+			return err
+		}
+		if err := settled(st, live...); err != nil {
+			return err
+		}
+		return singleOwner(nc, c.subjects, c.shards)
+	})
+}
+
+// TestEmbeddedClusterKills (issue 32): three shardd whose embedded servers
+// form the NATS cluster, nothing else, started at once in reverse order,
+// all come up without a restart. Under load (kv increments with
+// Nats-Msg-Id, from a client that knows only the first member's URL and
+// learns the others from the cluster), each member in turn, the first
+// included, is killed with -9, every shard is served again by the other
+// two, then it is started again on its data directory and waited for
+// (/readyz: JetStream current) before the next: every acknowledged
+// increment is kept. Last, a SIGTERM of one member leaves the other two
+// serving every shard.
+func TestEmbeddedClusterKills(t *testing.T) {
+	c := newEmbeddedCluster(t, 32)
+	for _, i := range []int{2, 1, 0} {
+		c.start(i)
+	}
+	t0 := time.Now()
+	nc := connect(t, c.urls())
+	all := []string{"s1", "s2", "s3"}
+	c.served(nc, 4*time.Minute, all...)
+	eventually(t, 2*time.Minute, "every member ready", func() error {
+		for i := range 3 {
+			if err := c.ready(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.Logf("embedded cluster: three shardd started at once came up, every shard served, in %s", time.Since(t0).Round(time.Millisecond))
+	for i := range 3 {
+		if !strings.Contains(c.procs[i].log.String(), "embedded NATS server is a cluster member") {
+			t.Fatalf("shardd %s did not say its embedded server is a cluster member", c.name(i))
+		}
+	}
+
+	load := startIncrLoad(t, c.url(0), c.subjects, c.shards, 100, 4)
+	for i := range 3 {
+		time.Sleep(3 * time.Second) // load before the kill
+		var live []string
+		for j := range 3 {
+			if j != i {
+				live = append(live, c.name(j))
+			}
+		}
+		kill := time.Now()
+		c.procs[i].kill()
+		c.served(nc, 3*time.Minute, live...)
+		servedAfter := time.Since(kill)
+		restart := time.Now()
+		c.start(i)
+		c.served(nc, 3*time.Minute, all...)
+		eventually(t, 3*time.Minute, c.name(i)+" ready again (JetStream current)", func() error { return c.ready(i) })
+		t.Logf("embedded cluster: kill -9 of %s: every shard served again by %v after %s; restarted on its data directory, back with JetStream current after %s (acknowledged so far %d)",
+			c.name(i), live, servedAfter.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond), acked(load))
+	}
+
+	// A graceful stop of one member: its shards are handed off, its
+	// server leaves the cluster, the other two go on.
+	time.Sleep(3 * time.Second)
+	stop := time.Now()
+	if err := c.procs[1].stop(2 * time.Minute); err != nil {
+		t.Fatalf("SIGTERM of s2: %v", err)
+	}
+	stopped := time.Since(stop)
+	c.served(nc, 3*time.Minute, "s1", "s3")
+	for _, i := range []int{0, 2} {
+		eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
+	}
+	t.Logf("embedded cluster: SIGTERM of s2: exited in %s, every shard served by s1 and s3 %s after the signal",
+		stopped.Round(time.Millisecond), time.Since(stop).Round(time.Millisecond))
+	time.Sleep(2 * time.Second)
+	load.halt()
+	load.check(t, false)
+	// Each member kept its server name across its restart.
+	for i := range 3 {
+		name, err := os.ReadFile(filepath.Join(c.dirs[i], "natshard-server-name"))
+		if want := "natshard-" + c.name(i) + "\n"; err != nil || string(name) != want {
+			t.Errorf("server name of %s: %q, %v; want %q", c.name(i), name, err, want)
+		}
+	}
+}
+
+// acked is the load's acknowledged increments so far.
+func acked(l *incrLoad) int64 {
+	var n int64
+	for i := range l.acked {
+		n += l.acked[i].Load()
+	}
+	return n
+}
