@@ -27,6 +27,7 @@ type embeddedCluster struct {
 	starts   int
 	shards   int
 	subjects protocol.Subjects
+	extra    []string // more flags for every member
 }
 
 func newEmbeddedCluster(t *testing.T, shards int) *embeddedCluster {
@@ -49,11 +50,11 @@ func (c *embeddedCluster) start(i int) {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", c.route[j]))
 	}
 	c.starts++
-	c.procs[i] = startShardd(c.t, fmt.Sprintf("%s-%d", c.name(i), c.starts),
-		"--region", c.name(i), "--type", "kv", "--kind", "kv", "--shards", fmt.Sprint(c.shards), "--min-regions", "3",
+	args := []string{"--region", c.name(i), "--type", "kv", "--kind", "kv", "--shards", fmt.Sprint(c.shards), "--min-regions", "3",
 		"--listen", fmt.Sprintf("127.0.0.1:%d", c.client[i]), "--data-dir", c.dirs[i],
 		"--cluster", fmt.Sprintf("127.0.0.1:%d", c.route[i]), "--routes", strings.Join(routes, ","), "--cluster_name", "embedded-test",
-		"--http", fmt.Sprintf("127.0.0.1:%d", c.http[i]), "--start-timeout", "10m")
+		"--http", fmt.Sprintf("127.0.0.1:%d", c.http[i]), "--start-timeout", "10m"}
+	c.procs[i] = startShardd(c.t, fmt.Sprintf("%s-%d", c.name(i), c.starts), append(args, c.extra...)...)
 }
 
 // url is member i's client URL.
@@ -183,4 +184,36 @@ func acked(l *incrLoad) int64 {
 		n += l.acked[i].Load()
 	}
 	return n
+}
+
+// TestEmbeddedClusterDurable (issue 32): a type of durable delivery on
+// three shardd whose embedded servers are the NATS cluster, under an
+// append load published through the type's stream by a client given only
+// the first member's URL; the first member is killed with -9 (its server,
+// a replica of the stream, with it) and started again on its data
+// directory: every value the stream acknowledged is applied, none twice,
+// in order.
+func TestEmbeddedClusterDurable(t *testing.T) {
+	c := newEmbeddedCluster(t, 32)
+	c.extra = []string{"--delivery", "durable"}
+	for i := range 3 {
+		c.start(i)
+	}
+	nc := connect(t, c.urls())
+	all := []string{"s1", "s2", "s3"}
+	c.served(nc, 4*time.Minute, all...)
+	load := startAppendLoad(t, c.url(0), c.subjects, c.shards, 200, 1000, false)
+	time.Sleep(3 * time.Second)
+	kill := time.Now()
+	c.procs[0].kill()
+	c.served(nc, 3*time.Minute, "s2", "s3")
+	servedAfter := time.Since(kill)
+	c.start(0)
+	c.served(nc, 3*time.Minute, all...)
+	eventually(t, 3*time.Minute, "s1 ready again (JetStream current)", func() error { return c.ready(0) })
+	t.Logf("embedded cluster: durable kill -9 of s1: every shard served again by s2 and s3 after %s; s1 back, current, %s after the kill",
+		servedAfter.Round(time.Millisecond), time.Since(kill).Round(time.Millisecond))
+	time.Sleep(3 * time.Second)
+	load.halt()
+	load.check(t)
 }
