@@ -1,15 +1,22 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
@@ -28,6 +35,9 @@ type embeddedCluster struct {
 	shards   int
 	subjects protocol.Subjects
 	extra    []string // more flags for every member
+	// extraOf, when set, gives member i's own flags after them (a flag
+	// given again wins: --type, --kind).
+	extraOf func(i int) []string
 }
 
 func newEmbeddedCluster(t *testing.T, shards int) *embeddedCluster {
@@ -54,7 +64,11 @@ func (c *embeddedCluster) start(i int) {
 		"--listen", fmt.Sprintf("127.0.0.1:%d", c.client[i]), "--data-dir", c.dirs[i],
 		"--cluster", fmt.Sprintf("127.0.0.1:%d", c.route[i]), "--routes", strings.Join(routes, ","), "--cluster_name", "embedded-test",
 		"--http", fmt.Sprintf("127.0.0.1:%d", c.http[i]), "--start-timeout", "10m"}
-	c.procs[i] = startShardd(c.t, fmt.Sprintf("%s-%d", c.name(i), c.starts), append(args, c.extra...)...)
+	args = append(args, c.extra...)
+	if c.extraOf != nil {
+		args = append(args, c.extraOf(i)...)
+	}
+	c.procs[i] = startShardd(c.t, fmt.Sprintf("%s-%d", c.name(i), c.starts), args...)
 }
 
 // url is member i's client URL.
@@ -216,4 +230,119 @@ func TestEmbeddedClusterDurable(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	load.halt()
 	load.check(t)
+}
+
+// TestEmbeddedClusterAppDown (issue 32): three shardd --kind http, each
+// with its app, whose embedded servers are the NATS cluster. The first
+// one's app dies: that shardd leaves (its shards handed off) and exits 1,
+// its server with it (docs/OPERATIONS.md, the lifecycle rule), and the
+// other two serve every shard; requests sent meanwhile by a client given
+// only the first member's URL are all answered. Before, the first
+// process's embedded server was the only NATS server, and its app's outage
+// stopped the whole type.
+func TestEmbeddedClusterAppDown(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skipf("python3 is not installed (%v): the sidecar's Python app cannot run", err)
+	}
+	script, err := filepath.Abs("testdata/sidecar_app.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newEmbeddedCluster(t, 16)
+	c.subjects = protocol.MustSubjects("", "", "counter")
+	appPorts := natstest.FreePorts(t, 3)
+	var apps [3]*proc
+	c.extraOf = func(i int) []string {
+		return []string{"--type", "counter", "--kind", "http", "--app", fmt.Sprintf("http://127.0.0.1:%d", appPorts[i]), "--app-down-after", "3s"}
+	}
+	for i := range 3 {
+		apps[i] = startProcess(t, python, "app-"+c.name(i), script, strconv.Itoa(appPorts[i]))
+		c.start(i)
+	}
+	nc := connect(t, c.urls())
+	c.served(nc, 4*time.Minute, "s1", "s2", "s3")
+
+	client := natshard.NewClient(connect(t, c.url(0)), natshard.WithResend(2*time.Second))
+	// Until s1 notices that its app is down (--app-down-after), the
+	// requests to its shards fail with the app's error ("app: ... connection
+	// refused"): the sidecar's behaviour, not the cluster's. Such a request
+	// is sent again (its number again: the app answers a repeat without
+	// applying it); any other failure, and any failure once s2 and s3
+	// serve every shard, fails the test.
+	type failure struct {
+		at  time.Time
+		err string
+	}
+	var (
+		answered atomic.Int64
+		mu       sync.Mutex
+		failures []failure
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	for e := range 12 {
+		id := fmt.Sprintf("counter-%d", e)
+		wg.Go(func() {
+			for seq := 1; ; {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				data, err := client.Request(ctx, "counter", id, fmt.Appendf(nil, `{"seq":%d}`, seq))
+				cancel()
+				var got struct{ Last int }
+				if err == nil && (json.Unmarshal(data, &got) != nil || got.Last != seq) {
+					err = fmt.Errorf("answered %q", data)
+				}
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, failure{time.Now(), fmt.Sprintf("%s %d: %v", id, seq, err)})
+					mu.Unlock()
+					time.Sleep(200 * time.Millisecond)
+					continue
+				}
+				answered.Add(1)
+				seq++
+			}
+		})
+	}
+	time.Sleep(3 * time.Second)
+	down := time.Now()
+	apps[0].kill()
+	select {
+	case <-c.procs[0].done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("shardd s1 did not exit within 2 minutes of its app's death")
+	}
+	exited := time.Since(down)
+	if c.procs[0].exitErr == nil {
+		t.Errorf("shardd s1 exited 0 after its app died; want 1")
+	}
+	c.served(nc, 3*time.Minute, "s2", "s3")
+	servedAfter := time.Since(down)
+	for _, i := range []int{1, 2} {
+		eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
+	}
+	before := answered.Load()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	appDown := 0
+	for _, f := range failures {
+		if strings.Contains(f.err, ": app: ") && f.at.Before(down.Add(servedAfter)) {
+			appDown++
+			continue
+		}
+		t.Errorf("request failed %s after the app died: %s", f.at.Sub(down).Round(time.Millisecond), f.err)
+	}
+	if answered.Load() == before {
+		t.Error("no request answered in the 3 s after s2 and s3 took every shard")
+	}
+	t.Logf("embedded cluster: app of s1 down: s1 left and exited after %s, every shard served by s2 and s3 %s after the app died; %d requests answered, %d refused by s1 with its app's error before it left (sent again)",
+		exited.Round(time.Millisecond), servedAfter.Round(time.Millisecond), answered.Load(), appDown)
 }
