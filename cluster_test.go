@@ -20,7 +20,8 @@ import (
 // up, the type gets three replicas and the cluster's lease TTL, each
 // server keeps its name in its data directory, and a client of one member
 // reaches the type after that member stopped (its connection discovered
-// the others).
+// the others); the last member alone is not ready, for want of a
+// JetStream majority.
 func TestEmbeddedCluster(t *testing.T) {
 	ports := natstest.FreePorts(t, 6)
 	var routes []string
@@ -97,6 +98,18 @@ func TestEmbeddedCluster(t *testing.T) {
 	for i, n := range nodes[1:] {
 		eventuallyLib(t, time.Minute, fmt.Sprintf("node %d ready", i+2), n.Ready)
 	}
+	// The last member alone has no JetStream majority: not ready, and
+	// saying why (what a rolling restart must not come to).
+	if err := nodes[1].Close(ctx); err != nil {
+		t.Fatalf("close the second member: %v", err)
+	}
+	eventuallyLib(t, time.Minute, "the last member not ready for want of JetStream", func() error {
+		err := nodes[2].Ready()
+		if err == nil || !errors.Is(err, natshard.ErrNotReady) || !strings.Contains(err.Error(), "JetStream is not current") {
+			return fmt.Errorf("Ready: %v", err)
+		}
+		return nil
+	})
 }
 
 // TestEmbeddedClusterRefused: cluster options that cannot work are
