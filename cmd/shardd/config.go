@@ -120,7 +120,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs := flag.NewFlagSet("shardd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join.\n\n--http serves Prometheus metrics, health probes and a live shard map. Traces go\nto an OTLP collector when the standard OTEL_* variables say so (for example\nOTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318); with none set, nowhere.\n\nFlags (environment variable in brackets):\n")
+		fmt.Fprintf(out, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join;\nwith --cluster and --routes the embedded servers of several shardd form one NATS\ncluster, which survives the loss of any one of three.\n\n--http serves Prometheus metrics, health probes and a live shard map. Traces go\nto an OTLP collector when the standard OTEL_* variables say so (for example\nOTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318); with none set, nowhere.\n\nFlags (environment variable in brackets):\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.NATS, "nats", env("NATS_URL", ""), "NATS server URL(s), comma-separated; empty starts an embedded server [NATS_URL]")
