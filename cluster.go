@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -129,6 +130,10 @@ func configureCluster(opts *server.Options, o ServerOptions, region string) erro
 	}
 	opts.ServerName = name
 	opts.LameDuckDuration, opts.LameDuckGracePeriod = lameDuck, lameDuckGrace
+	// A route to a member that is down is retried every second: say so
+	// on the first attempt and once a minute, not at every attempt
+	// (nats-server's default for a route that had connected).
+	opts.ReconnectErrorReports = 60
 	return nil
 }
 
@@ -231,3 +236,21 @@ func (n *Node) jetStreamCurrent() error {
 	}
 	return fmt.Errorf("the embedded NATS server's JetStream is not current with the cluster yet: %s", why)
 }
+
+// serverLog passes a clustered embedded server's log on to the node's
+// logger (component=nats-server): its warnings and errors (a route that
+// cannot connect, a JetStream catch-up that failed) at WARN, its notices
+// (routes made, leaders elected) at DEBUG. A standalone embedded server
+// logs nothing, as before.
+type serverLog struct{ l *slog.Logger }
+
+func (s serverLog) Noticef(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s serverLog) Warnf(format string, v ...any) {
+	if msg := fmt.Sprintf(format, v...); !strings.HasPrefix(msg, "Plaintext passwords detected") {
+		s.l.Warn(msg) // (the system user's password is made in process, and never leaves it)
+	}
+}
+func (s serverLog) Errorf(format string, v ...any) { s.l.Warn(fmt.Sprintf(format, v...)) }
+func (s serverLog) Fatalf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }
+func (s serverLog) Debugf(format string, v ...any) {}
+func (s serverLog) Tracef(format string, v ...any) {}

@@ -225,7 +225,7 @@ func (n *Node) connect() error {
 		var extra []nats.Option
 		var sys *sysUser
 		if url == "" {
-			srv, su, err := startServer(o.Server, o.Region)
+			srv, su, err := startServer(o.Server, o.Region, n.log)
 			if err != nil {
 				return fmt.Errorf("natshard: %w", err)
 			}

@@ -2,6 +2,7 @@ package natshard
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -23,8 +24,9 @@ import (
 // credentials, every other client, is in the global account as before).
 //
 // With Cluster and Routes it is a member of an embedded cluster
-// (cluster.go), named after region on its first start.
-func startServer(o ServerOptions, region string) (*server.Server, *sysUser, error) {
+// (cluster.go), named after region on its first start, and logs its
+// warnings to log.
+func startServer(o ServerOptions, region string, log *slog.Logger) (*server.Server, *sysUser, error) {
 	host, port, err := splitHostPort(o.Listen)
 	if err != nil {
 		return nil, nil, fmt.Errorf("Server.Listen: %w", err)
@@ -83,6 +85,9 @@ func startServer(o ServerOptions, region string) (*server.Server, *sysUser, erro
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	if o.clustered() {
+		s.SetLogger(serverLog{log.With("component", "nats-server")}, false, false)
 	}
 	s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
