@@ -237,8 +237,12 @@ func (n *Node) connect() error {
 				// The node's connection learns the other members' client
 				// URLs from the cluster (nats.go's discovered servers);
 				// its own server only dies with this process.
+				members := clusterSize(o.Server)
 				n.log.Info("embedded NATS server is a cluster member", "name", srv.Name(), "cluster", srv.ClusterName(),
-					"cluster_listen", o.Server.Cluster, "routes", strings.Join(o.Server.Routes, ","), "members", clusterSize(o.Server))
+					"cluster_listen", o.Server.Cluster, "routes", strings.Join(o.Server.Routes, ","), "members", members)
+				if members < 3 {
+					n.log.Warn("an embedded cluster of fewer than three members stops when any one is lost (JetStream needs a majority): list three in Server.Routes (shardd --routes)", "members", members)
+				}
 			}
 			// The TLS files are the server's; the node connects in
 			// process, where the server offers TLS without requiring it.
