@@ -15,7 +15,12 @@ import (
 // (Akka's disabled-after), so that a rolling update cannot stall on a
 // coordinator that does not come. What is always checked: the node
 // serves (not stopping, not failed), its connection is up and each region
-// is registered: a fenced region serves nothing until it registers again.
+// is registered: a fenced region serves nothing until it registers again;
+// and a member of an embedded cluster is ready only while its server's
+// JetStream is current with the cluster (nats-server's /healthz: its meta
+// group and its replicas caught up), so that a rolling restart that waits
+// for each member's readiness never takes down a second replica before the
+// first one caught up.
 // package web serves both on /healthz and /readyz.
 
 // DefaultReadyAfter is the default of Options.ReadyAfter.
@@ -60,6 +65,9 @@ func (n *Node) Ready() error {
 	default:
 	}
 	if err := n.Healthy(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotReady, err)
+	}
+	if err := n.jetStreamCurrent(); err != nil {
 		return fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	waiting := n.opts.ReadyAfter < 0 || time.Since(n.started) < n.opts.ReadyAfter

@@ -225,7 +225,7 @@ func (n *Node) connect() error {
 		var extra []nats.Option
 		var sys *sysUser
 		if url == "" {
-			srv, su, err := startServer(o.Server)
+			srv, su, err := startServer(o.Server, o.Region, n.log)
 			if err != nil {
 				return fmt.Errorf("natshard: %w", err)
 			}
@@ -233,6 +233,17 @@ func (n *Node) connect() error {
 			url = srv.ClientURL()
 			n.log.Info("embedded NATS server started", "url", url, "data_dir", o.Server.DataDir,
 				"operator_mode", o.Server.AuthDir != "", "tls", o.Server.TLS.Cert != "")
+			if o.Server.clustered() {
+				// The node's connection learns the other members' client
+				// URLs from the cluster (nats.go's discovered servers);
+				// its own server only dies with this process.
+				members := clusterSize(o.Server)
+				n.log.Info("embedded NATS server is a cluster member", "name", srv.Name(), "cluster", srv.ClusterName(),
+					"cluster_listen", o.Server.Cluster, "routes", strings.Join(o.Server.Routes, ","), "members", members)
+				if members < 3 {
+					n.log.Warn("an embedded cluster of fewer than three members stops when any one is lost (JetStream needs a majority): list three in Server.Routes (shardd --routes)", "members", members)
+				}
+			}
 			// The TLS files are the server's; the node connects in
 			// process, where the server offers TLS without requiring it.
 			client = auth.Client{Creds: o.Creds}
@@ -358,6 +369,9 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	subjects, err := protocol.NewSubjects(n.opts.DataPrefix, n.opts.ControlPrefix, t.Name)
 	if err != nil {
 		return fmt.Errorf("natshard: type %q: %w", t.Name, err)
+	}
+	if t.Replicas == 0 && n.srv != nil && n.opts.Server.clustered() {
+		t.Replicas = clusterReplicas(n.opts.Server) // an embedded cluster's size, at most 3
 	}
 	t = t.withLocalDefaults() // the byte limits are needed before the stored configuration is read
 	h := &hosted{t: t, node: n, log: log, subjects: subjects, tracer: n.tracer}
@@ -609,11 +623,19 @@ func (n *Node) unregisterMetrics() {
 	}
 }
 
+// shutdownServer stops the embedded server. A cluster member first hands
+// the leadership of its JetStream assets to the other members and closes
+// its clients (they reconnect to the others), in lameDuck: nats-server's
+// lame duck mode.
 func (n *Node) shutdownServer() {
-	if n.srv != nil {
-		n.srv.Shutdown()
-		n.srv.WaitForShutdown()
+	if n.srv == nil {
+		return
 	}
+	if n.opts.Server.clustered() {
+		n.srv.LameDuckShutdown()
+	}
+	n.srv.Shutdown()
+	n.srv.WaitForShutdown()
 }
 
 // finish closes Done, with err as the reason (nil for a stop).

@@ -214,8 +214,33 @@ type ServerOptions struct {
 	AuthDir string
 	// TLS: with Cert and Key the server requires TLS of its clients, with
 	// CA also a client certificate signed by it. The node itself connects
-	// in process.
+	// in process. (Routes between the members of an embedded cluster are
+	// not encrypted: keep the Cluster port on a private network.)
 	TLS TLSFiles
+
+	// Cluster is the address, host:port, on which the server listens for
+	// the routes of the other members of an embedded cluster
+	// (nats-server's --cluster), like 0.0.0.0:6222; empty: a standalone
+	// server. With it, Routes is required: the servers of several
+	// processes then form one NATS cluster with JetStream on every member,
+	// and the types' replicas follow its size (Type.Replicas). Three
+	// members survive the loss of any one (docs/OPERATIONS.md, "An
+	// embedded cluster").
+	Cluster string
+	// Routes are the route URLs of the cluster's members, like
+	// nats-route://host-1:6222 (nats-server's --routes). Give every
+	// member the same list, itself included, as nats-server's
+	// documentation does: a route to itself is ignored, and the list's
+	// length is the cluster's size that JetStream expects.
+	Routes []string
+	// ClusterName is the cluster's name, the same on every member;
+	// empty means DefaultClusterName.
+	ClusterName string
+	// Name is the server's name in the cluster, unique among its members
+	// and stable across restarts on one DataDir (JetStream knows its peers
+	// by it). Empty: the name kept in DataDir, or on a first start
+	// "natshard-<Options.Region>", kept there.
+	Name string
 }
 
 // TLSFiles name PEM files.
@@ -314,8 +339,11 @@ func (o *Options) validate() error {
 	if embedded && o.Server.DataDir == "" {
 		errs = append(errs, errors.New("Server.DataDir: needed for the embedded server"))
 	}
-	if !embedded && (o.Server.AuthDir != "" || o.Server.TLS != (TLSFiles{})) {
+	if !embedded && (o.Server.AuthDir != "" || o.Server.TLS != (TLSFiles{}) || o.Server.clustered()) {
 		errs = append(errs, errors.New("Server: configures the embedded server, which is not started with Conn or NATS"))
+	}
+	if embedded {
+		errs = append(errs, o.Server.validateCluster()...)
 	}
 	if embedded && (o.TLS.Cert != "" || o.TLS.Key != "") {
 		errs = append(errs, errors.New("TLS: the client side of TLS to NATS; for the embedded server set Server.TLS"))

@@ -2,9 +2,8 @@ package natshard
 
 import (
 	"fmt"
-	"net"
+	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -23,14 +22,14 @@ import (
 // password is made here and returned: the node connects with it in
 // process to read the servers' disconnect advisories (the user without
 // credentials, every other client, is in the global account as before).
-func startServer(o ServerOptions) (*server.Server, *sysUser, error) {
-	host, portStr, err := net.SplitHostPort(o.Listen)
+//
+// With Cluster and Routes it is a member of an embedded cluster
+// (cluster.go), named after region on its first start, and logs its
+// warnings to log.
+func startServer(o ServerOptions, region string, log *slog.Logger) (*server.Server, *sysUser, error) {
+	host, port, err := splitHostPort(o.Listen)
 	if err != nil {
-		return nil, nil, fmt.Errorf("Server.Listen: %q is not host:port: %w", o.Listen, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, nil, fmt.Errorf("Server.Listen: port %q is not a port number", portStr)
+		return nil, nil, fmt.Errorf("Server.Listen: %w", err)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
@@ -49,6 +48,11 @@ func startServer(o ServerOptions) (*server.Server, *sysUser, error) {
 		NoSigs:                 true,
 		NoLog:                  true,
 		DisableJetStreamBanner: true,
+	}
+	if o.clustered() {
+		if err := configureCluster(opts, o, region); err != nil {
+			return nil, nil, err
+		}
 	}
 	var sys *sysUser
 	if o.AuthDir == "" {
@@ -81,6 +85,9 @@ func startServer(o ServerOptions) (*server.Server, *sysUser, error) {
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	if o.clustered() {
+		s.SetLogger(serverLog{log.With("component", "nats-server")}, false, false)
 	}
 	s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {

@@ -104,9 +104,11 @@ type Type struct {
 	// entity handled it: a crash or a lost NATS server loses nothing that
 	// the stream acknowledged). docs/PROTOCOL.md, "Durable delivery".
 	Delivery Delivery
-	// Replicas of the type's KV bucket and buffer stream when they are
-	// created (3 on a NATS cluster); DefaultReplicas by default. Existing
-	// ones are used as they are.
+	// Replicas of the type's KV bucket and buffer stream (and durable
+	// message stream) when they are created (3 on a NATS cluster). Zero
+	// means the size of the node's embedded cluster, at most 3, with
+	// ServerOptions.Cluster; else DefaultReplicas. Existing ones are used
+	// as they are.
 	Replicas int
 	// IdleTimeout passivates entities idle this long; Off never.
 	IdleTimeout time.Duration

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,9 +27,13 @@ import (
 // config is shardd's configuration: flags, with NATSHARD_* environment
 // variables (and NATS_URL) as defaults.
 type config struct {
-	NATS          string
-	Listen        string
-	DataDir       string
+	NATS    string
+	Listen  string
+	DataDir string
+	// The embedded cluster (nats-server's flag names).
+	Cluster       string   // --cluster: route listen address
+	Routes        []string // --routes: every member's route URL
+	ClusterName   string   // --cluster_name (--cluster-name)
 	Type          string
 	Kind          string
 	TraceSubject  string
@@ -115,12 +120,18 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs := flag.NewFlagSet("shardd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join.\n\n--http serves Prometheus metrics, health probes and a live shard map. Traces go\nto an OTLP collector when the standard OTEL_* variables say so (for example\nOTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318); with none set, nowhere.\n\nFlags (environment variable in brackets):\n")
+		fmt.Fprintf(out, "Usage: shardd [flags]\n\nRuns a natshard region (and coordinator candidate). With no NATS URL it starts\nan embedded NATS server with JetStream that other shardd and clients can join;\nwith --cluster and --routes the embedded servers of several shardd form one NATS\ncluster, which survives the loss of any one of three.\n\n--http serves Prometheus metrics, health probes and a live shard map. Traces go\nto an OTLP collector when the standard OTEL_* variables say so (for example\nOTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318); with none set, nowhere.\n\nFlags (environment variable in brackets):\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.NATS, "nats", env("NATS_URL", ""), "NATS server URL(s), comma-separated; empty starts an embedded server [NATS_URL]")
 	fs.StringVar(&c.Listen, "listen", env("NATSHARD_LISTEN", natshard.DefaultListen), "address of the embedded NATS server [NATSHARD_LISTEN]")
 	fs.StringVar(&c.DataDir, "data-dir", env("NATSHARD_DATA_DIR", natshard.DefaultDataDir()), "JetStream store of the embedded server [NATSHARD_DATA_DIR]")
+	fs.StringVar(&c.Cluster, "cluster", env("NATSHARD_CLUSTER", ""), "route listen address of the embedded server, host:port like 0.0.0.0:6222 (nats-server's --cluster): with --routes, the embedded servers of several shardd form one NATS cluster with JetStream on each, which survives the loss of any one of three (docs/OPERATIONS.md); empty: a standalone server [NATSHARD_CLUSTER]")
+	routes := env("NATSHARD_ROUTES", "")
+	fs.StringVar(&routes, "routes", routes, "with --cluster: the route URLs of every member of the embedded cluster, this one's included, comma-separated, like nats-route://host-1:6222,nats-route://host-2:6222,nats-route://host-3:6222 (nats-server's --routes); the same list on every member [NATSHARD_ROUTES]")
+	clusterName := env("NATSHARD_CLUSTER_NAME", natshard.DefaultClusterName)
+	fs.StringVar(&c.ClusterName, "cluster_name", clusterName, "with --cluster: the embedded cluster's name, the same on every member (nats-server's --cluster_name) [NATSHARD_CLUSTER_NAME]")
+	fs.StringVar(&c.ClusterName, "cluster-name", clusterName, "same as --cluster_name")
 	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
 	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "entity kind: kv, echo, trace (diagnostic), or http (the entities live in the app at --app); stored per type, a process that disagrees refuses to start [NATSHARD_KIND]")
 	fs.StringVar(&c.Sidecar.App, "app", env("NATSHARD_APP", ""), "with --kind http: the URL of the app that hosts the entities, like http://127.0.0.1:8080 (docs/SIDECAR.md) [NATSHARD_APP]")
@@ -136,7 +147,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.BoolVar(&c.NoCoordinator, "no-coordinator", envBool("NATSHARD_NO_COORDINATOR"), "host a region but never take the coordinator lease [NATSHARD_NO_COORDINATOR]")
 	fs.BoolVar(&c.NoRegion, "no-region", envBool("NATSHARD_NO_REGION"), "host no region: only a coordinator candidate [NATSHARD_NO_REGION]")
 	fs.IntVar(&c.MinRegions, "min-regions", envInt("NATSHARD_MIN_REGIONS", natshard.DefaultMinRegions), "allocate no shard before this many regions registered [NATSHARD_MIN_REGIONS]")
-	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", natshard.DefaultReplicas), "replicas of the KV bucket when it is created (3 on a cluster) [NATSHARD_REPLICAS]")
+	fs.IntVar(&c.Replicas, "replicas", envInt("NATSHARD_REPLICAS", 0), fmt.Sprintf("replicas of the type's KV bucket and streams when they are created; 0 (auto): the embedded cluster's size at most 3 with --routes, else %d; give 3 on an external NATS cluster [NATSHARD_REPLICAS]", natshard.DefaultReplicas))
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", envDur("NATSHARD_IDLE_TIMEOUT", natshard.DefaultIdleTimeout), "passivate entities idle this long; 0 never (and never with --remember) [NATSHARD_IDLE_TIMEOUT]")
 	fs.IntVar(&c.MaxActive, "max-active", envInt("NATSHARD_MAX_ACTIVE", 0), "most active entities in this region: beyond it, idle ones are passivated, chosen by --passivation-policy; 0 no limit [NATSHARD_MAX_ACTIVE]")
 	fs.StringVar(&c.Passivation, "passivation-policy", env("NATSHARD_PASSIVATION_POLICY", natshard.PassivationWTinyLFU), "which entities --max-active passivates: w-tinylfu (frequency-aware, Akka's default) or lru (least recently used) [NATSHARD_PASSIVATION_POLICY]")
@@ -199,6 +210,18 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q (shardd takes only flags)", fs.Arg(0))
 	}
+	for _, r := range strings.Split(routes, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			c.Routes = append(c.Routes, r)
+		}
+	}
+	if c.Cluster == "" {
+		explicit := getenv("NATSHARD_CLUSTER_NAME") != ""
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "cluster_name" || f.Name == "cluster-name" })
+		if explicit {
+			return c, errors.New("--cluster_name: only with --cluster and --routes (the embedded cluster's name)")
+		}
+	}
 	if c.Remember {
 		// Remembered entities are never passivated for idleness: the
 		// default does not apply, and an explicit value is refused.
@@ -252,8 +275,26 @@ func (c *config) Validate() error {
 	if c.MinRegions < 0 {
 		errs = append(errs, fmt.Errorf("--min-regions: %d is negative", c.MinRegions))
 	}
-	if c.Replicas < 1 || c.Replicas > 5 {
-		errs = append(errs, fmt.Errorf("--replicas: %d is out of range 1..5", c.Replicas))
+	if c.Replicas < 0 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("--replicas: %d is out of range 0..5 (0: auto)", c.Replicas))
+	}
+	switch {
+	case c.NATS != "" && (c.Cluster != "" || len(c.Routes) > 0):
+		errs = append(errs, errors.New("--cluster/--routes: make the embedded servers of several shardd one NATS cluster; with --nats no embedded server is started: give one or the other"))
+	case c.Cluster == "" && len(c.Routes) > 0:
+		errs = append(errs, errors.New("--routes: needs --cluster, the address this shardd's embedded server listens on for the other members' routes (like 0.0.0.0:6222)"))
+	case c.Cluster != "" && len(c.Routes) == 0:
+		errs = append(errs, errors.New("--cluster: needs --routes, the route URLs of every member, this one's included (like nats-route://host-1:6222,nats-route://host-2:6222,nats-route://host-3:6222)"))
+	}
+	if c.Cluster != "" {
+		if _, port, err := net.SplitHostPort(c.Cluster); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("--cluster: %q is not host:port (like 0.0.0.0:6222)", c.Cluster))
+		}
+	}
+	for _, r := range c.Routes {
+		if u, err := url.Parse(r); err != nil || (u.Scheme != "nats-route" && u.Scheme != "nats") || u.Port() == "" {
+			errs = append(errs, fmt.Errorf("--routes: %q is not a route URL like nats-route://host:6222", r))
+		}
 	}
 	if c.IdleTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--idle-timeout: %s is negative", c.IdleTimeout))

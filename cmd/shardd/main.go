@@ -161,10 +161,14 @@ func (c config) natshard(log *slog.Logger) (natshard.Options, natshard.Type, err
 	tls := natshard.TLSFiles{Cert: c.Auth.TLSCert, Key: c.Auth.TLSKey, CA: c.Auth.TLSCA}
 	opts := natshard.Options{
 		NATS: c.NATS, Creds: c.Auth.Creds, SystemCreds: c.SystemCreds,
-		Server: natshard.ServerOptions{Listen: c.Listen, DataDir: c.DataDir, AuthDir: c.AuthDir},
+		Server: natshard.ServerOptions{Listen: c.Listen, DataDir: c.DataDir, AuthDir: c.AuthDir,
+			Cluster: c.Cluster, Routes: c.Routes, ClusterName: c.ClusterName},
 		Region: c.Region, Name: "shardd " + c.Region, Version: c.Version, NoCoordinator: c.NoCoordinator, NoRegion: c.NoRegion,
 		LeaseTTL: autoZero(c.LeaseTTL), StartTimeout: c.StartTimeout, ReleaseGrace: autoZero(offZero(c.ReleaseGrace)),
 		DataPrefix: c.DataPrefix, ControlPrefix: c.ControlPrefix, Logger: log,
+	}
+	if c.Cluster == "" {
+		opts.Server.ClusterName = "" // the library's default; no cluster
 	}
 	if c.NATS == "" {
 		opts.Server.TLS = tls // the embedded server's

@@ -40,7 +40,15 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{[]string{"--kind", "actor"}, nil, "--kind"},
 		{[]string{"--shards", "-1"}, nil, "--shards"},
 		{[]string{"--shards", "x"}, nil, "invalid value"},
-		{[]string{"--replicas", "0"}, nil, "--replicas"},
+		{[]string{"--replicas", "6"}, nil, "--replicas"},
+		{[]string{"--routes", "nats-route://127.0.0.1:6222"}, nil, "--routes: needs --cluster"},
+		{[]string{"--cluster", "127.0.0.1:6222"}, nil, "--cluster: needs --routes"},
+		{[]string{"--cluster", "6222", "--routes", "nats-route://127.0.0.1:6222"}, nil, "--cluster: \"6222\" is not host:port"},
+		{[]string{"--cluster", "127.0.0.1:6222", "--routes", "127.0.0.1:6222"}, nil, "--routes: \"127.0.0.1:6222\" is not a route URL"},
+		{[]string{"--nats", "nats://127.0.0.1:4222", "--cluster", "127.0.0.1:6222", "--routes", "nats-route://127.0.0.1:6222"}, nil, "with --nats no embedded server"},
+		{nil, map[string]string{"NATS_URL": "nats://127.0.0.1:4222", "NATSHARD_ROUTES": "nats-route://127.0.0.1:6222"}, "--cluster/--routes"},
+		{[]string{"--cluster_name", "x"}, nil, "--cluster_name: only with --cluster"},
+		{[]string{"--cluster-name", "x"}, nil, "--cluster_name: only with --cluster"},
 		{[]string{"--lease-ttl", "1500ms"}, nil, "--lease-ttl"},
 		{[]string{"--start-timeout", "0s"}, nil, "--start-timeout"},
 		{nil, map[string]string{"NATSHARD_START_TIMEOUT": "later"}, "NATSHARD_START_TIMEOUT"},
@@ -267,7 +275,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 		Server:     natshard.ServerOptions{Listen: natshard.DefaultListen, DataDir: natshard.DefaultDataDir()},
 		DataPrefix: protocol.DefaultDataPrefix, ControlPrefix: protocol.DefaultControlPrefix,
 	}
-	if opts.Region != want.Region || opts.Name != "shardd "+opts.Region || opts.Server != want.Server || opts.LeaseTTL != 0 || opts.ReleaseGrace != 0 ||
+	if opts.Region != want.Region || opts.Name != "shardd "+opts.Region || !reflect.DeepEqual(opts.Server, want.Server) || opts.LeaseTTL != 0 || opts.ReleaseGrace != 0 ||
 		opts.DataPrefix != want.DataPrefix || opts.ControlPrefix != want.ControlPrefix || opts.NATS != "" || opts.NoCoordinator ||
 		opts.StartTimeout != natshard.DefaultStartTimeout {
 		t.Errorf("shardd's options %+v, want the library's defaults %+v", opts, want)

@@ -22,9 +22,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifestDir holds the manifests; repoRoot is the main module.
+// manifestDir holds the manifests, embeddedDir the embedded cluster's
+// variant; repoRoot is the main module.
 const (
 	manifestDir = ".."
+	embeddedDir = "../embedded"
 	repoRoot    = "../../.."
 )
 
@@ -305,7 +307,12 @@ func TestShardd(t *testing.T) {
 // TestDisruptionBudgets: each PodDisruptionBudget selects the pods of one
 // workload of the manifests, and lets at most one go at a time.
 func TestDisruptionBudgets(t *testing.T) {
-	o := load(t, manifestDir)
+	for _, dir := range []string{manifestDir, embeddedDir} {
+		t.Run(filepath.Base(dir), func(t *testing.T) { checkBudgets(t, load(t, dir)) })
+	}
+}
+
+func checkBudgets(t *testing.T, o *objects) {
 	pods := map[string]map[string]string{} // workload -> its pods' labels
 	selects := map[string]*metav1.LabelSelector{}
 	for n, d := range o.deployments {
