@@ -71,6 +71,8 @@ var (
 	mRegionShards     = metricDesc{"natshard_region_shards", "Shards held by the region, by mode: replaying (bound, replaying the buffer), live, paused (handing off), suspended (held while the region confirms them after a reconnect to NATS).", prometheus.GaugeValue, []string{"mode"}}
 	mRegistered       = metricDesc{"natshard_region_registered", "1 while the region has a registration (its lease), 0 while it is fenced.", prometheus.GaugeValue, nil}
 	mSuspended        = metricDesc{"natshard_region_suspensions_total", "Times the region's connection to NATS dropped while it was registered: its live shards held what arrived until it confirmed them (or fenced).", prometheus.CounterValue, nil}
+	mStalls           = metricDesc{"natshard_region_stalls_total", "Times the region found it had not run for half the handoff timeout (its process stopped, a long GC pause, a VM stall) or had passed its registration deadline: its live shards held what arrived until it confirmed them (PROTOCOL.md, Zombie regions).", prometheus.CounterValue, nil}
+	mSourceFenced     = metricDesc{"natshard_region_handoffs_fenced_total", "Shards the region dropped as it paused them: the coordinator had fenced their handoff (it timed out while the region did not run).", prometheus.CounterValue, nil}
 	mFenced           = metricDesc{"natshard_region_fenced_total", "Times the region fenced itself: stopped serving every shard (registration lost or removed, renewals failing past their deadline, shards not confirmed in time after a reconnect).", prometheus.CounterValue, nil}
 	mRegionRenewFails = metricDesc{"natshard_region_lease_renewals_failed_total", "Renewals of the region's registration that failed.", prometheus.CounterValue, nil}
 	mCommandsRefused  = metricDesc{"natshard_region_commands_refused_total", "Coordinator commands the region refused (stale epoch, another incarnation, malformed, or the region closing, not registered or suspended).", prometheus.CounterValue, nil}
@@ -93,7 +95,7 @@ var (
 	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message stream (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
 
 	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes,
-		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mSuspended, mRegionRenewFails, mCommandsRefused,
+		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mSuspended, mStalls, mSourceFenced, mRegionRenewFails, mCommandsRefused,
 		mStreamMsgs}
 	coordinatorMetrics = []metricDesc{mLeader, mEpoch, mTerms, mCoordRenewFails, mTable, mStarted, mCompleted, mTimedOut, mForced,
 		mRounds, mRoundMoves, mParked, mParkRefused}
@@ -221,7 +223,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 		{mBuffered, s.Buffered.Load()}, {mReplayed, s.Replayed.Load()}, {mHeld, s.Held.Load()},
 		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
 		{mRestarts, s.Restarted.Load()},
-		{mFenced, s.Fenced.Load()}, {mSuspended, s.Suspended.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
+		{mFenced, s.Fenced.Load()}, {mSuspended, s.Suspended.Load()}, {mStalls, s.Stalls.Load()}, {mSourceFenced, s.SourceFenced.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
 	} {
 		m.emit(ch, c.d, float64(c.n), typ)
 	}

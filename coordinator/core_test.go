@@ -200,11 +200,15 @@ func TestSourceDiesMidHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h := s.c.Table()[sh].Handoff
 	s.run(acts)
 	s.ticks(s.c.cfg.Silence)
 	s.settled()
 	if c := s.counts(); c["b"] != 4 {
 		t.Fatalf("want every shard on b, got %v", c)
+	}
+	if !slices.Equal(s.fences[sh], []uint64{h}) { // a may be frozen, not dead
+		t.Fatalf("shard %d fenced %v, want handoff %d", sh, s.fences[sh], h)
 	}
 }
 
@@ -220,10 +224,14 @@ func TestSourceDiesAfterPausing(t *testing.T) {
 	}
 	acts, _ := s.c.Move(sh, "b")
 	s.run(acts)
+	h := s.c.Table()[sh].Handoff
 	s.ticks(s.c.cfg.Silence + s.c.cfg.Retry)
 	s.settled()
 	if s.owner(sh) != "b" {
 		t.Fatalf("shard %d on %s", sh, s.owner(sh))
+	}
+	if !slices.Equal(s.fences[sh], []uint64{h}) { // before the marker written for a
+		t.Fatalf("shard %d fenced %v, want handoff %d", sh, s.fences[sh], h)
 	}
 }
 
@@ -263,9 +271,15 @@ func TestHandOffTimeoutForcesReallocation(t *testing.T) {
 	}
 	acts, _ := s.c.Move(sh, "b")
 	s.run(acts)
+	h := s.c.Table()[sh].Handoff
 	s.ticks(cfg.HandOffTimeout + 1)
 	if len(s.warnings) != 1 || !strings.Contains(s.warnings[0], "timed out") {
 		t.Fatalf("warnings %v", s.warnings)
+	}
+	// The handoff is fenced before the coordinator diverts (PROTOCOL.md,
+	// Zombie regions): a frozen a's later appends are never replayed.
+	if !slices.Equal(s.fences[sh], []uint64{h}) {
+		t.Fatalf("shard %d fenced %v, want handoff %d", sh, s.fences[sh], h)
 	}
 	s.settled()
 	if s.owner(sh) != "b" || s.regions["a"].modes[sh] != "" {

@@ -22,6 +22,7 @@ type sim struct {
 	removed []string                     // regions removed by RemoveRegion actions that succeeded
 	parked  map[int]uint64               // shards the coordinator diverts, with handoff id
 	markers map[int][]uint64             // end markers written per shard
+	fences  map[int][]uint64             // handoffs fenced per shard (Park.Fence, Mark.Fence)
 	pins    map[int]string               // pins as written by WritePin actions
 	// hooks let a scenario intercept a command before the region answers.
 	intercept func(s Send) (CommandDone, bool)
@@ -54,7 +55,7 @@ func newSim(t testing.TB, cfg CoreConfig) *sim {
 // newSimAt starts the sim with a coordinator that takes over table with
 // regions registered; unchecked as in sim.
 func newSimAt(t testing.TB, cfg CoreConfig, table []protocol.ShardRecord, regions []*simRegion, unchecked bool) *sim {
-	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}, pins: map[int]string{}, unchecked: unchecked}
+	s := &sim{t: t, regions: map[string]*simRegion{}, table: map[int]protocol.ShardRecord{}, parked: map[int]uint64{}, markers: map[int][]uint64{}, fences: map[int][]uint64{}, pins: map[int]string{}, unchecked: unchecked}
 	seen := make([]RegionSeen, len(regions))
 	for i, r := range regions {
 		s.regions[r.id] = r
@@ -127,6 +128,9 @@ func (s *sim) run(acts []Action) {
 			ev = s.answer(a)
 			about = a.Command.Shards
 		case Park:
+			if a.Fence != 0 {
+				s.fences[a.Shard] = append(s.fences[a.Shard], a.Fence)
+			}
 			s.parked[a.Shard] = a.Handoff
 			about = []int{a.Shard}
 		case Unpark:
@@ -142,6 +146,9 @@ func (s *sim) run(acts []Action) {
 			ev = Unparked{Shard: a.Shard, Handoff: a.Handoff}
 			about = []int{a.Shard}
 		case Mark:
+			if a.Fence {
+				s.fences[a.Shard] = append(s.fences[a.Shard], a.Handoff)
+			}
 			s.mark(a.Shard, a.Handoff)
 			ev = Marked{Shard: a.Shard, Handoff: a.Handoff}
 			about = []int{a.Shard}

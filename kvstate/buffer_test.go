@@ -41,6 +41,7 @@ func TestBuffer(t *testing.T) {
 			t.Run("TooLarge", env.testTooLarge)
 			t.Run("Purge", env.testPurge)
 			t.Run("Fence", env.testFence)
+			t.Run("WhyNoConditionalFence", env.testWhyNoConditionalFence)
 			t.Run("ReplayCancel", env.testReplayCancel)
 			t.Run("ReplayConsumerLost", env.testReplayConsumerLost)
 			t.Run("FlushWhileAppending", env.testFlushWhileAppending)
@@ -557,6 +558,52 @@ func (e *bufEnv) testFence(t *testing.T) {
 	mark(t, b, shard, 11)
 	got, _ = replayAll(t, b, shard, 11)
 	sameMsgs(t, got, last)
+}
+
+// testWhyNoConditionalFence records the server fact that rules out a
+// fence the server enforces on each append (PROTOCOL.md, Zombie regions):
+// appends conditional on the fence subject's last sequence
+// (Nats-Expected-Last-Subject-Sequence with -Subject) pass on R1, but on
+// a replicated stream the server refuses a conditional publish while
+// another on the same subject is in process, so pipelined appends are
+// refused (198 and 199 of 200 when measured). If a server version stops refusing
+// them, the design can be revisited.
+func (e *bufEnv) testWhyNoConditionalFence(t *testing.T) {
+	ctx := testCtx(t)
+	name := fmt.Sprintf("cond%d", e.replicas)
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".*.*"}, Replicas: e.replicas}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for range n {
+		m := &nats.Msg{Subject: name + ".1.m", Data: []byte("x"), Header: nats.Header{
+			"Nats-Expected-Last-Subject-Sequence":         {"0"},
+			"Nats-Expected-Last-Subject-Sequence-Subject": {name + ".1.f"},
+		}}
+		f, err := e.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	refused := 0
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case <-f.Err():
+			refused++
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	t.Logf("R%d: %d of %d pipelined conditional appends refused", e.replicas, refused, n)
+	if e.replicas == 1 && refused != 0 {
+		t.Errorf("R1 refused %d conditional appends", refused)
+	}
+	if e.replicas > 1 && refused == 0 {
+		t.Logf("R%d refused none: this server no longer serializes conditional publishes; a server-enforced fence may be possible", e.replicas)
+	}
 }
 
 // testReplayCancel: Replay waiting for its marker ends with ctx's error

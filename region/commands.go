@@ -17,13 +17,13 @@ func (a *Agent) onCommand(m *nats.Msg) {
 	if err != nil {
 		a.limit.log(a.log, "bad-command", "refused a malformed command", "err", err)
 	}
-	if a.clock.pastDeadline() {
-		// The registration was not renewed in time (the region was
-		// stopped, or could not reach JetStream): the coordinator may have
-		// removed the region and given its shards away. Fence, as the
-		// lease loop does when it gets to it; the core then refuses the
-		// command (not registered).
-		a.Fence("the registration deadline passed without a renewal")
+	if now, gap, stalled := a.clock.check(); stalled {
+		// The region did not run for a while, or its registration was
+		// not renewed in time: the coordinator may have given its shards
+		// away, and this command may be an old one. Suspend first
+		// (stall.go): the core then refuses it (suspended) until the
+		// shards are confirmed, and the coordinator sends it again.
+		a.stalled(gap, now)
 	}
 	a.post(commandIn{CommandIn: CommandIn{ID: a.nextCmd.Add(1), Cmd: cmd, Err: err}, msg: m})
 }

@@ -21,10 +21,21 @@
 //     a reply subject marked unique: protocol.MessageKey) was replayed,
 //     the shard goes live and the buffer is purged up to the marker;
 //   - live: arrivals go straight to the entities;
-//   - paused (HandOff): arrivals are appended to the shard's buffer and the
-//     entities stop; Release keeps diverting for Config.ReleaseGrace, drains
-//     the subscription (what it received is still buffered), forgets the shard
-//     and appends the end marker.
+//   - paused (HandOff): arrivals are appended to the shard's buffer, naming
+//     the handoff, and the entities stop; Release keeps diverting for
+//     Config.ReleaseGrace, drains the subscription (what it received is
+//     still buffered), forgets the shard and appends the end marker. A
+//     pause that finds its handoff fenced in the buffer (the coordinator
+//     took the shard while this region did not run) drops the shard.
+//
+// # Zombies
+//
+// A region that did not run for Config.StallLimit (its process stopped, a
+// long GC pause, a VM stall), or passed its registration deadline, may
+// have lost shards meanwhile: it suspends its live shards until it has
+// confirmed them against the shard table, as after a lost connection, and
+// refuses the messages queued for its entities before the stall
+// (stall.go; PROTOCOL.md, Zombie regions).
 //
 // Drop, Fence and Close end any mode at once, without end marker. The mode
 // changes under the shard's lock and every delivery to the entities happens

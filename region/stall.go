@@ -22,12 +22,11 @@ import (
 // checks the beat too, so that a message taken from the subscription
 // before the watch ran after the stall is held, not handled.
 //
-// A command received after a stall is refused while the region is
-// suspended; one that the driver takes before the watch ran is fenced
-// otherwise (a stale pause by the buffer's fence, kvstate.Buffer.Fence;
-// the rest by the epoch and the table's state). And a region whose
-// registration deadline passed without a renewal fences itself when a
-// command arrives (Agent.onCommand), as its lease loop would.
+// A command checks the clock as it arrives (Agent.onCommand), before the
+// core sees it: after a stall, or past the registration deadline, it is
+// refused while the region is suspended, and the coordinator sends it
+// again. A stale pause is also fenced by the buffer's fence
+// (kvstate.Buffer.Fence).
 
 // stallBeat is the period of the stall watch.
 const stallBeat = 100 * time.Millisecond
@@ -55,16 +54,6 @@ func (c *stallClock) at(t time.Time) int64 { return int64(t.Sub(c.base)) }
 func (c *stallClock) stalledAt(now int64) (time.Duration, bool) {
 	gap := now - c.beat.Load()
 	return time.Duration(gap), c.limit > 0 && gap >= c.limit
-}
-
-// pastDeadline reports whether the registration deadline has passed
-// without a renewal (always false without a stall watch).
-func (c *stallClock) pastDeadline() bool {
-	if c.limit == 0 {
-		return false
-	}
-	d := c.deadline.Load()
-	return d != 0 && c.now() >= d
 }
 
 // check reads the clock once (not at all without a stall watch) and
@@ -120,10 +109,15 @@ func (a *Agent) stallCount(check bool) uint64 {
 // reconnect. Only then does the beat move on, so that a delivery that
 // sees the old beat has found its shard suspended when it looks again.
 func (a *Agent) stalled(gap time.Duration, now int64) {
-	a.stats.Stalls.Add(1)
-	a.limit.log(a.log, "stalled", "the region was not running for a while (stopped, a long GC pause, a VM stall), or its registration deadline passed: it may have lost shards meanwhile; suspending them until it has confirmed them", "gap", gap.Round(time.Millisecond))
-	a.Suspend("stalled for " + gap.Round(time.Millisecond).String())
-	a.Reconnected()
+	a.mu.Lock()
+	serving := a.registered && !a.closed // fenced or closing: nothing to suspend
+	a.mu.Unlock()
+	if serving {
+		a.stats.Stalls.Add(1)
+		a.limit.log(a.log, "stalled", "the region was not running for a while (stopped, a long GC pause, a VM stall), or its registration deadline passed: it may have lost shards meanwhile; suspending them until it has confirmed them", "gap", gap.Round(time.Millisecond))
+		a.Suspend("stalled for " + gap.Round(time.Millisecond).String())
+		a.Reconnected()
+	}
 	for {
 		old := a.clock.beat.Load()
 		if old >= now || a.clock.beat.CompareAndSwap(old, now) {

@@ -1,0 +1,75 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
+)
+
+// TestStallSuspendsUntilConfirmed (PROTOCOL.md, Zombie regions): a region
+// that did not run for longer than its stall limit (its process was
+// stopped) may have lost shards meanwhile: the coordinator gave shard 1 to
+// another region. Its messages, taken from the subscription once the
+// region runs again, must not reach the entity: the region suspends its
+// shards, renews its registration and confirms them against the table,
+// serves shard 0 again (what it held first, in order) and refuses what
+// it held for shard 1.
+func TestStallSuspendsUntilConfirmed(t *testing.T) {
+	f := newFixture(t) // stall limit: a minute
+	ctx := context.Background()
+	f.bind(t, f.epoch, 0, 1)
+	waitFor(t, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
+	for _, row := range []protocol.ShardRecord{
+		{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch},
+		{Shard: 1, Region: "r2", Incarnation: "other", State: protocol.StateBinding, Epoch: f.epoch}, // given away meanwhile
+	} {
+		if _, err := f.store.PutShard(ctx, f.lease, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers, err := f.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.agent.Stall(2 * time.Minute)
+	const n = 20
+	for i := range n {
+		for _, shard := range []int{0, 1} {
+			m := nats.NewMsg(f.subjects.EntityOf(idIn(shard), shards))
+			m.Reply, m.Data = answers.Subject, fmt.Appendf(nil, "%d-%d", shard, i)
+			if err := f.nc.PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var got []string
+	refused := 0
+	for range 2 * n {
+		m, err := answers.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(got)+refused, err)
+		}
+		if m.Header.Get(protocol.HeaderRefused) == protocol.RefusedNotOwned {
+			refused++
+			continue
+		}
+		got = append(got, string(m.Data))
+	}
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("0-%d", i)
+	}
+	if !slices.Equal(got, want) || refused != n {
+		t.Fatalf("answered %v and %d refusals; want %v and %d", got, refused, want, n)
+	}
+	st := f.agent.Stats()
+	if h := f.agent.Held(); !slices.Equal(h, []int{0}) || st.Stalls.Load() == 0 || st.Confirmed.Load() != 1 || st.Fenced.Load() != 0 {
+		t.Fatalf("held %v, stalls %d, confirmed %d, fenced %d", h, st.Stalls.Load(), st.Confirmed.Load(), st.Fenced.Load())
+	}
+}
