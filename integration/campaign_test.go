@@ -29,7 +29,7 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("campaign.duration", 30*time.Second, "TestCampaign: how long the load runs under faults, per seed and mode")
+	campaignDuration = flag.Duration("campaign.duration", 40*time.Second, "TestCampaign: how long the load runs under faults, per seed and mode")
 	campaignSeeds    = flag.String("campaign.seeds", "1", "TestCampaign: seeds of the fault schedules, comma-separated")
 	campaignModes    = flag.String("campaign.modes", "core,durable", "TestCampaign: delivery modes, comma-separated")
 	campaignRate     = flag.Int("campaign.rate", 0, "TestCampaign: appends/s in all; 0: 300 with the race detector, 1500 without")
@@ -192,9 +192,6 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 
 	entities := load.read(t, r.nc)
 	rep := campaign.Check(mode, entities, r.faults)
-	for _, line := range r.log {
-		t.Log(line)
-	}
 	byKind := map[campaign.Kind]int{}
 	for _, f := range r.faults {
 		byKind[f.Kind]++
@@ -233,9 +230,7 @@ func (r *campaignRun) logf(format string, args ...any) {
 		at = fmt.Sprintf("t=%s", time.Since(r.start).Round(time.Millisecond))
 	}
 	line := fmt.Sprintf("campaign: %s seed %d %s %s: %s", r.mode, r.seed, time.Now().UTC().Format("15:04:05.000"), at, fmt.Sprintf(format, args...))
-	r.mu.Lock()
-	r.log = append(r.log, line)
-	r.mu.Unlock()
+	r.t.Log(line)
 }
 
 // startRegion starts region i (again), through its proxies.

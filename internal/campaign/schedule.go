@@ -118,8 +118,9 @@ const (
 	maxAtOnce        = 2
 )
 
-// Schedule returns the faults of the run with seed: one every 3-8 s, at
-// most two in force at once, each healed after 1-10 s (a SIGSTOP 1-12 s);
+// Schedule returns the faults of the run with seed: one every 3-8 s (or,
+// when two are in force, 1 s after the first of them heals), at most two
+// in force at once, each healed after 1-10 s (a SIGSTOP 1-12 s);
 // at most one fault at a time on each region and on the NATS cluster (so
 // that a majority of servers always routes to each other: the cluster
 // keeps its quorum), at most one coordinator kill at a time. It is a pure
@@ -147,6 +148,10 @@ func Schedule(seed uint64, cfg Config) []Fault {
 		for _, f := range faults {
 			if f.At <= t && t < f.Heal {
 				active = append(active, f)
+			}
+			// A target is busy until a second after its heal, so that a
+			// fault on it never races with the heal of the one before.
+			if f.At <= t && t < f.Heal+time.Second {
 				if f.Kind.onRegion() {
 					busyRegion[f.Region] = true
 				}
@@ -159,7 +164,9 @@ func Schedule(seed uint64, cfg Config) []Fault {
 			for _, f := range active[1:] {
 				next = min(next, f.Heal)
 			}
-			t = next
+			// The next fault comes a second after a heal: not at its
+			// instant, where the two would race on one target.
+			t = next + time.Second
 			continue
 		}
 		var free []int

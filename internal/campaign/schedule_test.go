@@ -72,7 +72,7 @@ func TestScheduleBounds(t *testing.T) {
 			}
 			if i > 0 {
 				gap := f.At - faults[i-1].At
-				if gap < 0 || (gap < 3*time.Second && f.At != earliestHeal(faults[:i], faults[i-1].At)) {
+				if gap < 0 || (gap < 3*time.Second && f.At != earliestHeal(faults[:i], faults[i-1].At)+time.Second) {
 					t.Fatalf("seed %d: %v %s after the one before", seed, f, gap)
 				}
 			}
@@ -80,16 +80,18 @@ func TestScheduleBounds(t *testing.T) {
 			for _, g := range faults[:i+1] {
 				if g.At <= f.At && f.At < g.Heal {
 					inForce++
-					if g.Kind.onNATS() {
+				}
+				if g.At <= f.At && f.At < g.Heal+time.Second && g.ID != f.ID {
+					if g.Kind.onNATS() && f.Kind.onNATS() {
 						onNATS++
 					}
-					if g.ID != f.ID && g.Kind.onRegion() && f.Kind.onRegion() && g.Region == f.Region {
+					if g.Kind.onRegion() && f.Kind.onRegion() && g.Region == f.Region {
 						t.Fatalf("seed %d: %v while %v", seed, f, g)
 					}
 				}
 			}
-			if inForce > 2 || onNATS > 1 {
-				t.Fatalf("seed %d: at %v, %d faults in force, %d on NATS", seed, f, inForce, onNATS)
+			if inForce > 2 || onNATS > 0 {
+				t.Fatalf("seed %d: at %v, %d faults in force, %d other on NATS", seed, f, inForce, onNATS)
 			}
 		}
 	}
