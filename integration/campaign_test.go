@@ -282,7 +282,15 @@ func (r *campaignRun) carryOut(f campaign.Fault) {
 	time.Sleep(time.Until(r.start.Add(f.At)))
 	region := f.Region
 	if f.Kind == campaign.KillCoordinator {
-		st, err := status(r.nc, protocol.MustSubjects("", "", campaignType))
+		// The coordinator may be changing hands: asked for 5 s.
+		var st protocol.Status
+		var err error
+		for try := 0; try < 10; try++ {
+			if st, err = status(r.nc, protocol.MustSubjects("", "", campaignType)); err == nil {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
 		if err != nil {
 			r.skip(f, fmt.Sprintf("no coordinator status: %v", err))
 			return
