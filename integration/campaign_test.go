@@ -9,8 +9,10 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -144,7 +146,7 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 		// past its proxies), nor servers another's route address (port 1:
 		// refused, an implicit route is tried once): every route goes
 		// through the proxies.
-		c.extra = []string{"--no_advertise", "--cluster_advertise", "127.0.0.1:1"}
+		c.extra = []string{"--no_advertise", "--cluster_advertise", "127.0.0.1:1", "-c", storeConfig(t)}
 	})
 	r.nats.waitHealthy(60 * time.Second)
 	r.nc = connect(t, r.nats.urls("127.0.0.1"))
@@ -239,7 +241,77 @@ func (r *campaignRun) startRegion(i int) {
 	g.starts++
 	g.proc = startShardd(r.t, fmt.Sprintf("%s-%d", g.name, g.starts), "--region", g.name, "--nats", g.urls,
 		"--type", campaignType, "--kind", "kv", "--replicas", "3", "--delivery", string(r.mode),
-		"--shards", strconv.Itoa(campaignShards), "--min-regions", strconv.Itoa(campaignRegions))
+		"--shards", strconv.Itoa(campaignShards), "--min-regions", strconv.Itoa(campaignRegions),
+		"--bucket-bytes", campaignBucketBytes, "--buffer-bytes", campaignBufferBytes, "--stream-bytes", campaignStreamBytes)
+}
+
+// A store small enough to fill safely (fill-store): each server's
+// JetStream store holds campaignStore; natshard's streams reserve their
+// limits in it, the filler takes the rest.
+const (
+	campaignStore       = "48MiB"
+	campaignBucketBytes = "8MiB"
+	campaignBufferBytes = "16MiB"
+	campaignStreamBytes = "8MiB"
+	fillStream          = "campaign_fill"
+)
+
+// storeConfig writes the servers' configuration file: the store's limit.
+func storeConfig(t *testing.T) string {
+	f := filepath.Join(t.TempDir(), "store.conf")
+	if err := os.WriteFile(f, []byte("jetstream {\n  max_file_store: "+campaignStore+"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// fillStore fills the servers' stores with a stream of no limit, R3, until
+// they refuse it.
+func (r *campaignRun) fillStore() string {
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: fillStream, Subjects: []string{"campaign.fill"}, Storage: jetstream.FileStorage, Replicas: 3,
+	}); err != nil {
+		return fmt.Sprintf("creating stream %s: %v", fillStream, err)
+	}
+	chunk := make([]byte, 256<<10)
+	var stored int
+	for stored < 128 { // 32 MiB at most: more than the store has left
+		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := js.Publish(pctx, "campaign.fill", chunk)
+		pcancel()
+		if err != nil {
+			return fmt.Sprintf("stored %d KiB in stream %s, then: %v", stored*256, fillStream, err)
+		}
+		stored++
+	}
+	return fmt.Sprintf("stored %d KiB in stream %s, never refused", stored*256, fillStream)
+}
+
+// emptyStore deletes the filler's stream, trying for 30 s.
+func (r *campaignRun) emptyStore() string {
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return err.Error()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := js.DeleteStream(ctx, fillStream)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Sprintf("stream %s deleted", fillStream)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("deleting stream %s: %v", fillStream, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 func exited(p *proc) bool {
@@ -369,6 +441,9 @@ func (r *campaignRun) carryOut(f campaign.Fault) {
 	case campaign.MoveShard:
 		out, _ := r.shardctl("move", strconv.Itoa(f.Shard), r.regions[f.Region].name)
 		r.logf("  %s", out)
+	case campaign.FillStore:
+		r.logf("  %s", r.fillStore())
+		heal = func() { r.logf("  %s", r.emptyStore()) }
 	case campaign.DrainRegion:
 		out, _ := r.shardctl("drain", g.name)
 		r.logf("  %s", out)
@@ -391,6 +466,19 @@ func (r *campaignRun) carryOut(f campaign.Fault) {
 	r.faults = append(r.faults, done)
 	slices.SortFunc(r.faults, func(a, b campaign.Fault) int { return a.ID - b.ID })
 	r.mu.Unlock()
+}
+
+// faultsOf returns the faults of kind k carried out so far.
+func (r *campaignRun) faultsOf(k campaign.Kind) []campaign.Fault {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []campaign.Fault
+	for _, f := range r.faults {
+		if f.Kind == k {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func (r *campaignRun) skip(f campaign.Fault, why string) {
@@ -442,6 +530,9 @@ func (r *campaignRun) healAll() {
 		if exited(r.nats.procs[i]) {
 			r.nats.start(i)
 		}
+	}
+	if len(r.faultsOf(campaign.FillStore)) > 0 {
+		r.logf("  %s", r.emptyStore())
 	}
 	for i, g := range r.regions {
 		g.gate.reopen()

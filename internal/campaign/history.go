@@ -88,8 +88,10 @@ type Violation struct {
 	Outcome Outcome       // of its send (Lost: Acked or Sent)
 	At      time.Duration // when it was sent; -1 if never
 	// InForce: the faults in force at At (started by At+Slack, healed at
-	// or after At-Slack); Recent: those healed within Settle before it.
-	InForce, Recent []int
+	// or after At-Slack); Recent: those healed within Settle before it;
+	// Later: those that started within Settle after it (a value held in
+	// a buffer or a mailbox meets faults after it was sent).
+	InForce, Recent, Later []int
 	History         string // the entity's history around the value
 }
 
@@ -145,7 +147,7 @@ func Check(mode Mode, entities []Entity, faults []Fault) Report {
 			viol := Violation{Kind: k, Entity: e.ID, Keyed: e.Keyed, Value: v, Outcome: s.Outcome, At: -1, History: excerpt(e.History, at)}
 			if ok {
 				viol.At = s.At
-				viol.InForce, viol.Recent = attribute(faults, s.At)
+				viol.InForce, viol.Recent, viol.Later = attribute(faults, s.At)
 			}
 			c.Violations[k]++
 			if k == Lost && s.Outcome == Sent {
@@ -190,9 +192,9 @@ func Check(mode Mode, entities []Entity, faults []Fault) Report {
 	return rep
 }
 
-// attribute returns the faults in force at t and those healed within
-// Settle before it.
-func attribute(faults []Fault, t time.Duration) (inForce, recent []int) {
+// attribute returns the faults in force at t, those healed within Settle
+// before it and those started within Settle after it.
+func attribute(faults []Fault, t time.Duration) (inForce, recent, later []int) {
 	for _, f := range faults {
 		heal := max(f.Heal, f.At+Slack) // a move is in force for a moment
 		switch {
@@ -200,9 +202,11 @@ func attribute(faults []Fault, t time.Duration) (inForce, recent []int) {
 			inForce = append(inForce, f.ID)
 		case heal < t && t <= heal+Settle:
 			recent = append(recent, f.ID)
+		case t < f.At && f.At <= t+Settle:
+			later = append(later, f.ID)
 		}
 	}
-	return inForce, recent
+	return inForce, recent, later
 }
 
 // excerpt is the history around index i (the whole tail when i < 0).
@@ -274,8 +278,8 @@ func (r Report) Lines(examples int) []string {
 		if v.At >= 0 {
 			sent = fmt.Sprintf("%s, sent at %s", v.Outcome, v.At)
 		}
-		lines = append(lines, fmt.Sprintf("campaign: %s %s %s: entity %s value %d (%s): %s; faults in force %v, healed within %s %v",
-			r.Mode, class, v.Kind, v.Entity, v.Value, sent, v.History, v.InForce, Settle, v.Recent))
+		lines = append(lines, fmt.Sprintf("campaign: %s %s %s: entity %s value %d (%s): %s; faults in force %v, healed within %s before %v, started within %s after %v",
+			r.Mode, class, v.Kind, v.Entity, v.Value, sent, v.History, v.InForce, Settle, v.Recent, Settle, v.Later))
 	}
 	ids := make([]int, 0, len(r.ByFault))
 	for id := range r.ByFault {

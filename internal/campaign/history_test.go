@@ -57,6 +57,9 @@ func TestCheck(t *testing.T) {
 		if v.Entity == "bad" && v.Value == 4 && (len(v.InForce) != 0 || !reflect.DeepEqual(v.Recent, []int{1})) {
 			t.Errorf("bad/4 attributed to %v and %v, want fault 1 recent", v.InForce, v.Recent)
 		}
+		if v.Entity == "pub" && v.Value == 21 && !reflect.DeepEqual(v.Later, []int{2}) {
+			t.Errorf("pub/21 attributed to %v later, want fault 2", v.Later)
+		}
 		if v.Entity == "bad" && v.Value == 4 && v.History != "1 3 3 5 [4]" {
 			t.Errorf("bad/4 history %q", v.History)
 		}
@@ -83,7 +86,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("line %q", l)
 		}
 	}
-	if !strings.Contains(strings.Join(lines, "\n"), "entity bad value 3 (acked, sent at 3s): 1 3 [3] 5 4; faults in force [1], healed within 10s []") {
+	if !strings.Contains(strings.Join(lines, "\n"), "entity bad value 3 (acked, sent at 3s): 1 3 [3] 5 4; faults in force [1], healed within 10s before [], started within 10s after []") {
 		t.Errorf("lines:\n%s", strings.Join(lines, "\n"))
 	}
 }

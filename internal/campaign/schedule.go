@@ -40,13 +40,17 @@ const (
 	MoveShard Kind = "move"
 	// DrainRegion: shardctl drain of a region; healed by shardctl undrain.
 	DrainRegion Kind = "drain"
+	// FillStore: the servers' JetStream stores filled by another stream
+	// (R3, no byte limit) until they refuse it; healed by deleting it.
+	// natshard's own streams have their limits reserved in the store.
+	FillStore Kind = "fill-store"
 )
 
 // Kinds is the whole menu, in a fixed order (the schedule draws from it by
 // index).
 var Kinds = []Kind{
 	KillRegion, TermRegion, StopRegion, PartitionRegion, KillCoordinator,
-	KillServer, IsolateServer, SplitServers, MoveShard, DrainRegion,
+	KillServer, IsolateServer, SplitServers, MoveShard, DrainRegion, FillStore,
 }
 
 // onRegion reports whether k bears on one named region.
@@ -60,7 +64,7 @@ func (k Kind) onRegion() bool {
 
 // onNATS reports whether k bears on the NATS cluster.
 func (k Kind) onNATS() bool {
-	return k == KillServer || k == IsolateServer || k == SplitServers
+	return k == KillServer || k == IsolateServer || k == SplitServers || k == FillStore
 }
 
 // Fault is one scheduled fault. Times are offsets from the start of the

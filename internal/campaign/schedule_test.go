@@ -33,7 +33,7 @@ func TestScheduleGolden(t *testing.T) {
 		"#1 isolate-server server 2 at 3s, healed at 9.563s",
 		"#2 kill-coordinator at 9.038s, healed at 12.67s",
 		"#3 drain region 1 at 15.399s, healed at 21.73s",
-		"#4 kill-coordinator at 22.289s, healed at 31.361s",
+		"#4 kill-server server 2 at 22.289s, healed at 28.609s",
 	}
 	if !reflect.DeepEqual(want, golden) {
 		t.Errorf("seed 1 starts\n%q\nwant\n%q", want, golden)
