@@ -578,9 +578,9 @@ type campaignLoad struct {
 
 func campaignEntity(i int) string { return fmt.Sprintf("c-%d", i) }
 
-// startCampaignLoad starts workers that, for each entity in turn, send its
-// next value (1, 2, 3...) once the last one's outcome is known, at about
-// rate values/s in all. Even entities carry a Nats-Msg-Id (a keyed value
+// startCampaignLoad starts a sender per entity that sends its next value
+// (1, 2, 3...) once the last one's outcome is known, at about rate
+// values/s in all. Even entities carry a Nats-Msg-Id (a keyed value
 // refused, or in durable delivery not acknowledged, is sent again with
 // it); odd ones none (sent once). Core delivery: one value in four is a
 // request, the others publishes. Durable delivery: publishes to the stream.
@@ -599,24 +599,26 @@ func startCampaignLoad(t *testing.T, url string, mode campaign.Mode, n, rate int
 		l.conns = append(l.conns, nc)
 		l.js = append(l.js, js)
 	}
-	workers := min(50, n)
-	every := time.Duration(workers) * time.Second / time.Duration(rate)
+	// One sender per entity, so that an entity waiting for an answer
+	// holds up no other; their ticks spread over the period.
+	every := time.Duration(n) * time.Second / time.Duration(rate)
 	l.start = time.Now()
-	for w := range workers {
+	for i := range n {
 		l.wg.Go(func() {
+			select {
+			case <-l.stop:
+				return
+			case <-time.After(every * time.Duration(i) / time.Duration(n)):
+			}
 			tick := time.NewTicker(every)
 			defer tick.Stop()
-			next := map[int]int{}
-			mine := (n - w + workers - 1) / workers
-			for round := 0; ; round++ {
+			for v := 1; ; v++ {
+				l.send(i, v)
 				select {
 				case <-l.stop:
 					return
 				case <-tick.C:
 				}
-				i := w + (round%mine)*workers
-				next[i]++
-				l.send(w, i, next[i])
 			}
 		})
 	}
@@ -629,8 +631,8 @@ func (l *campaignLoad) halt() {
 }
 
 // send sends value v to entity i and records its outcome.
-func (l *campaignLoad) send(w, i, v int) {
-	nc, js := l.conns[w%len(l.conns)], l.js[w%len(l.js)]
+func (l *campaignLoad) send(i, v int) {
+	nc, js := l.conns[i%len(l.conns)], l.js[i%len(l.js)]
 	id := campaignEntity(i)
 	keyed := i%2 == 0
 	at := time.Since(l.start)

@@ -92,7 +92,7 @@ type Violation struct {
 	// Later: those that started within Settle after it (a value held in
 	// a buffer or a mailbox meets faults after it was sent).
 	InForce, Recent, Later []int
-	History         string // the entity's history around the value
+	History                string // the entity's history around the value
 }
 
 // Counts are one class of entities' (keyed or keyless) figures.
