@@ -636,7 +636,7 @@ func (l *campaignLoad) send(i, v int) {
 	id := campaignEntity(i)
 	keyed := i%2 == 0
 	at := time.Since(l.start)
-	outcome := campaign.Unknown
+	outcome, why := campaign.Unknown, ""
 	for try := 0; try < 10; try++ {
 		m := nats.NewMsg(campaign.Subject(campaignType, id, campaignShards))
 		m.Data = fmt.Appendf(nil, `{"op":"append","key":"v","value":%d}`, v)
@@ -649,18 +649,21 @@ func (l *campaignLoad) send(i, v int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, err := js.PublishMsg(ctx, m)
 			cancel()
-			outcome = campaign.Acked
+			outcome, why = campaign.Acked, ""
 			if err != nil {
-				outcome = campaign.Unknown
+				outcome, why = campaign.Unknown, err.Error()
 			}
 		case v%4 == 0:
 			reply, err := nc.RequestMsg(m, 2*time.Second)
-			outcome = requestOutcome(reply, err)
+			outcome, why = requestOutcome(reply, err)
 		default:
-			outcome = campaign.Sent
-			if nc.PublishMsg(m) != nil {
-				outcome = campaign.Refused // not sent: the connection is closed
+			outcome, why = campaign.Sent, ""
+			if err := nc.PublishMsg(m); err != nil {
+				outcome, why = campaign.Refused, err.Error() // not sent: the connection is closed
 			}
+		}
+		if try > 0 {
+			why = fmt.Sprintf("try %d: %s", try+1, why)
 		}
 		// A keyed value is sent again, with its key, when it surely was
 		// not handled, or (durable) when the stream did not say it
@@ -678,31 +681,31 @@ func (l *campaignLoad) send(i, v int) {
 		}
 	}
 	l.mu.Lock()
-	l.sends[i] = append(l.sends[i], campaign.Send{Value: v, At: at, Outcome: outcome})
+	l.sends[i] = append(l.sends[i], campaign.Send{Value: v, At: at, Outcome: outcome, Why: why})
 	l.mu.Unlock()
 }
 
 // requestOutcome reads a core request's answer: ok, or refused by the
 // region (no entity handled it), or no responders; anything else may have
 // been handled.
-func requestOutcome(reply *nats.Msg, err error) campaign.Outcome {
+func requestOutcome(reply *nats.Msg, err error) (campaign.Outcome, string) {
 	switch {
-	case err == nats.ErrNoResponders:
-		return campaign.Refused
+	case errors.Is(err, nats.ErrNoResponders):
+		return campaign.Refused, "no responders"
 	case err != nil:
-		return campaign.Unknown
+		return campaign.Unknown, err.Error()
 	case reply.Header.Get("Natshard-Refused") != "":
-		return campaign.Refused
+		return campaign.Refused, "Natshard-Refused: " + reply.Header.Get("Natshard-Refused") + ": " + reply.Header.Get("Natshard-Error")
 	case reply.Header.Get("Natshard-Error") != "":
-		return campaign.Unknown
+		return campaign.Unknown, "Natshard-Error: " + reply.Header.Get("Natshard-Error")
 	}
 	var ans struct {
 		OK bool `json:"ok"`
 	}
 	if json.Unmarshal(reply.Data, &ans) != nil || !ans.OK {
-		return campaign.Unknown
+		return campaign.Unknown, fmt.Sprintf("answer %q", reply.Data)
 	}
-	return campaign.Acked
+	return campaign.Acked, ""
 }
 
 // read gets every entity's history: a get request (core: a NATS request;

@@ -46,6 +46,7 @@ type Send struct {
 	Value   int
 	At      time.Duration // when its first try began, from the start of the load
 	Outcome Outcome
+	Why     string // what the outcome rests on, for the report (a refusal's reason)
 }
 
 // Entity is what was sent to one entity, in order (values 1, 2, 3...), and
@@ -75,7 +76,8 @@ const (
 	Twice ViolationKind = "applied-twice"
 	// OutOfOrder: first applied after a later value of the same entity.
 	OutOfOrder ViolationKind = "out-of-order"
-	// Phantom: applied though never sent, or refused.
+	// Phantom: applied though never sent, or refused (PROTOCOL.md: nothing
+	// was done with a refused message, so sending it again is safe).
 	Phantom ViolationKind = "phantom"
 )
 
@@ -86,6 +88,7 @@ type Violation struct {
 	Keyed   bool
 	Value   int
 	Outcome Outcome       // of its send (Lost: Acked or Sent)
+	Why     string        // of its send
 	At      time.Duration // when it was sent; -1 if never
 	// InForce: the faults in force at At (started by At+Slack, healed at
 	// or after At-Slack); Recent: those healed within Settle before it;
@@ -144,7 +147,7 @@ func Check(mode Mode, entities []Entity, faults []Fault) Report {
 		}
 		add := func(k ViolationKind, v int, at int) {
 			s, ok := sends[v]
-			viol := Violation{Kind: k, Entity: e.ID, Keyed: e.Keyed, Value: v, Outcome: s.Outcome, At: -1, History: excerpt(e.History, at)}
+			viol := Violation{Kind: k, Entity: e.ID, Keyed: e.Keyed, Value: v, Outcome: s.Outcome, Why: s.Why, At: -1, History: excerpt(e.History, at)}
 			if ok {
 				viol.At = s.At
 				viol.InForce, viol.Recent, viol.Later = attribute(faults, s.At)
@@ -277,6 +280,9 @@ func (r Report) Lines(examples int) []string {
 		sent := "never sent"
 		if v.At >= 0 {
 			sent = fmt.Sprintf("%s, sent at %s", v.Outcome, v.At)
+			if v.Why != "" {
+				sent = fmt.Sprintf("%s (%s), sent at %s", v.Outcome, v.Why, v.At)
+			}
 		}
 		lines = append(lines, fmt.Sprintf("campaign: %s %s %s: entity %s value %d (%s): %s; faults in force %v, healed within %s before %v, started within %s after %v",
 			r.Mode, class, v.Kind, v.Entity, v.Value, sent, v.History, v.InForce, Settle, v.Recent, Settle, v.Later))
