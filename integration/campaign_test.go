@@ -340,7 +340,7 @@ func (r *campaignRun) watchExits(stop <-chan struct{}) {
 			if g.fault == 0 && exited(g.proc) {
 				r.exits++
 				r.mu.Unlock()
-				r.logf("region %s exited by itself (%v); starting it again", g.name, g.proc.exitErr)
+				r.logf("region %s exited by itself (%v; its last line: %s); starting it again", g.name, g.proc.exitErr, strings.TrimSpace(lastLines(strings.TrimSpace(g.proc.log.String()), 1)))
 				r.mu.Lock()
 				r.startRegion(i)
 			}
