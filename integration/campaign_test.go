@@ -32,7 +32,7 @@ import (
 
 var (
 	campaignDuration = flag.Duration("campaign.duration", 40*time.Second, "TestCampaign: how long the load runs under faults, per seed and mode")
-	campaignSeeds    = flag.String("campaign.seeds", "1", "TestCampaign: seeds of the fault schedules, comma-separated")
+	campaignSeeds    = flag.String("campaign.seeds", "", "TestCampaign: seeds of the fault schedules, comma-separated; empty: 171 in core delivery and 81 in durable (their 40 s schedules draw 8 kinds of fault each, 10 of the 11 between them)")
 	campaignModes    = flag.String("campaign.modes", "core,durable", "TestCampaign: delivery modes, comma-separated")
 	campaignRate     = flag.Int("campaign.rate", 0, "TestCampaign: appends/s in all; 0: 300 with the race detector, 1500 without")
 	campaignEntities = flag.Int("campaign.entities", 1000, "TestCampaign: kv entities appended to")
@@ -59,13 +59,20 @@ const (
 // Long runs: go test -count=1 -v -run TestCampaign ./integration/ -args
 // -campaign.duration 90s -campaign.seeds 1,2,3 -campaign.rate 1500
 func TestCampaign(t *testing.T) {
-	var seeds []uint64
-	for s := range strings.SplitSeq(*campaignSeeds, ",") {
-		seed, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
-		if err != nil {
-			t.Fatalf("-campaign.seeds %q: %v", *campaignSeeds, err)
+	seedsOf := func(mode campaign.Mode) []uint64 {
+		list := *campaignSeeds
+		if list == "" {
+			list = map[campaign.Mode]string{campaign.Core: "171", campaign.Durable: "81"}[mode]
 		}
-		seeds = append(seeds, seed)
+		var seeds []uint64
+		for s := range strings.SplitSeq(list, ",") {
+			seed, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				t.Fatalf("-campaign.seeds %q: %v", list, err)
+			}
+			seeds = append(seeds, seed)
+		}
+		return seeds
 	}
 	var kinds []campaign.Kind
 	if *campaignKinds != "" {
@@ -88,7 +95,7 @@ func TestCampaign(t *testing.T) {
 		if m != campaign.Core && m != campaign.Durable {
 			t.Fatalf("-campaign.modes: %q is neither core nor durable", mode)
 		}
-		for _, seed := range seeds {
+		for _, seed := range seedsOf(m) {
 			t.Run(fmt.Sprintf("%s/seed=%d", mode, seed), func(t *testing.T) {
 				runCampaign(t, m, seed, kinds, rate)
 			})
