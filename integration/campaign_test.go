@@ -288,7 +288,7 @@ func (r *campaignRun) fillStore() string {
 	}
 	chunk := make([]byte, 256<<10)
 	var stored int
-	for stored < 128 { // 32 MiB at most: more than the store has left
+	for stored < 256 { // 64 MiB at most: more than the store holds
 		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 		_, err := js.Publish(pctx, "campaign.fill", chunk)
 		pcancel()
