@@ -213,6 +213,9 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 	}
 	t.Logf("campaign: %s seed %d: %s of load, %d faults carried out (%s), %d skipped, %d regions exited by themselves; %d publishes",
 		mode, seed, *campaignDuration, len(r.faults), strings.Join(kindsLine, ", "), r.skipped, r.exits, load.tries.Load())
+	for _, line := range load.reasons() {
+		t.Log(line)
+	}
 	for _, line := range rep.Lines(3) {
 		t.Log(line)
 	}
@@ -256,10 +259,10 @@ func (r *campaignRun) startRegion(i int) {
 // JetStream store holds campaignStore; natshard's streams reserve their
 // limits in it, the filler takes the rest.
 const (
-	campaignStore       = "48MiB"
+	campaignStore       = "96MiB"
 	campaignBucketBytes = "8MiB"
 	campaignBufferBytes = "16MiB"
-	campaignStreamBytes = "8MiB"
+	campaignStreamBytes = "32MiB"
 	fillStream          = "campaign_fill"
 )
 
@@ -288,7 +291,7 @@ func (r *campaignRun) fillStore() string {
 	}
 	chunk := make([]byte, 256<<10)
 	var stored int
-	for stored < 256 { // 64 MiB at most: more than the store holds
+	for stored < 512 { // 128 MiB at most: more than the store holds
 		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 		_, err := js.Publish(pctx, "campaign.fill", chunk)
 		pcancel()
@@ -632,6 +635,47 @@ func startCampaignLoad(t *testing.T, url string, mode campaign.Mode, n, rate int
 	return l
 }
 
+// reasons are "campaign:" lines counting the reasons of the unknown and
+// refused outcomes, the five most frequent of each.
+func (l *campaignLoad) reasons() []string {
+	counts := map[campaign.Outcome]map[string]int{}
+	for _, sends := range l.sends {
+		for _, s := range sends {
+			if s.Outcome != campaign.Unknown && s.Outcome != campaign.Refused {
+				continue
+			}
+			if counts[s.Outcome] == nil {
+				counts[s.Outcome] = map[string]int{}
+			}
+			why := s.Why
+			if _, rest, ok := strings.Cut(why, ": "); ok && strings.HasPrefix(why, "try ") {
+				why = rest
+			}
+			counts[s.Outcome][why]++
+		}
+	}
+	var lines []string
+	for _, o := range []campaign.Outcome{campaign.Unknown, campaign.Refused} {
+		type reason struct {
+			why string
+			n   int
+		}
+		var rs []reason
+		for why, n := range counts[o] {
+			rs = append(rs, reason{why, n})
+		}
+		slices.SortFunc(rs, func(a, b reason) int { return b.n - a.n })
+		var parts []string
+		for _, r := range rs[:min(5, len(rs))] {
+			parts = append(parts, fmt.Sprintf("%d %q", r.n, r.why))
+		}
+		if len(parts) > 0 {
+			lines = append(lines, fmt.Sprintf("campaign: %s %s because: %s", l.mode, o, strings.Join(parts, ", ")))
+		}
+	}
+	return lines
+}
+
 func (l *campaignLoad) halt() {
 	close(l.stop)
 	l.wg.Wait()
@@ -657,7 +701,12 @@ func (l *campaignLoad) send(i, v int) {
 			_, err := js.PublishMsg(ctx, m)
 			cancel()
 			outcome, why = campaign.Acked, ""
-			if err != nil {
+			switch {
+			case err == nil:
+			case strings.Contains(err.Error(), "maximum bytes exceeded"), strings.Contains(err.Error(), "insufficient resources"):
+				// The stream's leader refused it for lack of space.
+				outcome, why = campaign.Refused, err.Error()
+			default:
 				outcome, why = campaign.Unknown, err.Error()
 			}
 		case v%4 == 0:
