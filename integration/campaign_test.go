@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,10 +260,10 @@ func (r *campaignRun) startRegion(i int) {
 // JetStream store holds campaignStore; natshard's streams reserve their
 // limits in it, the filler takes the rest.
 const (
-	campaignStore       = "96MiB"
+	campaignStore       = "64MiB"
 	campaignBucketBytes = "8MiB"
 	campaignBufferBytes = "16MiB"
-	campaignStreamBytes = "32MiB"
+	campaignStreamBytes = "16MiB"
 	fillStream          = "campaign_fill"
 )
 
@@ -275,32 +276,69 @@ func storeConfig(t *testing.T) string {
 	return f
 }
 
-// fillStore fills the servers' stores with a stream of no limit, R3, until
-// they refuse it.
-func (r *campaignRun) fillStore() string {
+// fillStore starts filling the servers' stores with a stream of no
+// limit, R3, 256 KiB messages eight at a time, until they refuse it or
+// stop is called; stop returns what was stored and how it ended.
+func (r *campaignRun) fillStore() (stop func() string) {
 	js, err := jetstream.New(r.nc)
 	if err != nil {
-		return err.Error()
+		return func() string { return err.Error() }
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	ctx, cancel := context.WithCancel(context.Background())
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
 		Name: fillStream, Subjects: []string{"campaign.fill"}, Storage: jetstream.FileStorage, Replicas: 3,
-	}); err != nil {
-		return fmt.Sprintf("creating stream %s: %v", fillStream, err)
+	})
+	ccancel()
+	if err != nil {
+		cancel()
+		return func() string { return fmt.Sprintf("creating stream %s: %v", fillStream, err) }
 	}
+	began := time.Now()
+	var (
+		mu      sync.Mutex
+		stored  int
+		failed  int
+		lastErr error
+		ended   string
+		wg      sync.WaitGroup
+	)
 	chunk := make([]byte, 256<<10)
-	var stored int
-	for stored < 512 { // 128 MiB at most: more than the store holds
-		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := js.Publish(pctx, "campaign.fill", chunk)
-		pcancel()
-		if err != nil {
-			return fmt.Sprintf("stored %d KiB in stream %s, then: %v", stored*256, fillStream, err)
-		}
-		stored++
+	for range 8 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := js.Publish(pctx, "campaign.fill", chunk)
+				pcancel()
+				mu.Lock()
+				switch {
+				case err == nil:
+					stored++
+				case ctx.Err() != nil:
+				case strings.Contains(err.Error(), "insufficient resources"):
+					if ended == "" {
+						ended = fmt.Sprintf("refused after %s: %v", time.Since(began).Round(time.Millisecond), err)
+					}
+					cancel()
+				default:
+					failed++
+					lastErr = err
+				}
+				mu.Unlock()
+			}
+		})
 	}
-	return fmt.Sprintf("stored %d KiB in stream %s, never refused", stored*256, fillStream)
+	return func() string {
+		cancel()
+		wg.Wait()
+		if ended == "" {
+			ended = "never refused"
+		}
+		if failed > 0 {
+			ended += fmt.Sprintf("; %d other publish errors, the last: %v", failed, lastErr)
+		}
+		return fmt.Sprintf("stored %d KiB in stream %s, %s", stored*256, fillStream, ended)
+	}
 }
 
 // emptyStore deletes the filler's stream, trying for 30 s.
@@ -452,8 +490,11 @@ func (r *campaignRun) carryOut(f campaign.Fault) {
 		out, _ := r.shardctl("move", strconv.Itoa(f.Shard), r.regions[f.Region].name)
 		r.logf("  %s", out)
 	case campaign.FillStore:
-		r.logf("  %s", r.fillStore())
-		heal = func() { r.logf("  %s", r.emptyStore()) }
+		stop := r.fillStore()
+		heal = func() {
+			r.logf("  %s", stop())
+			r.logf("  %s", r.emptyStore())
+		}
 	case campaign.DrainRegion:
 		out, _ := r.shardctl("drain", g.name)
 		r.logf("  %s", out)
@@ -635,6 +676,9 @@ func startCampaignLoad(t *testing.T, url string, mode campaign.Mode, n, rate int
 	return l
 }
 
+// numbers in a reason (entity ids, revisions) are one reason's.
+var numbers = regexp.MustCompile(`[0-9]+`)
+
 // reasons are "campaign:" lines counting the reasons of the unknown and
 // refused outcomes, the five most frequent of each.
 func (l *campaignLoad) reasons() []string {
@@ -651,7 +695,7 @@ func (l *campaignLoad) reasons() []string {
 			if _, rest, ok := strings.Cut(why, ": "); ok && strings.HasPrefix(why, "try ") {
 				why = rest
 			}
-			counts[s.Outcome][why]++
+			counts[s.Outcome][numbers.ReplaceAllString(why, "N")]++
 		}
 	}
 	var lines []string
