@@ -57,8 +57,8 @@ const (
 // out of order (and, in both, a value applied that was never sent).
 // Core losses are reported with the faults in force, not failed on.
 //
-// Long runs: go test -count=1 -v -run TestCampaign ./integration/ -args
-// -campaign.duration 90s -campaign.seeds 1,2,3 -campaign.rate 1500
+// Long runs (docs/FAULTS.md): go test -count=1 -timeout 60m -v -run
+// TestCampaign ./integration/ -args -campaign.duration 90s -campaign.seeds 1,2,3
 func TestCampaign(t *testing.T) {
 	seedsOf := func(mode campaign.Mode) []uint64 {
 		list := *campaignSeeds
@@ -117,7 +117,6 @@ type campaignRun struct {
 
 	mu      sync.Mutex
 	regions [campaignRegions]*campRegion
-	log     []string         // the fault log, "campaign: ..." lines
 	faults  []campaign.Fault // as carried out: the times they started and healed
 	skipped int
 	exits   int // regions that exited by themselves and were started again
