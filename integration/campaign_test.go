@@ -38,6 +38,7 @@ var (
 	campaignRate     = flag.Int("campaign.rate", 0, "TestCampaign: appends/s in all; 0: 300 with the race detector, 1500 without")
 	campaignEntities = flag.Int("campaign.entities", 1000, "TestCampaign: kv entities appended to")
 	campaignKinds    = flag.String("campaign.kinds", "", "TestCampaign: the fault menu, comma-separated kinds (internal/campaign.Kinds); empty: all")
+	campaignShardd   = flag.String("campaign.shardd", "", "TestCampaign: more shardd flags, space-separated (such as --handoff-timeout=3s)")
 )
 
 const (
@@ -249,10 +250,17 @@ func (r *campaignRun) logf(format string, args ...any) {
 func (r *campaignRun) startRegion(i int) {
 	g := r.regions[i]
 	g.starts++
-	g.proc = startShardd(r.t, fmt.Sprintf("%s-%d", g.name, g.starts), "--region", g.name, "--nats", g.urls,
+	g.proc = startShardd(r.t, fmt.Sprintf("%s-%d", g.name, g.starts), r.sharddArgs(i)...)
+}
+
+// sharddArgs are the flags every shardd of the run is given.
+func (r *campaignRun) sharddArgs(i int) []string {
+	g := r.regions[i]
+	args := []string{"--region", g.name, "--nats", g.urls,
 		"--type", campaignType, "--kind", "kv", "--replicas", "3", "--delivery", string(r.mode),
 		"--shards", strconv.Itoa(campaignShards), "--min-regions", strconv.Itoa(campaignRegions),
-		"--bucket-bytes", campaignBucketBytes, "--buffer-bytes", campaignBufferBytes, "--stream-bytes", campaignStreamBytes)
+		"--bucket-bytes", campaignBucketBytes, "--buffer-bytes", campaignBufferBytes, "--stream-bytes", campaignStreamBytes}
+	return append(args, strings.Fields(*campaignShardd)...)
 }
 
 // A store small enough to fill safely (fill-store): each server's
