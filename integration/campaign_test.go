@@ -112,7 +112,9 @@ type campaignRun struct {
 	seed  uint64
 	nats  *natsCluster
 	nc    *nats.Conn // straight to the servers: admin, load's reads
-	start time.Time  // of the load
+	start time.Time  // of the load, set before the faults begin
+	// began is start, for logf, whose callers may run before it is set.
+	began atomic.Pointer[time.Time]
 
 	routeGates [3][3]*gate // [from][to]: server from's routes to server to
 
@@ -169,6 +171,11 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 	for i := range campaignRegions {
 		r.startRegion(i)
 	}
+	// A region that exits by itself (one started while JetStream is not
+	// ready yet does, issue 30) is started again, from the start.
+	stopWatch := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() { r.watchExits(stopWatch) })
 	subjects := protocol.MustSubjects("", "", campaignType)
 	waitSettled(t, r.nc, subjects, 120*time.Second, r.names()...)
 
@@ -179,9 +186,7 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 
 	load := startCampaignLoad(t, r.nats.urls("127.0.0.1"), mode, *campaignEntities, rate)
 	r.start = load.start
-	stopWatch := make(chan struct{})
-	var watch sync.WaitGroup
-	watch.Go(func() { r.watchExits(stopWatch) })
+	r.began.Store(&r.start)
 	var wg sync.WaitGroup
 	for _, f := range faults {
 		wg.Go(func() { r.carryOut(f) })
@@ -239,8 +244,8 @@ func (r *campaignRun) names() []string {
 // logf adds a line to the fault log, with the time since the load began.
 func (r *campaignRun) logf(format string, args ...any) {
 	at := "before the load"
-	if !r.start.IsZero() {
-		at = fmt.Sprintf("t=%s", time.Since(r.start).Round(time.Millisecond))
+	if start := r.began.Load(); start != nil {
+		at = fmt.Sprintf("t=%s", time.Since(*start).Round(time.Millisecond))
 	}
 	line := fmt.Sprintf("campaign: %s seed %d %s %s: %s", r.mode, r.seed, time.Now().UTC().Format("15:04:05.000"), at, fmt.Sprintf(format, args...))
 	r.t.Log(line)
