@@ -32,6 +32,11 @@ type natsCluster struct {
 	dirs   [3]string
 	procs  [3]*proc
 	starts int
+	// routeVia, when set, is the port server from dials to reach server
+	// to's routes (a proxy's): the campaign cuts routes there.
+	routeVia func(from, to int) int
+	// extra arguments of every server.
+	extra []string
 }
 
 // startNATS starts the cluster, clients listening on listen (127.0.0.1, or
@@ -39,7 +44,17 @@ type natsCluster struct {
 // answers.
 func startNATS(t *testing.T, listen string) *natsCluster {
 	t.Helper()
+	return startNATSWith(t, listen, nil)
+}
+
+// startNATSWith is startNATS, with setup called on the cluster once its
+// ports are chosen, before any server starts (to set routeVia and extra).
+func startNATSWith(t *testing.T, listen string, setup func(*natsCluster)) *natsCluster {
+	t.Helper()
 	c := newNATS(t, listen)
+	if setup != nil {
+		setup(c)
+	}
 	for i := range 3 {
 		c.start(i)
 	}
@@ -84,13 +99,20 @@ func (c *natsCluster) start(i int) {
 	c.t.Helper()
 	var routes []string
 	for j := range 3 {
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", c.route[j]))
+		port := c.route[j]
+		if c.routeVia != nil {
+			if j == i {
+				continue
+			}
+			port = c.routeVia(i, j)
+		}
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", port))
 	}
 	c.starts++
-	c.procs[i] = startProcess(c.t, "nats-server", fmt.Sprintf("%s-%d", c.name(i), c.starts),
-		"-a", c.listen, "-p", fmt.Sprint(c.client[i]), "-m", fmt.Sprint(c.http[i]), "-n", c.name(i),
+	args := []string{"-a", c.listen, "-p", fmt.Sprint(c.client[i]), "-m", fmt.Sprint(c.http[i]), "-n", c.name(i),
 		"-js", "-sd", c.dirs[i],
-		"--cluster_name", "natshard-test", "--cluster", routes[i], "--routes", strings.Join(routes, ","))
+		"--cluster_name", "natshard-test", "--cluster", fmt.Sprintf("nats://127.0.0.1:%d", c.route[i]), "--routes", strings.Join(routes, ",")}
+	c.procs[i] = startProcess(c.t, "nats-server", fmt.Sprintf("%s-%d", c.name(i), c.starts), append(args, c.extra...)...)
 }
 
 // urls is the client URLs of the three servers at addr, comma-separated.
