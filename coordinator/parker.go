@@ -102,6 +102,12 @@ func (p *parker) failed(m *nats.Msg, err error) {
 	if p.stats != nil {
 		p.stats.ParkRefused.Add(1)
 	}
+	if kvstate.MaybeStored(err) {
+		// Not refused: it may be in the buffer, and then its next owner
+		// answers it (the buffered copy keeps the reply subject).
+		p.log.Warn("a parked shard's message may not have been buffered (no acknowledgement); if it was not, it is lost", "subject", m.Subject, "err", err)
+		return
+	}
 	p.log.Warn("a parked shard's message could not be buffered", "subject", m.Subject, "err", err)
 	if m.Reply != "" {
 		_ = p.nc.PublishMsg(protocol.RefusedReply(m.Reply, protocol.RefusedMoving, nil, fmt.Errorf("not buffered: %w", err)))

@@ -317,6 +317,30 @@ func bufferErr(err error) error {
 	return translate(err, ErrConflict)
 }
 
+// MaybeStored reports whether a message whose Append failed with err may
+// be in the buffer all the same, and so be replayed and handled by the
+// shard's next owner: its acknowledgement never came (bufferAckTimeout,
+// the connection lost) or came as "no response from stream" (no
+// responders while the stream's leader changed: the campaign found such
+// messages replayed, issue 30). False for a refusal by the server (an
+// API error: ErrBufferFull, no space, any other) and for a message that
+// was never sent (too many pending, no space reserved, no subject, too
+// large). A message that may be stored must not be refused to its
+// requester: refused means not handled (PROTOCOL.md, Refusals); if it was
+// stored, its buffered copy keeps the reply subject and is answered by
+// the shard's next owner.
+func MaybeStored(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrBufferFull), errors.Is(err, ErrNoSpace), apiCode(err) != 0,
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs), errors.Is(err, nats.ErrMaxPayload):
+		return false
+	}
+	return errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrNoResponders)
+}
+
 // Append buffers m for shard without waiting for the server's
 // acknowledgement, keeping the arrival order of Append calls. The buffered
 // message keeps m's data and headers (Nats-Msg-Id included) and carries m's

@@ -231,6 +231,12 @@ func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
 // message it could not buffer: the loss is counted, logged and answered.
 func (a *Agent) appendFailed(m *nats.Msg, err error) {
 	a.stats.BufferFailed.Add(1)
+	if kvstate.MaybeStored(err) {
+		// Not refused: it may be in the buffer, and then its next owner
+		// answers it (the buffered copy keeps the reply subject).
+		a.limit.log(a.log, "buffer-unknown", "a message of a paused shard may not have been buffered (no acknowledgement); if it was not, it is lost", "subject", m.Subject, "err", err)
+		return
+	}
 	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
 	if errors.Is(err, kvstate.ErrBufferFull) {
 		a.stats.BufferFull.Add(1)
