@@ -186,18 +186,6 @@ func Header(h nats.Header) SendOption {
 	}
 }
 
-// EntityError is an entity's error answer: its Handle (or its Factory)
-// returned an error. Test for it with errors.As.
-type EntityError struct {
-	Type, ID string
-	Message  string // the error's text (the Natshard-Error header)
-	Data     []byte // the answer's body
-}
-
-func (e *EntityError) Error() string {
-	return fmt.Sprintf("natshard: entity %s of type %s: %s", e.ID, e.Type, e.Message)
-}
-
 // Request sends data to entity id of type typ and returns its answer. An
 // error the entity returned comes back as an *EntityError. With MsgID,
 // it may send the request several times (after no answer in 2 s, "no
@@ -262,7 +250,7 @@ func answer(typ, id string, reply *nats.Msg, err error) (done bool, data []byte,
 	case reply.Header.Get(protocol.HeaderError) == "":
 		return true, reply.Data, nil
 	case reply.Header.Get(protocol.HeaderRefused) == "":
-		return true, reply.Data, &EntityError{Type: typ, ID: id, Message: reply.Header.Get(protocol.HeaderError), Data: reply.Data}
+		return true, reply.Data, &EntityError{Type: typ, ID: id, Code: reply.Header.Get(protocol.HeaderErrorCode), Message: reply.Header.Get(protocol.HeaderError), Data: reply.Data}
 	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedMalformed:
 		return true, nil, fmt.Errorf("natshard: request to entity %s of type %s: refused: %s", id, typ, reply.Header.Get(protocol.HeaderError))
 	case reply.Header.Get(protocol.HeaderRefused) == protocol.RefusedNoAnswer:

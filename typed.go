@@ -1,0 +1,143 @@
+package natshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/natshard/natshard/send"
+)
+
+// Typed entity types: requests and replies are Go types, encoded by the
+// key's codec. A Key (send.Key) names the type with them; Typed serves it
+// with a Handler per entity; Key.Ref gives a typed reference whose Ask
+// and Tell encode, send and decode. The wire stays plain (the encoded
+// request on the entity's subject), and the bytes API stays beside it.
+
+// Key names an entity type with its request and reply types (send.Key).
+type Key[Req, Rep any] = send.Key[Req, Rep]
+
+// Ref is a typed reference to one entity (send.Ref).
+type Ref[Req, Rep any] = send.Ref[Req, Rep]
+
+// Codec encodes a typed type's requests, replies and error details
+// (send.Codec).
+type Codec = send.Codec
+
+// KeyOption configures a Key (send.KeyOption).
+type KeyOption = send.KeyOption
+
+// Error is an error a type declares, with a code that crosses the wire
+// (send.Error).
+type Error = send.Error
+
+// Codecs (send.JSON, send.Msgpack).
+var (
+	JSON    = send.JSON
+	Msgpack = send.Msgpack
+)
+
+// ErrBadRequest: a typed entity's request could not be decoded (code
+// "bad-request").
+var ErrBadRequest = send.ErrBadRequest
+
+// NewKey returns the key of the entity type name (send.NewKey).
+func NewKey[Req, Rep any](name string, opts ...KeyOption) Key[Req, Rep] {
+	return send.NewKey[Req, Rep](name, opts...)
+}
+
+// WithCodec sets a key's codec (send.WithCodec).
+func WithCodec(c Codec) KeyOption { return send.WithCodec(c) }
+
+// NewError returns an error with a code and a message (send.NewError).
+func NewError(code, message string) *Error { return send.NewError(code, message) }
+
+// Handler is one entity of a typed type: Handle gets each request
+// decoded, one at a time in arrival order (as Entity.Handle), and returns
+// the reply, encoded by the key's codec and sent to a requester (nothing
+// is sent for a Tell). A returned error is answered as an error: with
+// its code (an Error, or an error wrapping one) in the
+// Natshard-Error-Code header and its details, encoded, as the body. A
+// Handler that also has a method Stop(ctx context.Context) error is
+// stopped as an Entity is; MessageFrom(ctx) gives the message being
+// handled (its key, for State.UpdateAnswer).
+type Handler[Req, Rep any] interface {
+	Handle(ctx context.Context, req Req) (Rep, error)
+}
+
+// HandlerFunc is a Handler of a function, for entities without state of
+// their own.
+type HandlerFunc[Req, Rep any] func(ctx context.Context, req Req) (Rep, error)
+
+// Handle calls f.
+func (f HandlerFunc[Req, Rep]) Handle(ctx context.Context, req Req) (Rep, error) {
+	return f(ctx, req)
+}
+
+// Typed returns the Factory of a typed type: newEntity activates entity
+// id as Factory does, and each message is decoded into a Req with key's
+// codec. A message that does not decode is answered with ErrBadRequest
+// (code "bad-request"), without calling Handle.
+func Typed[Req, Rep any](key Key[Req, Rep], newEntity func(ctx context.Context, id string) (Handler[Req, Rep], error)) Factory {
+	codec := key.Codec()
+	return func(ctx context.Context, id string) (Entity, error) {
+		h, err := newEntity(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if h == nil {
+			return nil, fmt.Errorf("natshard: type %q: the factory of entity %q returned no handler", key.Name(), id)
+		}
+		return &typedEntity[Req, Rep]{h: h, codec: codec}, nil
+	}
+}
+
+// TypeOf is the Type of key's name hosting newEntity's handlers (Typed):
+// set its other fields before Start.
+func TypeOf[Req, Rep any](key Key[Req, Rep], newEntity func(ctx context.Context, id string) (Handler[Req, Rep], error)) Type {
+	return Type{Name: key.Name(), Entity: Typed(key, newEntity)}
+}
+
+type typedEntity[Req, Rep any] struct {
+	h     Handler[Req, Rep]
+	codec Codec
+}
+
+type messageKey struct{}
+
+// MessageFrom is the message a typed entity's Handle (its ctx) is
+// handling, nil outside of one.
+func MessageFrom(ctx context.Context) *Message {
+	m, _ := ctx.Value(messageKey{}).(*Message)
+	return m
+}
+
+func (e *typedEntity[Req, Rep]) Handle(ctx context.Context, m *Message) ([]byte, error) {
+	var req Req
+	if err := e.codec.Unmarshal(m.Data, &req); err != nil {
+		return nil, ErrBadRequest.Errorf("bad request: %v", err)
+	}
+	rep, err := e.h.Handle(context.WithValue(ctx, messageKey{}, m), req)
+	if err != nil {
+		var declared *Error
+		if errors.As(err, &declared) && declared.Details() != nil {
+			body, eerr := e.codec.Marshal(declared.Details())
+			if eerr == nil {
+				return body, err
+			}
+		}
+		return nil, err
+	}
+	data, err := e.codec.Marshal(rep)
+	if err != nil {
+		return nil, fmt.Errorf("natshard: encode the reply: %w", err)
+	}
+	return data, nil
+}
+
+func (e *typedEntity[Req, Rep]) Stop(ctx context.Context) error {
+	if s, ok := e.h.(interface{ Stop(context.Context) error }); ok {
+		return s.Stop(ctx)
+	}
+	return nil
+}
