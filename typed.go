@@ -76,8 +76,9 @@ func (f HandlerFunc[Req, Rep]) Handle(ctx context.Context, req Req) (Rep, error)
 
 // Typed returns the Factory of a typed type: newEntity activates entity
 // id as Factory does, and each message is decoded into a Req with key's
-// codec. A message that does not decode is answered with ErrBadRequest
-// (code "bad-request"), without calling Handle.
+// codec (an empty one is the zero Req). A message that does not decode is
+// answered with ErrBadRequest (code "bad-request"), without calling
+// Handle.
 func Typed[Req, Rep any](key Key[Req, Rep], newEntity func(ctx context.Context, id string) (Handler[Req, Rep], error)) Factory {
 	codec := key.Codec()
 	return func(ctx context.Context, id string) (Entity, error) {
@@ -114,8 +115,10 @@ func MessageFrom(ctx context.Context) *Message {
 
 func (e *typedEntity[Req, Rep]) Handle(ctx context.Context, m *Message) ([]byte, error) {
 	var req Req
-	if err := e.codec.Unmarshal(m.Data, &req); err != nil {
-		return nil, ErrBadRequest.Errorf("bad request: %v", err)
+	if len(m.Data) > 0 {
+		if err := e.codec.Unmarshal(m.Data, &req); err != nil {
+			return nil, ErrBadRequest.Errorf("bad request: %v", err)
+		}
 	}
 	rep, err := e.h.Handle(context.WithValue(ctx, messageKey{}, m), req)
 	if err != nil {
