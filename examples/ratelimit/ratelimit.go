@@ -8,8 +8,8 @@
 // full. That is the right trade for a limiter, and it makes the type cheap:
 // nothing is written anywhere.
 //
-// Any message asks for one token (Key's Request is empty: `nats req
-// shard.ratelimit.<shard>.<key> ”` works too); the answer is
+// Any message asks for one token (Key's Request is empty, and so may the
+// body of a raw request be); the answer is
 // {"allowed":true,"tokens":4} (the tokens left).
 package ratelimit
 
