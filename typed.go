@@ -60,7 +60,8 @@ func NewError(code, message string) *Error { return send.NewError(code, message)
 // Natshard-Error-Code header and its details, encoded, as the body. A
 // Handler that also has a method Stop(ctx context.Context) error is
 // stopped as an Entity is; MessageFrom(ctx) gives the message being
-// handled (its key, for State.UpdateAnswer).
+// handled, and UpdateReply changes a State and keeps the reply for the
+// request's idempotency key.
 type Handler[Req, Rep any] interface {
 	Handle(ctx context.Context, req Req) (Rep, error)
 }
@@ -104,13 +105,58 @@ type typedEntity[Req, Rep any] struct {
 	codec Codec
 }
 
-type messageKey struct{}
+// typedCall is what a typed entity's Handle context carries: the
+// message and the type's codec.
+type typedCall struct {
+	m     *Message
+	codec Codec
+}
+
+type typedCallKey struct{}
 
 // MessageFrom is the message a typed entity's Handle (its ctx) is
 // handling, nil outside of one.
 func MessageFrom(ctx context.Context) *Message {
-	m, _ := ctx.Value(messageKey{}).(*Message)
-	return m
+	c, _ := ctx.Value(typedCallKey{}).(*typedCall)
+	if c == nil {
+		return nil
+	}
+	return c.m
+}
+
+// UpdateReply is State.UpdateAnswer for a typed entity's Handle (ctx):
+// change changes the state and returns the reply, and with an idempotency
+// key (MsgID) the reply, encoded, is saved with the state in the same
+// compare-and-set, so that the request sent again with its key is
+// answered with it whichever process holds the entity then, after a move
+// or a crash. Outside a typed Handle it is Update, and keeps no reply.
+func UpdateReply[T, Rep any](ctx context.Context, s *State[T], change func(*T) (Rep, error)) (Rep, error) {
+	var rep Rep
+	c, _ := ctx.Value(typedCallKey{}).(*typedCall)
+	if c == nil {
+		err := s.Update(ctx, func(v *T) error {
+			var err error
+			rep, err = change(v)
+			return err
+		})
+		return rep, err
+	}
+	data, err := s.UpdateAnswer(ctx, c.m, func(v *T) ([]byte, error) {
+		r, err := change(v)
+		if err != nil {
+			return nil, err
+		}
+		return c.codec.Marshal(r)
+	})
+	if err != nil {
+		return rep, err
+	}
+	if len(data) > 0 {
+		if err := c.codec.Unmarshal(data, &rep); err != nil {
+			return rep, fmt.Errorf("natshard: decode the reply kept with the state: %w", err)
+		}
+	}
+	return rep, nil
 }
 
 func (e *typedEntity[Req, Rep]) Handle(ctx context.Context, m *Message) ([]byte, error) {
@@ -120,7 +166,7 @@ func (e *typedEntity[Req, Rep]) Handle(ctx context.Context, m *Message) ([]byte,
 			return nil, ErrBadRequest.Errorf("bad request: %v", err)
 		}
 	}
-	rep, err := e.h.Handle(context.WithValue(ctx, messageKey{}, m), req)
+	rep, err := e.h.Handle(context.WithValue(ctx, typedCallKey{}, &typedCall{m: m, codec: e.codec}), req)
 	if err != nil {
 		var declared *Error
 		if errors.As(err, &declared) && declared.Details() != nil {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/natshard/natshard"
+	cartex "github.com/natshard/natshard/examples/cart"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/send"
@@ -218,5 +220,54 @@ func TestErrorMatching(t *testing.T) {
 	ee := &send.EntityError{Code: "insufficient-funds"}
 	if !errors.Is(ee, errInsufficientFunds) || errors.Is(ee, other) || errors.Is(&send.EntityError{}, natshard.NewError("", "")) {
 		t.Fatal("EntityError matches by code")
+	}
+}
+
+// TestTypedKeyedAcrossMove: a persistent typed entity (examples/cart,
+// UpdateReply) asked with an idempotency key, then asked again with it
+// after its shard moved to the other node, applies it once and answers
+// both times alike.
+func TestTypedKeyedAcrossMove(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	nodes := map[string]*natshard.Node{}
+	for _, r := range []string{"a", "b"} {
+		typ := cartex.Type()
+		typ.Shards, typ.MinRegions, typ.RebalanceInterval = 4, 2, natshard.Off
+		nodes[r] = mustStartOn(t, url, r, typ)
+	}
+	held := func(r string) []int { s, _ := nodes[r].Stats("cart"); return s.Shards }
+	eventually(t, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	alice := cartex.Key.Ref(natshard.NewClient(natstest.Connect(t, url)), "alice")
+	first, err := alice.Ask(ctx, cartex.Request{Op: "add", Item: "apple"}, natshard.MsgID("add-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shard := protocol.ShardOf("alice", 4)
+	to := "a"
+	if slices.Contains(held("a"), shard) {
+		to = "b"
+	}
+	admin := natstest.Connect(t, url)
+	eventually(t, "the shard moved to "+to, func() bool {
+		if slices.Contains(held(to), shard) {
+			return true
+		}
+		if _, err := admin.Request(protocol.MustSubjects("", "", "cart").Admin(protocol.AdminMove), fmt.Appendf(nil, `{"shard":%d,"region":%q}`, shard, to), 5*time.Second); err != nil {
+			t.Fatalf("move: %v", err)
+		}
+		return false
+	})
+	again, err := alice.Ask(ctx, cartex.Request{Op: "add", Item: "apple"}, natshard.MsgID("add-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := alice.Ask(ctx, cartex.Request{Op: "get"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Items["apple"] != 1 || again.Items["apple"] != 1 || got.Items["apple"] != 1 {
+		t.Fatalf("first %v, again %v, then %v; want one apple each time", first.Items, again.Items, got.Items)
 	}
 }

@@ -72,12 +72,13 @@ func (e *entity) Handle(ctx context.Context, req Request) (Cart, error) {
 	default:
 		change = func(c *Cart) { c.Items[req.Item] = req.Count }
 	}
-	err := e.state.Update(ctx, func(c *Cart) error {
+	// The reply is kept with the change for a request's idempotency key
+	// (MsgID): sent again, after a move or a crash, it is not applied twice.
+	return natshard.UpdateReply(ctx, e.state, func(c *Cart) (Cart, error) {
 		if c.Items == nil {
 			c.Items = map[string]int{}
 		}
 		change(c)
-		return nil
+		return *c, nil
 	})
-	return e.state.Value(), err
 }
