@@ -61,7 +61,9 @@ func NewError(code, message string) *Error { return send.NewError(code, message)
 // Handler that also has a method Stop(ctx context.Context) error is
 // stopped as an Entity is; MessageFrom(ctx) gives the message being
 // handled, and UpdateReply changes a State and keeps the reply for the
-// request's idempotency key.
+// request's idempotency key; a Handler that does so also gives its
+// State's Answer method (Answer(key string) (KeptAnswer, bool)), for its
+// region to find them before calling Handle.
 type Handler[Req, Rep any] interface {
 	Handle(ctx context.Context, req Req) (Rep, error)
 }
@@ -182,6 +184,20 @@ func (e *typedEntity[Req, Rep]) Handle(ctx context.Context, m *Message) ([]byte,
 		return nil, fmt.Errorf("natshard: encode the reply: %w", err)
 	}
 	return data, nil
+}
+
+// Answer is the handler's, when it keeps answers with its state
+// (AnswerKeeper: a method Answer(key string) (KeptAnswer, bool), as
+// State.Answer): a request sent again with its key after a move or a
+// crash is then answered from it, in durable delivery too (where the
+// region asks for an answer without handling anything).
+func (e *typedEntity[Req, Rep]) Answer(key string) (KeptAnswer, bool) {
+	if k, ok := e.h.(interface {
+		Answer(key string) (KeptAnswer, bool)
+	}); ok {
+		return k.Answer(key)
+	}
+	return KeptAnswer{}, false
 }
 
 func (e *typedEntity[Req, Rep]) Stop(ctx context.Context) error {

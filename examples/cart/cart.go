@@ -82,3 +82,7 @@ func (e *entity) Handle(ctx context.Context, req Request) (Cart, error) {
 		return *c, nil
 	})
 }
+
+// Answer is the reply the cart kept with its state for an idempotency
+// key (UpdateReply): natshard looks there before calling Handle.
+func (e *entity) Answer(key string) (natshard.KeptAnswer, bool) { return e.state.Answer(key) }
