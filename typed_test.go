@@ -142,14 +142,22 @@ func TestTypedRoundTrip(t *testing.T) {
 	}
 }
 
-// TestTypedAskKeyedOnce: a typed Ask with an idempotency key (MsgID),
-// sent twice, is applied once and both calls get the same answer; an
-// error answer kept for a key keeps its code.
+// TestTypedAskKeyedOnce, in both delivery modes: a typed Ask with an
+// idempotency key (MsgID), sent twice, is applied once and both calls get
+// the same answer; an error answer kept for a key keeps its code.
 func TestTypedAskKeyedOnce(t *testing.T) {
+	for _, delivery := range []natshard.Delivery{natshard.Core, natshard.Durable} {
+		t.Run(string(delivery), func(t *testing.T) { testTypedAskKeyedOnce(t, delivery) })
+	}
+}
+
+func testTypedAskKeyedOnce(t *testing.T, delivery natshard.Delivery) {
 	url := natstest.URL(natstest.RunServer(t))
 	var applied sync.Map
 	for _, r := range []string{"a", "b"} {
-		mustStartOn(t, url, r, accountType(accountKey, &applied))
+		typ := accountType(accountKey, &applied)
+		typ.Delivery = delivery
+		mustStartOn(t, url, r, typ)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
