@@ -225,6 +225,13 @@ func TestErrorMatching(t *testing.T) {
 	if got := protocol.ErrorCode(natshard.NewError("bad code\r\n", "x")); got != "" {
 		t.Fatalf("an invalid code crosses the wire: %q", got)
 	}
+	m := protocol.ErrorReply("_INBOX.x", nil, wrapped)
+	if m.Header.Get(protocol.HeaderErrorCode) != "insufficient-funds" || string(m.Data) != `{"code":"insufficient-funds","error":"ctx: short by 3","ok":false}` {
+		t.Fatalf("error reply: %v %s", m.Header, m.Data)
+	}
+	if m := protocol.ErrorReply("_INBOX.x", nil, errors.New("plain")); m.Header.Get(protocol.HeaderErrorCode) != "" || string(m.Data) != `{"error":"plain","ok":false}` {
+		t.Fatalf("a plain error's reply: %v %s", m.Header, m.Data)
+	}
 	ee := &send.EntityError{Code: "insufficient-funds"}
 	if !errors.Is(ee, errInsufficientFunds) || errors.Is(ee, other) || errors.Is(&send.EntityError{}, natshard.NewError("", "")) {
 		t.Fatal("EntityError matches by code")
