@@ -5,9 +5,33 @@
 // and messages sent while a shard moves are delayed, never lost. It does
 // for Go services on NATS what Akka Cluster Sharding does on the JVM.
 //
+// # Typed entity types
+//
+// A Key names a type with the Go types of its requests and replies; a
+// Handler per entity gets each request decoded (JSON by default, a Codec
+// of one's own with WithCodec) and returns the reply; a Ref's Ask encodes,
+// sends and decodes. Errors a type declares with NewError carry a code
+// across the wire (the Natshard-Error-Code header), which errors.Is
+// matches on the caller's side:
+//
+//	var Account = natshard.NewKey[Request, Reply]("account")
+//	var ErrInsufficientFunds = natshard.NewError("insufficient-funds", "insufficient funds")
+//
+//	node, err := natshard.Start(ctx, opts, natshard.TypeOf(Account, newAccount))
+//	...
+//	reply, err := Account.Ref(client, "alice").Ask(ctx, Request{Op: "withdraw", Amount: 50})
+//	if errors.Is(err, ErrInsufficientFunds) { ... }
+//
+// The wire stays plain: a request is the encoded value on the entity's
+// subject, so any NATS client talks to a typed entity. Package send holds
+// the sending half (Client, Key, Ref, Error) for programs that only send,
+// without linking the NATS server; this package's names for them are
+// aliases.
+//
 // # Hosting entities
 //
-// A type is a name and a Factory; an Entity handles one message at a time:
+// Underneath, a type is a name and a Factory; an Entity handles one
+// message at a time, bytes in and bytes out:
 //
 //	node, err := natshard.Start(ctx, natshard.Options{NATS: "nats://127.0.0.1:4222"},
 //		natshard.Type{Name: "cart", Entity: newCart},

@@ -417,7 +417,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	}
 	stream := h.stream
 	observed := n.metrics != nil || n.tracer != nil
-	n.client.learn(subjects, t.Shards, t.Delivery)
+	n.client.Learn(subjects, t.Shards, string(t.Delivery))
 	if !n.opts.NoRegion {
 		cfg := region.Config{
 			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
 )
 
@@ -228,6 +229,9 @@ func (s *State[T]) update(ctx context.Context, key string, change func(*T) ([]by
 
 // keptAnswer is what UpdateAnswer returns for a kept answer.
 func keptAnswer(ans region.KeptAnswer) ([]byte, error) {
+	if ans.Error != "" && ans.Code != "" {
+		return ans.Data, &protocol.CodedError{Code: ans.Code, Text: ans.Error}
+	}
 	if ans.Error != "" {
 		return ans.Data, errors.New(ans.Error)
 	}

@@ -152,15 +152,3 @@ func (h *hosted) coordinatorMove(m coordinator.Move) {
 	}
 	span.End(trace.WithTimestamp(m.Ended))
 }
-
-// injectTrace puts the span context of ctx, if any, in m's headers as W3C
-// trace context, unless m carries a traceparent already.
-func injectTrace(ctx context.Context, m *nats.Msg) {
-	if !trace.SpanContextFromContext(ctx).IsValid() || len(m.Header[HeaderTraceparent]) > 0 {
-		return
-	}
-	if m.Header == nil {
-		m.Header = nats.Header{}
-	}
-	w3c.Inject(ctx, HeaderCarrier(m.Header))
-}

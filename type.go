@@ -23,9 +23,11 @@ import (
 // Handle's context ends when the entity's shard is dropped from this
 // process or the process is fenced (the shard may be served elsewhere
 // already), or the node closes. A non-nil error from Handle is sent to a
-// requester as an error reply (the Natshard-Error header; a Client returns
-// an *EntityError) with the returned bytes, or {"ok":false,"error":...}
-// when they are nil.
+// requester as an error reply (the Natshard-Error header, and its code in
+// Natshard-Error-Code when it is or wraps an *Error; a Client returns an
+// *EntityError) with the returned bytes, or {"ok":false,"error":...}
+// when they are nil. A typed type (Typed, Key) needs no Entity of its
+// own: its Handler gets the requests decoded.
 type Entity = region.Entity
 
 // Message is a message delivered to an entity: its id and shard, the

@@ -172,6 +172,44 @@ func TestLibraryExample(t *testing.T) {
 		}
 		checked++
 	}
+	// The typed API across processes: this process sends, the shop's
+	// processes host. A typed Ask, a declared error matched by its code,
+	// and the same entity asked with a raw request in JSON.
+	typed := cart.Key.Ref(client, "typed-1")
+	got, err := typed.Ask(ctx, cart.Request{Op: "add", Item: "apple", Count: 2}, natshard.MsgID("typed-add-1"))
+	if err != nil || got.Items["apple"] != 2 {
+		t.Fatalf("typed add: %v, %v", got.Items, err)
+	}
+	if again, err := typed.Ask(ctx, cart.Request{Op: "add", Item: "apple", Count: 2}, natshard.MsgID("typed-add-1")); err != nil || again.Items["apple"] != 2 {
+		t.Fatalf("typed add sent again with its key: %v, %v; want it applied once", again.Items, err)
+	}
+	if _, err := typed.Ask(ctx, cart.Request{Op: "buy"}); !errors.Is(err, natshard.ErrBadRequest) {
+		t.Fatalf("typed buy: %v; want bad-request", err)
+	}
+	st, err := status(nc, types["cart"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := types["cart"].EntityOf("typed-1", st.Shards)
+	rawAsk := func(body string) *nats.Msg {
+		t.Helper()
+		for {
+			raw, err := nc.Request(subject, []byte(body), 10*time.Second)
+			switch {
+			case err == nil && raw.Header.Get(protocol.HeaderRefused) == "":
+				return raw
+			case ctx.Err() != nil:
+				t.Fatalf("raw request %s: %v", body, err)
+			}
+			time.Sleep(100 * time.Millisecond) // no owner this moment, or refused: again
+		}
+	}
+	if raw := rawAsk(`{"op":"get"}`); string(raw.Data) != `{"items":{"apple":2}}` {
+		t.Fatalf("raw JSON get: %s", raw.Data)
+	}
+	if raw := rawAsk(`{"op":`); raw.Header.Get(protocol.HeaderErrorCode) != "bad-request" {
+		t.Fatalf("raw JSON that does not decode: %s %s; want the code bad-request", raw.Header.Get(protocol.HeaderError), raw.Data)
+	}
 	t.Logf("library example: %d cart requests answered (%d carts checked), %d rate limiter requests allowed; 0 failed; single owner in %d samples",
 		answered.Load(), checked, limited.Load(), owners.samples.Load())
 }

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"errors"
 
 	"github.com/nats-io/nats.go"
 )
@@ -44,9 +45,56 @@ func RefusedReply(subject, reason string, body []byte, err error) *nats.Msg {
 	if reason != "" {
 		out.Header.Set(HeaderRefused, reason)
 	}
+	code := ErrorCode(err)
+	if code != "" {
+		out.Header.Set(HeaderErrorCode, code)
+	}
 	out.Data = body
 	if out.Data == nil {
-		out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})
+		if code != "" {
+			out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error(), "code": code})
+		} else {
+			out.Data, _ = json.Marshal(map[string]any{"ok": false, "error": err.Error()})
+		}
 	}
 	return out
 }
+
+// ErrorCode is the code of err (HeaderErrorCode): that of the first error
+// in its chain with a method ErrorCode() string, when it is a valid code
+// (ValidErrorCode); "" otherwise.
+func ErrorCode(err error) string {
+	var coded interface{ ErrorCode() string }
+	if err == nil || !errors.As(err, &coded) {
+		return ""
+	}
+	if code := coded.ErrorCode(); ValidErrorCode(code) {
+		return code
+	}
+	return ""
+}
+
+// ValidErrorCode reports whether code may be an error code: 1 to 64
+// ASCII letters, digits, '-', '_', '.' or ':'.
+func ValidErrorCode(code string) bool {
+	if code == "" || len(code) > 64 {
+		return false
+	}
+	for _, r := range []byte(code) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.', r == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// CodedError is an error with a code (ErrorCode), as an error answer
+// read back (a kept answer, a sidecar app's) carries it.
+type CodedError struct {
+	Code, Text string
+}
+
+func (e *CodedError) Error() string     { return e.Text }
+func (e *CodedError) ErrorCode() string { return e.Code }

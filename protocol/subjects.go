@@ -17,6 +17,11 @@ const (
 	// HeaderError is set on the reply to a request that natshard could not
 	// route or that an entity failed; its value says why.
 	HeaderError = "Natshard-Error"
+	// HeaderErrorCode is set, beside HeaderError, on an entity's error
+	// answer whose error has a code (ErrorCode): a short token such as
+	// "insufficient-funds" that a requester in any language matches on,
+	// where HeaderError's text is for people.
+	HeaderErrorCode = "Natshard-Error-Code"
 	// HeaderRefused is set, beside HeaderError, on the reply to a request
 	// that no entity handled: its value is one of the Refused* reasons.
 	// A request refused for any reason but RefusedMalformed may be sent

@@ -20,6 +20,7 @@ type KeptAnswer struct {
 	Key   string `json:"key"`
 	Data  []byte `json:"data,omitempty"`
 	Error string `json:"error,omitempty"` // the answer's Natshard-Error; "" for a success
+	Code  string `json:"code,omitempty"`  // the error's code (Natshard-Error-Code), if it has one
 }
 
 // err is the error the answer is sent with (nil for a success).
@@ -27,10 +28,13 @@ func (a KeptAnswer) err() error {
 	if a.Error == "" {
 		return nil
 	}
+	if a.Code != "" {
+		return &protocol.CodedError{Code: a.Code, Text: a.Error}
+	}
 	return errors.New(a.Error)
 }
 
-func (a KeptAnswer) size() int { return len(a.Key) + len(a.Data) + len(a.Error) }
+func (a KeptAnswer) size() int { return len(a.Key) + len(a.Data) + len(a.Error) + len(a.Code) }
 
 // AnswerKeeper is an Entity that keeps the answers to the keyed messages
 // it applied with its state (saved in the same compare-and-set), so that
@@ -203,7 +207,7 @@ func (h *host) recall(se *shardEntities, c *cell, ent Entity, key string) (ans K
 func (h *host) keep(se *shardEntities, c *cell, key string, data []byte, err error) {
 	ans := KeptAnswer{Key: key, Data: bytes.Clone(data)}
 	if err != nil {
-		ans.Error = err.Error()
+		ans.Error, ans.Code = err.Error(), protocol.ErrorCode(err)
 	}
 	se.mu.Lock()
 	kept := se.answers[c]

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/protocol"
 )
 
 // entity is one entity of the app. The region calls it one message at a
@@ -154,6 +155,7 @@ type answer struct {
 	status int
 	text   string // the status line: "500 Internal Server Error"
 	msg    string // its Natshard-Error header
+	code   string // its Natshard-Error-Code header, when a valid code
 	body   []byte
 	// passivate: its Natshard-Passivate header is "true"
 	passivate bool
@@ -167,13 +169,44 @@ func (a answer) noCallback() bool {
 	return a.status == http.StatusNotFound || a.status == http.StatusMethodNotAllowed
 }
 
-// err is the entity's error for a non-2xx answer.
+// err is the entity's error for a non-2xx answer: its code is the app's
+// (its Natshard-Error-Code header), or else http-<status>.
 func (a answer) err() error {
-	if a.msg != "" {
-		return fmt.Errorf("app: answered %s: %s", a.text, a.msg)
+	code := a.code
+	if code == "" {
+		code = "http-" + strconv.Itoa(a.status)
 	}
-	return fmt.Errorf("app: answered %s", a.text)
+	if a.msg != "" {
+		return &appError{code: code, err: fmt.Errorf("app: answered %s: %s", a.text, a.msg)}
+	}
+	return &appError{code: code, err: fmt.Errorf("app: answered %s", a.text)}
 }
+
+// Codes of the errors of calls that got no answer of the app
+// (docs/SIDECAR.md, "Errors"); an answer of the app has its own code, or
+// http-<status>.
+const (
+	// CodeAppUnreachable: the app could not be reached, or did not
+	// answer HTTP (refused, closed, garbage, cut short).
+	CodeAppUnreachable = "app-unreachable"
+	// CodeAppTimeout: no answer within the app timeout, or no call slot
+	// free within it.
+	CodeAppTimeout = "app-timeout"
+	// CodeAppAnswerTooLarge: the app's answer does not fit in a NATS
+	// message.
+	CodeAppAnswerTooLarge = "app-answer-too-large"
+)
+
+// appError is an error of a call to the app with its code
+// (protocol.ErrorCode reads it: the Natshard-Error-Code header).
+type appError struct {
+	code string
+	err  error
+}
+
+func (e *appError) Error() string     { return e.err.Error() }
+func (e *appError) ErrorCode() string { return e.code }
+func (e *appError) Unwrap() error     { return e.err }
 
 // call POSTs body to the app's path, within the timeout and a call slot,
 // and reads the answer (at most maxAnswer bytes).
@@ -186,7 +219,7 @@ func (a *App) call(ctx context.Context, path string, body []byte, h http.Header)
 		if ctx.Err() != nil {
 			return answer{}, a.callError(ctx, cctx, ctx.Err())
 		}
-		return answer{}, fmt.Errorf("app: no call slot free within %s: %d calls to the app in flight (app concurrency)", a.cfg.Timeout, cap(a.slots))
+		return answer{}, &appError{code: CodeAppTimeout, err: fmt.Errorf("app: no call slot free within %s: %d calls to the app in flight (app concurrency)", a.cfg.Timeout, cap(a.slots))}
 	}
 	defer func() { <-a.slots }()
 	req, err := http.NewRequestWithContext(cctx, http.MethodPost, a.base+path, bytes.NewReader(body))
@@ -205,13 +238,17 @@ func (a *App) call(ctx context.Context, path string, body []byte, h http.Header)
 	case err != nil:
 		return answer{}, a.callError(ctx, cctx, fmt.Errorf("its answer was cut short: %w", err))
 	case int64(len(data)) > limit:
-		return answer{}, fmt.Errorf("app: its answer to %s is larger than %d bytes, the most a NATS message holds here", path, limit)
+		return answer{}, &appError{code: CodeAppAnswerTooLarge, err: fmt.Errorf("app: its answer to %s is larger than %d bytes, the most a NATS message holds here", path, limit)}
 	}
 	msg := resp.Header.Get(HeaderError)
 	if len(msg) > maxErrorText {
 		msg = msg[:maxErrorText] + "..."
 	}
-	return answer{status: resp.StatusCode, text: resp.Status, msg: msg, body: data, passivate: resp.Header.Get(HeaderPassivate) == "true"}, nil
+	code := resp.Header.Get(HeaderErrorCode)
+	if !protocol.ValidErrorCode(code) {
+		code = ""
+	}
+	return answer{status: resp.StatusCode, text: resp.Status, msg: msg, code: code, body: data, passivate: resp.Header.Get(HeaderPassivate) == "true"}, nil
 }
 
 // callError says why a call failed: it was cancelled (ctx, the entity's,
@@ -222,14 +259,14 @@ func (a *App) callError(ctx, cctx context.Context, err error) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("app: call cancelled: %w", ctx.Err())
 	case cctx.Err() != nil:
-		return fmt.Errorf("app: no answer within %s (app timeout)", a.cfg.Timeout)
+		return &appError{code: CodeAppTimeout, err: fmt.Errorf("app: no answer within %s (app timeout)", a.cfg.Timeout)}
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
 	if errors.Is(err, io.EOF) {
-		return fmt.Errorf("app: closed the connection without answering: %w", err)
+		return &appError{code: CodeAppUnreachable, err: fmt.Errorf("app: closed the connection without answering: %w", err)}
 	}
-	return fmt.Errorf("app: %w", err)
+	return &appError{code: CodeAppUnreachable, err: fmt.Errorf("app: %w", err)}
 }

@@ -56,6 +56,11 @@ func (f *faultApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(sidecar.HeaderError, "out of stock")
 		w.WriteHeader(http.StatusInternalServerError)
 		w.Write([]byte(`{"ok":false}`))
+	case strings.HasPrefix(id, "refuse-"):
+		w.Header().Set(sidecar.HeaderError, "insufficient funds")
+		w.Header().Set(sidecar.HeaderErrorCode, "insufficient-funds")
+		w.WriteHeader(http.StatusConflict)
+		w.Write([]byte(`{"missing":5}`))
 	case strings.HasPrefix(id, "teapot-"):
 		w.WriteHeader(http.StatusTeapot)
 	case strings.HasPrefix(id, "big-"):
@@ -176,7 +181,9 @@ func TestAppFaults(t *testing.T) {
 	}
 	client := node.Client()
 
-	expect := func(typ, id, want string) {
+	// expect: the request fails with an entity error saying want (one
+	// of its |-separated texts), of code code (Natshard-Error-Code).
+	expect := func(typ, id, want, code string) {
 		t.Helper()
 		t0 := time.Now()
 		data, err := client.Request(ctx, typ, id, []byte("hello"))
@@ -184,20 +191,30 @@ func TestAppFaults(t *testing.T) {
 		if !errors.As(err, &ee) || !slices.ContainsFunc(strings.Split(want, "|"), func(w string) bool { return strings.Contains(ee.Message, w) }) {
 			t.Fatalf("%s %s: %q, %v; want an entity error saying %q", typ, id, data, err, want)
 		}
-		t.Logf("%s %s: %q after %s", typ, id, ee.Message, time.Since(t0).Round(time.Millisecond))
+		if ee.Code != code {
+			t.Fatalf("%s %s: %q of code %q; want code %q", typ, id, ee.Message, ee.Code, code)
+		}
+		t.Logf("%s %s: %q (%s) after %s", typ, id, ee.Message, ee.Code, time.Since(t0).Round(time.Millisecond))
 	}
 	if data, err := client.Request(ctx, "faults", "ok-1", []byte("hello")); err != nil || string(data) != "hello" {
 		t.Fatalf("ok-1: %q %v", data, err)
 	}
-	expect("faults", "slow-1", "app: no answer within 500ms (app timeout)")
-	expect("faults", "fail-1", "app: answered 500 Internal Server Error: out of stock")
-	expect("faults", "teapot-1", "app: answered 418 I'm a teapot")
-	expect("faults", "big-1", "is larger than")
-	expect("faults", "redirect-1", "app: answered 302 Found")
-	expect("faults", "noactivate-1", "create entity: app: answered 500 Internal Server Error")
-	expect("garbage", "x", "malformed HTTP")
-	expect("cutshort", "x", "its answer was cut short: unexpected EOF")
-	expect("gone", "x", "connect: connection refused")
+	expect("faults", "slow-1", "app: no answer within 500ms (app timeout)", sidecar.CodeAppTimeout)
+	expect("faults", "fail-1", "app: answered 500 Internal Server Error: out of stock", "http-500")
+	expect("faults", "refuse-1", "app: answered 409 Conflict: insufficient funds", "insufficient-funds")
+	expect("faults", "teapot-1", "app: answered 418 I'm a teapot", "http-418")
+	expect("faults", "big-1", "is larger than", sidecar.CodeAppAnswerTooLarge)
+	expect("faults", "redirect-1", "app: answered 302 Found", "http-302")
+	expect("faults", "noactivate-1", "create entity: app: answered 500 Internal Server Error", "http-500")
+	expect("garbage", "x", "malformed HTTP", sidecar.CodeAppUnreachable)
+	expect("cutshort", "x", "its answer was cut short: unexpected EOF", sidecar.CodeAppUnreachable)
+	expect("gone", "x", "connect: connection refused", sidecar.CodeAppUnreachable)
+	// A declared error of the app's matches with errors.Is, and its
+	// body (the details) is the app's.
+	_, err = client.Request(ctx, "faults", "refuse-2", nil)
+	if ee := (*natshard.EntityError)(nil); !errors.Is(err, natshard.NewError("insufficient-funds", "")) || !errors.As(err, &ee) || string(ee.Data) != `{"missing":5}` {
+		t.Fatalf("refuse-2: %v, want insufficient-funds with the app's body", err)
+	}
 	// The error's body is the app's.
 	_, err = client.Request(ctx, "faults", "fail-2", nil)
 	if ee := (*natshard.EntityError)(nil); !errors.As(err, &ee) || string(ee.Data) != `{"ok":false}` {
@@ -218,8 +235,8 @@ func TestAppFaults(t *testing.T) {
 	// The app goes away: its connections close, calls fail clearly (a
 	// call may meet a kept-alive connection as it closes).
 	faultSrv.Close()
-	expect("faults", "ok-2", "connect: connection refused|closed the connection without answering")
-	expect("faults", "ok-3", "connect: connection refused")
+	expect("faults", "ok-2", "connect: connection refused|closed the connection without answering", sidecar.CodeAppUnreachable)
+	expect("faults", "ok-3", "connect: connection refused", sidecar.CodeAppUnreachable)
 
 	if err := node.Close(context.Background()); err != nil {
 		t.Fatal(err)

@@ -47,6 +47,10 @@ const (
 	// HeaderError, on a non-2xx answer of the app, is the error text the
 	// requester gets (by default "app: answered <status>").
 	HeaderError = "Natshard-Error"
+	// HeaderErrorCode, on a non-2xx answer of the app, is the error's
+	// code (1 to 64 of [A-Za-z0-9-_.:]), passed on to the requester in
+	// the same NATS header (by default http-<status>).
+	HeaderErrorCode = "Natshard-Error-Code"
 	// HeaderPassivate "true" on the app's answer to a message: the entity
 	// is done; it stops now (its stop call comes; a message after it
 	// activates it again), and a type that remembers its entities

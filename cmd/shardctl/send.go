@@ -64,6 +64,9 @@ func cmdRequest(ctx context.Context, c *client, args []string, out io.Writer) er
 	// characters (output.go).
 	fmt.Fprintln(out, cleanText(string(m.Data)))
 	if e := m.Header.Get(protocol.HeaderError); e != "" {
+		if code := m.Header.Get(protocol.HeaderErrorCode); code != "" {
+			return fmt.Errorf("entity answered with an error: %s (code %s)", e, code)
+		}
 		return fmt.Errorf("entity answered with an error: %s", e)
 	}
 	return nil
@@ -85,6 +88,9 @@ func (c *client) requestDurable(ctx context.Context, id string, data []byte, out
 	switch {
 	case errors.As(err, &ee):
 		fmt.Fprintln(out, cleanText(string(ee.Data)))
+		if ee.Code != "" {
+			return fmt.Errorf("entity answered with an error: %s (code %s)", ee.Message, ee.Code)
+		}
 		return fmt.Errorf("entity answered with an error: %s", ee.Message)
 	case err != nil:
 		if d := c.deniedAfterFlush(); d != nil {

@@ -1,28 +1,30 @@
-// Package cart is a persistent shopping cart, hosted as a natshard entity
-// type: one entity per cart id, its contents saved in the type's KV bucket
-// at every change, so a cart survives passivation, moves between processes
-// and restarts.
+// Package cart is a persistent shopping cart, hosted as a typed natshard
+// entity type: one entity per cart id, its contents saved in the type's
+// KV bucket at every change, so a cart survives passivation, moves between
+// processes and restarts.
 //
-// A cart answers JSON requests:
+// Key names the type with its request and reply: a sender asks
+//
+//	rep, err := cart.Key.Ref(client, "alice").Ask(ctx, cart.Request{Op: "add", Item: "apple", Count: 2})
+//
+// and the wire is plain JSON, for any other language or `nats req`:
 //
 //	{"op":"add","item":"apple","count":2}     adds (count defaults to 1)
 //	{"op":"set","item":"apple","count":5}     sets the count (0 removes)
 //	{"op":"remove","item":"apple"}            removes the item
 //	{"op":"get"}                              reads the cart
 //
-// with the whole cart, {"items":{"apple":2}}.
+// with the whole cart, {"items":{"apple":2}}. A request it cannot take
+// fails with natshard.ErrBadRequest (code "bad-request").
 package cart
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 
 	"github.com/natshard/natshard"
 )
 
-// Cart is what a cart holds: its persisted state.
+// Cart is what a cart holds: its persisted state, and its answer.
 type Cart struct {
 	Items map[string]int `json:"items"`
 }
@@ -34,13 +36,14 @@ type Request struct {
 	Count int    `json:"count,omitempty"`
 }
 
+// Key is the cart type's: requests are Requests, replies Carts.
+var Key = natshard.NewKey[Request, Cart]("cart")
+
 // Type is the cart entity type.
-func Type() natshard.Type {
-	return natshard.Type{Name: "cart", Entity: New}
-}
+func Type() natshard.Type { return natshard.TypeOf(Key, New) }
 
 // New activates the cart id: it loads its saved state.
-func New(ctx context.Context, id string) (natshard.Entity, error) {
+func New(ctx context.Context, id string) (natshard.Handler[Request, Cart], error) {
 	state, err := natshard.LoadState[Cart](ctx)
 	if err != nil {
 		return nil, err
@@ -52,49 +55,34 @@ type entity struct {
 	state *natshard.State[Cart]
 }
 
-// Handle answers one request. natshard calls it with one message at a time.
-func (e *entity) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
-	var req Request
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		return nil, fmt.Errorf("bad request: %w", err)
-	}
-	var err error
-	switch req.Op {
-	case "get":
-	case "add":
-		if req.Item == "" {
-			return nil, errors.New("bad request: add needs an item")
-		}
-		err = e.state.Update(ctx, func(c *Cart) error {
-			if c.Items == nil {
-				c.Items = map[string]int{}
-			}
-			c.Items[req.Item] += max(req.Count, 1)
-			return nil
-		})
-	case "set", "remove":
-		if req.Item == "" {
-			return nil, fmt.Errorf("bad request: %s needs an item", req.Op)
-		}
-		err = e.state.Update(ctx, func(c *Cart) error {
-			if req.Op == "remove" || req.Count <= 0 {
-				delete(c.Items, req.Item)
-				return nil
-			}
-			if c.Items == nil {
-				c.Items = map[string]int{}
-			}
-			c.Items[req.Item] = req.Count
-			return nil
-		})
+// Handle answers one request. natshard calls it with one request at a time.
+func (e *entity) Handle(ctx context.Context, req Request) (Cart, error) {
+	var change func(*Cart)
+	switch {
+	case req.Op == "get":
+		return e.state.Value(), nil
+	case req.Op != "add" && req.Op != "set" && req.Op != "remove":
+		return Cart{}, natshard.ErrBadRequest.Errorf("unknown op %q", req.Op)
+	case req.Item == "":
+		return Cart{}, natshard.ErrBadRequest.Errorf("%s needs an item", req.Op)
+	case req.Op == "add":
+		change = func(c *Cart) { c.Items[req.Item] += max(req.Count, 1) }
+	case req.Op == "remove" || req.Count <= 0:
+		change = func(c *Cart) { delete(c.Items, req.Item) }
 	default:
-		return nil, fmt.Errorf("bad request: unknown op %q", req.Op)
+		change = func(c *Cart) { c.Items[req.Item] = req.Count }
 	}
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(e.state.Value())
+	// The reply is kept with the change for a request's idempotency key
+	// (MsgID): sent again, after a move or a crash, it is not applied twice.
+	return natshard.UpdateReply(ctx, e.state, func(c *Cart) (Cart, error) {
+		if c.Items == nil {
+			c.Items = map[string]int{}
+		}
+		change(c)
+		return *c, nil
+	})
 }
 
-// Stop has nothing to do: every change was saved when it was made.
-func (e *entity) Stop(context.Context) error { return nil }
+// Answer is the reply the cart kept with its state for an idempotency
+// key (UpdateReply): natshard looks there before calling Handle.
+func (e *entity) Answer(key string) (natshard.KeptAnswer, bool) { return e.state.Answer(key) }

@@ -2,6 +2,7 @@ package cart_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,9 +11,9 @@ import (
 	"github.com/natshard/natshard/examples/cart"
 )
 
-// A node with an embedded NATS server hosts carts; a client fills one.
-// The cart is saved at every change: a node started again on the same
-// store finds it as it was.
+// A node with an embedded NATS server hosts carts; a typed reference fills
+// one. The cart is saved at every change: a node started again on the
+// same store finds it as it was.
 func Example() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "cart-example-")
@@ -29,16 +30,18 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	alice := node.Client().Entity("cart", "alice")
-	for _, req := range []string{
-		`{"op":"add","item":"apple","count":2}`,
-		`{"op":"add","item":"pear"}`,
-		`{"op":"remove","item":"apple"}`,
-		`{"op":"buy"}`,
+	alice := cart.Key.Ref(node.Client(), "alice")
+	for _, req := range []cart.Request{
+		{Op: "add", Item: "apple", Count: 2},
+		{Op: "add", Item: "pear"},
+		{Op: "remove", Item: "apple"},
+		{Op: "buy"},
 	} {
-		answer, err := alice.Request(ctx, []byte(req))
-		fmt.Printf("%s %v\n", answer, err)
+		c, err := alice.Ask(ctx, req)
+		fmt.Println(c.Items, err)
 	}
+	_, err = alice.Ask(ctx, cart.Request{Op: "buy"})
+	fmt.Println("a bad request:", errors.Is(err, natshard.ErrBadRequest))
 	node.Stop(ctx)
 
 	node, err = natshard.Start(ctx, opts, cart.Type())
@@ -46,12 +49,13 @@ func Example() {
 		panic(err)
 	}
 	defer node.Stop(ctx)
-	answer, err := node.Client().Entity("cart", "alice").Request(ctx, []byte(`{"op":"get"}`))
-	fmt.Printf("after a restart: %s %v\n", answer, err)
+	c, err := cart.Key.Ref(node.Client(), "alice").Ask(ctx, cart.Request{Op: "get"})
+	fmt.Println("after a restart:", c.Items, err)
 	// Output:
-	// {"items":{"apple":2}} <nil>
-	// {"items":{"apple":2,"pear":1}} <nil>
-	// {"items":{"pear":1}} <nil>
-	// {"error":"bad request: unknown op \"buy\"","ok":false} natshard: entity alice of type cart: bad request: unknown op "buy"
-	// after a restart: {"items":{"pear":1}} <nil>
+	// map[apple:2] <nil>
+	// map[apple:2 pear:1] <nil>
+	// map[pear:1] <nil>
+	// map[] natshard: entity alice of type cart: unknown op "buy"
+	// a bad request: true
+	// after a restart: map[pear:1] <nil>
 }

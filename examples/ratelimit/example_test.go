@@ -28,15 +28,15 @@ func Example() {
 	}
 	defer node.Stop(ctx)
 
-	limits := node.Client()
+	client := node.Client()
 	for _, key := range []string{"alice", "alice", "alice", "alice", "bob"} {
-		answer, err := limits.Request(ctx, "ratelimit", key, nil)
-		fmt.Printf("%s: %s %v\n", key, answer, err)
+		answer, err := ratelimit.Key.Ref(client, key).Ask(ctx, ratelimit.Request{})
+		fmt.Printf("%s: %+v %v\n", key, answer, err)
 	}
 	// Output:
-	// alice: {"allowed":true,"tokens":2} <nil>
-	// alice: {"allowed":true,"tokens":1} <nil>
-	// alice: {"allowed":true,"tokens":0} <nil>
-	// alice: {"allowed":false,"tokens":0} <nil>
-	// bob: {"allowed":true,"tokens":2} <nil>
+	// alice: {Allowed:true Tokens:2} <nil>
+	// alice: {Allowed:true Tokens:1} <nil>
+	// alice: {Allowed:true Tokens:0} <nil>
+	// alice: {Allowed:false Tokens:0} <nil>
+	// bob: {Allowed:true Tokens:2} <nil>
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,7 +13,7 @@ import (
 )
 
 // ask is the shop's client: it sends one request, as any service of the
-// shop would, through natshard's client.
+// shop would, through natshard's typed references.
 //
 //	add <user> <item> [count]    if the user's rate limit allows it
 //	get <user>
@@ -38,8 +37,8 @@ func ask(ctx context.Context, url string, args []string) error {
 				return fmt.Errorf("count %q is not a number", args[3])
 			}
 		}
-		var limit ratelimit.Answer
-		if err := requestJSON(ctx, shop.Entity("ratelimit", args[1]), nil, &limit); err != nil {
+		limit, err := ratelimit.Key.Ref(shop, args[1]).Ask(ctx, ratelimit.Request{})
+		if err != nil {
 			return err
 		}
 		if !limit.Allowed {
@@ -49,23 +48,10 @@ func ask(ctx context.Context, url string, args []string) error {
 	default:
 		return errors.New("usage: shop [-nats URL] add <user> <item> [count] | get <user>")
 	}
-	var c cart.Cart
-	if err := requestJSON(ctx, shop.Entity("cart", args[1]), req, &c); err != nil {
+	c, err := cart.Key.Ref(shop, args[1]).Ask(ctx, req)
+	if err != nil {
 		return err
 	}
 	fmt.Println(c.Items)
 	return nil
-}
-
-// requestJSON sends req, JSON-encoded, to an entity and decodes its answer.
-func requestJSON(ctx context.Context, e natshard.EntityRef, req, answer any) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	reply, err := e.Request(ctx, body)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(reply, answer)
 }

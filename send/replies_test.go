@@ -1,4 +1,4 @@
-package natshard
+package send
 
 import (
 	"context"
