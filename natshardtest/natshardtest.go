@@ -8,6 +8,11 @@
 //	c := natshardtest.Start(t, cart.Type())
 //	answer, err := c.Client().Request(ctx, "cart", "alice", []byte(`{"op":"get"}`))
 //
+// The server is natshard's own embedded server (as shardd's, with
+// JetStream), run by a node of its own that hosts no region: the nodes
+// that host the types connect to it as other processes would, and their
+// crashes leave it up.
+//
 // The test can then do to the nodes what production does to processes:
 // move a shard to another node (Move), passivate an entity (Passivate),
 // stop a node gracefully (Stop: its shards are handed off) or crash it
@@ -40,7 +45,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
-	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -99,9 +103,10 @@ func Run(t testing.TB, cfg Config) *Cluster {
 	if cfg.Options.Logger == nil {
 		cfg.Options.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{t: t, cfg: cfg, url: natstest.URL(natstest.RunServer(t))}
-	c.admin = natstest.Connect(t, c.url)
-	c.client = natshard.NewClient(natstest.Connect(t, c.url), natshard.WithPrefix(cfg.Options.DataPrefix))
+	c := &Cluster{t: t, cfg: cfg}
+	c.startServer()
+	c.admin = c.connect()
+	c.client = natshard.NewClient(c.connect(), natshard.WithPrefix(cfg.Options.DataPrefix))
 	t.Cleanup(c.closeAll)
 
 	// Start the nodes at once: the first allocation waits for them all.
@@ -120,6 +125,43 @@ func Run(t testing.TB, cfg Config) *Cluster {
 	}
 	c.Settle()
 	return c
+}
+
+// startServer starts the server: a node of natshard's own embedded
+// server (as shardd's) that hosts no region, only coordinator candidates
+// of the types, so that it outlives the crashes of the nodes. It stops
+// after them.
+func (c *Cluster) startServer() {
+	c.t.Helper()
+	opts := c.cfg.Options
+	opts.Region = "natshardtest-server"
+	opts.NATS, opts.Conn = "", nil
+	opts.Server = natshard.ServerOptions{Listen: "127.0.0.1:0", DataDir: c.t.TempDir()}
+	opts.NoRegion, opts.NoCoordinator = true, false
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	s, err := natshard.Start(ctx, opts, c.cfg.Types...)
+	if err != nil {
+		c.t.Fatalf("natshardtest: start the server: %v", err)
+	}
+	c.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	c.url = s.ClientURL()
+}
+
+// connect is a connection of the test's to the server, closed when the
+// test ends.
+func (c *Cluster) connect() *nats.Conn {
+	c.t.Helper()
+	nc, err := nats.Connect(c.url, natshard.ConnectOptions()...)
+	if err != nil {
+		c.t.Fatalf("natshardtest: connect to %s: %v", c.url, err)
+	}
+	c.t.Cleanup(nc.Close)
+	return nc
 }
 
 func (c *Cluster) start(i int) (*natshard.Node, error) {
