@@ -13,8 +13,9 @@ import (
 // reminder (Env.Remind) instead.
 
 // ErrNotActive: a timer was started for an entity that is not active
-// here any more (its Env outlived its activation: a timer is started by
-// the entity itself, from its Factory or Handle, never from Stop).
+// here (any more): from its Stop hook, or through an Env that outlived
+// its activation. A timer is started by the entity itself, from its
+// Factory or Handle.
 var ErrNotActive = region.ErrNotActive
 
 // errNoTimers: the Env is not a hosted entity's (a test's own Env).

@@ -947,8 +947,17 @@ func (h *host) run(t task, w *workerState) (again bool) {
 				}
 				se.forgotten[id] = struct{}{}
 			}
+			c.stop = stopRunning // a timer started by the Stop hook is refused
 			se.mu.Unlock()
 			h.stopEntity(shard, id, ent)
+			se.mu.Lock()
+			c.stop = stopNone
+			if h.limit != nil && c.mailbox.len() > 0 {
+				// The next incarnation is counted at once: a check
+				// during Stop may have detached the entry (as stopCell).
+				h.touchLimit(se, c, id, true)
+			}
+			se.mu.Unlock()
 			h.passivations.Add(1)
 			if forget {
 				h.forget(shard, id)

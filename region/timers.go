@@ -28,9 +28,9 @@ import (
 
 // Errors of StartTimer.
 var (
-	// ErrNotActive: the entity is not active in this region (or its shard
-	// is being stopped): a timer is armed by the entity itself, from its
-	// Factory or Handle.
+	// ErrNotActive: the entity is not active in this region, or is being
+	// stopped (its Stop hook runs, or its shard is being stopped): a timer
+	// is armed by the entity itself, from its Factory or Handle.
 	ErrNotActive = errors.New("region: entity not active here")
 	// ErrTimerName: a timer's name is empty.
 	ErrTimerName = errors.New("region: timer name is empty")

@@ -316,3 +316,49 @@ func TestTimerNoCostWithout(t *testing.T) {
 		t.Fatal("a shard without timers has a timer map")
 	}
 }
+
+// TestTimerRefusedInStop: a Stop hook cannot start a timer (it would
+// outlive its incarnation), whatever stopped the entity.
+func TestTimerRefusedInStop(t *testing.T) {
+	var (
+		h    *host
+		errs = make(chan error, 10)
+	)
+	f := &testFactory{
+		handle: func(_ int, m *Message) ([]byte, error) {
+			if string(m.Data) == "bye" {
+				h.passivate(m.Shard, m.EntityID)
+			}
+			return nil, nil
+		},
+		stop: func(int) error {
+			errs <- h.startTimer(0, "a", "late", time.Millisecond, false, nil)
+			return nil
+		},
+	}
+	rec := newRecorder()
+	clock := newFakeClock()
+	h = newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
+	for _, stop := range []func(){
+		func() { h.deliver(0, "a", req("a", "bye")); rec.next(t) }, // the entity passivates itself
+		func() { // idle
+			h.deliver(0, "a", req("a", "x"))
+			rec.next(t)
+			eventually(t, "idle", func() bool { return quiet(h) })
+			clock.Advance(time.Hour)
+			h.passivateIdle()
+		},
+		func() { h.deliver(0, "a", req("a", "x")); rec.next(t); _ = h.stopShard(t.Context(), 0) }, // a handoff
+	} {
+		stop()
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrNotActive) {
+				t.Fatalf("startTimer in Stop: %v, want ErrNotActive", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no Stop")
+		}
+		eventually(t, "entity removed", func() bool { return h.active() == 0 })
+	}
+}
