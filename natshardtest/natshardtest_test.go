@@ -202,3 +202,26 @@ func TestKit(t *testing.T) {
 		t.Fatalf("%d activations, want 5", activations[id])
 	}
 }
+
+// TestKitAddAndStop: a node added later takes the shards moved to it, and
+// gives them back when it stops gracefully.
+func TestKitAddAndStop(t *testing.T) {
+	c := natshardtest.Start(t, natshard.Type{Name: "ticker", Shards: 2, Entity: func(context.Context, string) (natshard.Entity, error) {
+		return &counter{}, nil
+	}})
+	const id = "k"
+	ask(t, c, id, "")
+	i := c.Add()
+	c.MoveEntity("ticker", id, i)
+	if got := ask(t, c, id, ""); got != "1" {
+		t.Fatalf("after a move to the new node: %s, want 1", got)
+	}
+	c.Stop(i)
+	c.Settle()
+	if o := c.OwnerOf("ticker", id); o != 0 {
+		t.Fatalf("after node %d stopped the shard is on node %d", i, o)
+	}
+	if got := ask(t, c, id, ""); got != "1" {
+		t.Fatalf("after a graceful stop: %s, want 1", got)
+	}
+}
