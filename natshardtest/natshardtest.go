@@ -6,7 +6,7 @@
 // the test ends.
 //
 //	c := natshardtest.Start(t, cart.Type())
-//	answer, err := c.Client().Request(ctx, "cart", "alice", []byte(`{"op":"get"}`))
+//	answer, err := c.Client().Request(t.Context(), "cart", "alice", []byte(`{"op":"get"}`))
 //
 // The server is natshard's own embedded server (as shardd's, with
 // JetStream), run by a node of its own that hosts no region: the nodes
