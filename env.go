@@ -68,8 +68,8 @@ func (e *Env) keeper(ent Entity) Entity {
 
 // ErrNotDurable: reminders need durable delivery (Type.Delivery =
 // Durable): in core delivery nothing keeps them across a crash or a move.
-// An entity of core delivery that needs a timer keeps one itself (a
-// time.Timer that sends through Env.Client), and loses it when it stops.
+// An entity of core delivery that needs a timer starts one
+// (Env.StartTimer): in memory, lost when the entity stops.
 var ErrNotDurable = errors.New("natshard: reminders need durable delivery (Type.Delivery = Durable)")
 
 // Logger returns the node's logger with the entity's type, region and id.

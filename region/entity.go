@@ -43,6 +43,8 @@ type Message struct {
 	// delivery (0 in core delivery): a message given again after a crash
 	// has the same. SeqFrom reads it from Handle's context.
 	Seq uint64
+
+	timer string // the timer that sent it (Timer)
 }
 
 // Key is the message's idempotency key, "" if it has none: its

@@ -25,7 +25,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
 )
 
@@ -88,13 +87,17 @@ func New(ctx context.Context, id string) (natshard.Entity, error) {
 }
 
 type job struct {
-	env   *natshard.Env
-	state *natshard.State[Job]
-	stop  chan struct{} // closed to stop the heartbeat; nil without one
+	env     *natshard.Env
+	state   *natshard.State[Job]
+	beating bool // the heartbeat's timer is armed
 }
 
 // Handle answers a request, or applies a step.
 func (j *job) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
+	if m.Timer() == heartbeat {
+		j.publishBeat()
+		return nil, nil
+	}
 	if name := m.Reminder(); name != "" {
 		return nil, j.step(ctx, name)
 	}
@@ -141,7 +144,7 @@ func (j *job) start(ctx context.Context, req Request) error {
 			return err
 		}
 	}
-	if j.stop == nil {
+	if !j.beating {
 		j.beat()
 	}
 	return nil
@@ -171,30 +174,27 @@ func (j *job) step(ctx context.Context, name string) error {
 	return nil
 }
 
-// beat publishes the job's id on jobs.running.<id> until Stop.
+// heartbeat is the name of the job's heartbeat timer.
+const heartbeat = "heartbeat"
+
+// beat publishes the job's id on jobs.running.<id> now, and every
+// HeartbeatEvery while the job is active: a periodic timer of the
+// entity, which Handle gets in its turn (no goroutine of its own) and
+// which ends with the activation.
 func (j *job) beat() {
-	j.stop = make(chan struct{})
-	go func(stop <-chan struct{}, nc *nats.Conn, subject string) {
-		t := time.NewTicker(HeartbeatEvery)
-		defer t.Stop()
-		for {
-			_ = nc.Publish(subject, nil)
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-		}
-	}(j.stop, j.env.Conn, RunningSubject(j.env.ID))
+	j.publishBeat()
+	if err := j.env.StartPeriodicTimer(heartbeat, HeartbeatEvery, nil); err != nil {
+		j.env.Logger().Warn("jobs: no heartbeat", "err", err)
+		return
+	}
+	j.beating = true
 }
 
-// Stop ends the heartbeat; the state was saved at every change.
-func (j *job) Stop(context.Context) error {
-	if j.stop != nil {
-		close(j.stop)
-	}
-	return nil
-}
+func (j *job) publishBeat() { _ = j.env.Conn.Publish(RunningSubject(j.env.ID), nil) }
+
+// Stop has nothing to do: the state was saved at every change, and the
+// heartbeat's timer ends with the activation.
+func (j *job) Stop(context.Context) error { return nil }
 
 // RunningSubject is where job id says that it runs.
 func RunningSubject(id string) string { return "jobs.running." + id }
