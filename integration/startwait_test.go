@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,6 +22,16 @@ import (
 func TestStartTogether(t *testing.T) {
 	c := newNATS(t, "127.0.0.1")
 	c.start(0)
+	// The server accepts connections before the shardd start: a start
+	// waits for JetStream, not for a first connection (OPERATIONS.md,
+	// Start-up; one CI run had c exit with "no servers available").
+	eventually(t, time.Minute, "nats-server n1 accepting connections", func() error {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.client[0]), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
 	url := c.urls("127.0.0.1")
 	httpPort := freePort(t)
 	procs := map[string]*proc{}
