@@ -986,6 +986,7 @@ func (l *leader) announceRegions(acts []Action) {
 			l.log.Info("region leaving: its shards are handed off", "region", r.Info.ID)
 			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
 		case !r.Info.Leaving && old.Leaving:
+			l.log.Info("region undrained: it takes shards again", "region", r.Info.ID)
 			l.publish(protocol.Event{Kind: protocol.EventUndrained, Region: r.Info.ID})
 		}
 	}

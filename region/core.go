@@ -728,7 +728,7 @@ func (c *Core) bind(id uint64, cmd protocol.Command, reply *protocol.Reply, answ
 	}
 	c.binds[id] = *reply
 	c.emit(b)
-	c.log(slog.LevelInfo, "bound shards; replaying their buffers", "shards", b.Shards, "handoffs", b.Handoffs, "epoch", cmd.Epoch)
+	c.log(slog.LevelDebug, "bound shards; replaying their buffers", "shards", b.Shards, "handoffs", b.Handoffs, "epoch", cmd.Epoch)
 }
 
 // bound answers a bind once its subscriptions are flushed; the shards that
@@ -787,7 +787,7 @@ func (c *Core) handOff(id uint64, cmd protocol.Command, reply *protocol.Reply, a
 		}
 	}
 	if len(paused) > 0 {
-		c.log(slog.LevelInfo, "paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
+		c.log(slog.LevelDebug, "paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
 	}
 	switch {
 	case len(replaying) > 0:
