@@ -1,6 +1,6 @@
 package integration
 
-// Fault scenarios on the deployment users run (issue 5, DESIGN.md 6-7): a
+// Fault scenarios on the deployment users run (issue 5, docs/FAULTS.md): a
 // three-server NATS cluster with the KV bucket and the buffer stream
 // replicated three times, and shardd processes connected to all three
 // servers. Network partitions put a shardd on a separate host (a network
@@ -450,8 +450,9 @@ func startIncrLoad(t *testing.T, url string, subjects protocol.Subjects, shards,
 						return
 					default:
 					}
-					// With Nats-Msg-Id, as DESIGN.md 7 asks of publishers
-					// that want exactly once through planned moves.
+					// With Nats-Msg-Id, as docs/FAULTS.md's "Guarantees" ask
+					// of publishers that want exactly once through planned
+					// moves.
 					m := nats.NewMsg(subjects.EntityOf(l.id(i), shards))
 					m.Data = []byte(`{"op":"incr","key":"c"}`)
 					m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s-%d", l.id(i), l.sent.Add(1)))
