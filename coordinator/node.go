@@ -680,7 +680,11 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			}
 			l.log.Info("rebalance round done", args...)
 		case NoRound:
-			l.log.Info("no rebalance round", "reason", a.Reason)
+			level := slog.LevelInfo
+			if a.Settling {
+				level = slog.LevelDebug
+			}
+			l.log.Log(ctx, level, "no rebalance round", "reason", a.Reason)
 		}
 	}
 	if err := flush(); err != nil {
