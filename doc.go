@@ -79,5 +79,31 @@
 // process and those published before its shards were parked (a few
 // hundred milliseconds). docs/GUIDE.md walks through a first type,
 // docs/PROTOCOL.md says how it works, docs/FAULTS.md what each fault
-// costs.
+// costs (its "Guarantees" list them all).
+//
+// # Health
+//
+// Node.Healthy is a node's liveness and Node.Ready its readiness, on the
+// model of Akka's sharding health check; package web serves them on
+// /healthz and /readyz (docs/OPERATIONS.md, "Health").
+//
+// Healthy: the node serves (not stopped, not failed) and its NATS
+// connection is up. A connection that is reconnecting is unhealthy, so a
+// liveness probe should allow it some time (nats.go reconnects every
+// 500 ms).
+//
+// Ready always checks that the node is healthy and not stopping, that
+// each type's region is registered (a fenced region serves nothing until
+// it registers again), and, on a member of an embedded cluster, that its
+// server's JetStream is current with the cluster (nats-server's /healthz:
+// its meta group and its replicas caught up), so that a rolling restart
+// that waits for each member's readiness never takes down a second
+// replica before the first caught up. Beyond that, a region is ready once
+// the coordinator has taken it in (it obeyed one of its commands) and it
+// replays no shard's buffer. Once that was true it stays true, so a
+// coordinator failover or a move does not make every node unready; and
+// after Options.ReadyAfter since the start it is not waited for any more
+// (Akka's disabled-after), so that a rolling update cannot stall on a
+// coordinator that does not come. A node that hosts only coordinator
+// candidates (Options.NoRegion) is ready once connected.
 package natshard

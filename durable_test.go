@@ -106,13 +106,13 @@ func waitHandled(t *testing.T, l *handledLog, ids []string, want int) {
 	}
 }
 
-// TestDurablePlannedMoves (DESIGN.md 7, planned moves in durable
-// delivery): through a join (rebalance) and a graceful stop, every
-// message, published without Nats-Msg-Id, is handled exactly once, in
-// order per entity, by in-memory entities; on one server, and on a
-// three-server cluster with an R3 stream, where an acknowledgement
-// removes its message a moment after it is confirmed (the source waits
-// for the removal before it reports the shard stopped).
+// TestDurablePlannedMoves (docs/FAULTS.md, "Guarantees": planned moves in
+// durable delivery): through a join (rebalance) and a graceful stop, every
+// message, published without Nats-Msg-Id, is handled exactly once, in order
+// per entity, by in-memory entities; on one server, and on a three-server
+// cluster with an R3 stream, where an acknowledgement removes its message a
+// moment after it is confirmed (the source waits for the removal before it
+// reports the shard stopped).
 func TestDurablePlannedMoves(t *testing.T) {
 	t.Run("R1", func(t *testing.T) { testDurablePlannedMoves(t, natstest.URL(natstest.RunServer(t)), 1) })
 	t.Run("R3", func(t *testing.T) { testDurablePlannedMoves(t, natstest.ClusterURLs(natstest.RunCluster(t, 3)), 3) })
@@ -171,10 +171,10 @@ func testDurablePlannedMoves(t *testing.T, url string, replicas int) {
 	}
 }
 
-// TestDurableCrash (DESIGN.md 7, durable delivery): a region's process
-// dies (its connection closes) while messages flow; nothing that the
-// stream acknowledged is lost, and kv entities apply each message once,
-// though the next owner gets again what the dead one had not
+// TestDurableCrash (docs/FAULTS.md, "Guarantees": durable delivery): a
+// region's process dies (its connection closes) while messages flow; nothing
+// that the stream acknowledged is lost, and kv entities apply each message
+// once, though the next owner gets again what the dead one had not
 // acknowledged. Messages carry no Nats-Msg-Id.
 func TestDurableCrash(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))

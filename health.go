@@ -6,23 +6,6 @@ import (
 	"time"
 )
 
-// Health. Healthy is the liveness of a node, Ready its readiness, on the
-// model of Akka's sharding health check: ready once each type's region is
-// registered and the coordinator has taken it in (it commanded it) with
-// no shard left to replay; once that was true it stays true (a
-// coordinator failover or a move does not make every node unready), and
-// after Options.ReadyAfter since the start it is not waited for any more
-// (Akka's disabled-after), so that a rolling update cannot stall on a
-// coordinator that does not come. What is always checked: the node
-// serves (not stopping, not failed), its connection is up and each region
-// is registered: a fenced region serves nothing until it registers again;
-// and a member of an embedded cluster is ready only while its server's
-// JetStream is current with the cluster (nats-server's /healthz: its meta
-// group and its replicas caught up), so that a rolling restart that waits
-// for each member's readiness never takes down a second replica before the
-// first one caught up.
-// package web serves both on /healthz and /readyz.
-
 // DefaultReadyAfter is the default of Options.ReadyAfter.
 const DefaultReadyAfter = 10 * time.Second
 
@@ -56,8 +39,9 @@ func (n *Node) Healthy() error {
 
 // Ready reports whether the node serves its types: nil when ready, else
 // an error wrapping ErrNotReady that says, per type, what it waits for.
-// See the package's health model above; a node that is stopping (Stop,
-// Close, or Run's context ended) is not ready.
+// The package doc's "Health" says what it checks (docs/OPERATIONS.md,
+// "Health", what /readyz answers); a node that is stopping (Stop, Close,
+// or Run's context ended) is not ready.
 func (n *Node) Ready() error {
 	select {
 	case <-n.stopping:

@@ -45,16 +45,16 @@ func (g gatedKV) Answer(key string) (region.KeptAnswer, bool) {
 	return region.KeptAnswer{}, false
 }
 
-// TestIdempotencyKeys (DESIGN.md 7, "Idempotency keys mean what they
-// say"), in both delivery modes: one incr request is sent with one key
-// (MsgID) three times: the second while the first is in flight (its
-// entity holds it), the third after a move of its shard to the other
-// node; in durable delivery a fourth after that node's crash (its
-// connection closed, no handoff). The persistent kv entity applies it
-// once (n is 1, Handle saw one incr) and every call gets the first
-// answer. Before idempotency keys kept answers, the core resends were
-// applied again (n = 3) and the durable ones waited for an answer that
-// never came (the stream dropped them as duplicates).
+// TestIdempotencyKeys (docs/FAULTS.md, "Guarantees": "Idempotency keys mean
+// what they say"), in both delivery modes: one incr request is sent with one
+// key (MsgID) three times: the second while the first is in flight (its entity
+// holds it), the third after a move of its shard to the other node; in durable
+// delivery a fourth after that node's crash (its connection closed, no
+// handoff). The persistent kv entity applies it once (n is 1, Handle saw one
+// incr) and every call gets the first answer. Before idempotency keys kept
+// answers, the core resends were applied again (n = 3) and the durable ones
+// waited for an answer that never came (the stream dropped them as
+// duplicates).
 func TestIdempotencyKeys(t *testing.T) {
 	for _, delivery := range []natshard.Delivery{natshard.Core, natshard.Durable} {
 		t.Run(string(delivery), func(t *testing.T) { testIdempotencyKeys(t, delivery) })

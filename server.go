@@ -13,10 +13,11 @@ import (
 
 // startServer starts the embedded NATS server with JetStream. Its short
 // ping interval lets it notice a silently dead client in about 6 seconds
-// instead of the default 4 minutes (DESIGN.md 6). With AuthDir it runs in
-// operator mode with the directory's accounts in a memory resolver; with
-// TLS.Cert it requires TLS from its clients, and with TLS.CA also a client
-// certificate signed by that CA.
+// instead of the default 4 minutes (docs/OPERATIONS.md, "NATS settings
+// natshard relies on"). With AuthDir it runs in operator mode with the
+// directory's accounts in a memory resolver; with TLS.Cert it requires TLS
+// from its clients, and with TLS.CA also a client certificate signed by
+// that CA.
 //
 // Without AuthDir it also has a system account with one user, whose
 // password is made here and returned: the node connects with it in

@@ -155,12 +155,17 @@ func (s *State[T]) Applied(ctx context.Context) bool {
 }
 
 // Update calls change with the state, saves the result (compare-and-set
-// on the revision held) and keeps it. When change or the save fails, the
-// state is what it was before and the error is returned. When another
-// writer saved the state since it was loaded, Update loads theirs and
-// calls change once more: change must compute the new state from the one
-// it is given, without effects elsewhere. For a message the state applied
-// already (Applied), Update does nothing and returns nil.
+// on the revision held) and keeps it. change gets no copy: a pointer to
+// the value State holds, which it changes in place (a T that Value
+// returned earlier shares its maps and slices, and may see the change);
+// it must not keep the pointer after it returns.
+// When change or the save fails, the state is what it was before (State
+// decodes its last saved bytes again, into a new value) and the error is
+// returned. When another writer saved the state since it was loaded,
+// Update loads theirs and calls change once more: change must compute the
+// new state from the one it is given, without effects elsewhere. For a
+// message the state applied already (Applied), Update does nothing and
+// returns nil.
 func (s *State[T]) Update(ctx context.Context, change func(*T) error) error {
 	_, err := s.update(ctx, "", func(v *T) ([]byte, error) { return nil, change(v) })
 	return err

@@ -28,11 +28,61 @@ import (
 // *EntityError) with the returned bytes, or {"ok":false,"error":...}
 // when they are nil. A typed type (Typed, Key) needs no Entity of its
 // own: its Handler gets the requests decoded.
+//
+// Entity is an alias of region.Entity, an interface of two methods (go
+// doc lists no methods of an alias: `go doc
+// github.com/natshard/natshard/region.Entity` shows the interface):
+//
+//	Handle(ctx context.Context, m *Message) ([]byte, error)
+//	Stop(ctx context.Context) error
+//
+// Handle processes one message: for a request the returned bytes are the
+// reply; a non-nil error is answered as above, and logged for a plain
+// publish; m is valid until Handle returns. Stop releases the entity: it
+// is called once, after the last Handle, with a context that ends after
+// 10 s (a Stop that outlives it is abandoned, left running).
 type Entity = region.Entity
 
-// Message is a message delivered to an entity: its id and shard, the
-// subject it was sent to, the reply subject of a request (empty for a
-// plain publish), the headers and the payload. It is valid during Handle.
+// Message is a message delivered to an entity. It is valid during Handle
+// only: the region reuses it for a later message once Handle returned, so
+// an entity that keeps something of it after Handle keeps its fields
+// (Data, Header, ...), never the *Message. MessageFrom gives it from
+// Handle's context.
+//
+// Message is an alias of region.Message (go doc lists no fields or
+// methods of an alias, and `go doc natshard.Message.Key` finds nothing:
+// `go doc github.com/natshard/natshard/region.Message` shows them with
+// their docs). Its fields:
+//
+//   - EntityID string: the entity's id.
+//   - Shard int: the entity's shard.
+//   - Subject string: the subject it was sent to (empty for a timer's
+//     message).
+//   - Reply string: the reply subject of a request; empty for a plain
+//     publish.
+//   - Header nats.Header: its headers (nil for a timer's message).
+//   - Data []byte: the payload.
+//   - Seq uint64: its sequence in the type's stream in durable delivery,
+//     0 in core delivery; a message given again after a crash has the
+//     same (SeqFrom reads it from Handle's context).
+//
+// Its methods:
+//
+//   - Key() string: its key for skipping copies, "" if it has none: its
+//     Nats-Msg-Id, or the reply subject of a request its sender marked
+//     unique (as the Client does for its core requests). A copy of it
+//     that a handoff made is skipped by it.
+//   - IdempotencyKey() string: the key its sender gave it so that it is
+//     applied once however often it is sent (MsgID, sent as its
+//     Nats-Msg-Id), "" if it has none. The region answers the message
+//     sent again with that key with the kept answer, without calling
+//     Handle (AnswerKeeper, State.UpdateAnswer).
+//   - Reminder() string: the name of the reminder that sent it (durable
+//     delivery: Env.Remind), "" for any other message.
+//   - Timer() string: the name of the entity's timer that sent it
+//     (Env.StartTimer), "" for any other message. A timer's message has
+//     no subject, reply or header; its Data is the data the timer was
+//     started with, shared by each of its messages: do not modify it.
 type Message = region.Message
 
 // AnswerKeeper is an Entity that keeps the answers to the keyed messages

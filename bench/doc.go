@@ -1,7 +1,6 @@
-// Package bench holds natshard's benchmarks of DESIGN.md section 10 that
-// need a whole system in one process: an embedded NATS server with
-// JetStream, several regions (each on its own connection) and a
-// coordinator.
+// Package bench holds natshard's benchmarks of docs/BENCHMARKS.md's "Targets"
+// that need a whole system in one process: an embedded NATS server with
+// JetStream, several regions (each on its own connection) and a coordinator.
 //
 // The package has test files only. `go test ./bench/` runs one cheap test
 // that exercises every scenario once with tiny sizes; the benchmarks run

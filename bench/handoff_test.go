@@ -14,12 +14,12 @@ import (
 // handoffShard is the shard BenchmarkHandoff moves back and forth.
 const handoffShard = 42
 
-// BenchmarkHandoff measures DESIGN.md 10's handoff target: shard X, with
-// K active entities and a steady publisher sending to them, moves between
-// regions a and b by explicit admin moves (rebalancing is disabled). One
-// sample is the time from sending the move request (the decision) to the
-// new owner's first Handle of a message of X. Before each move every
-// entity of X is made active on the owner again (timer stopped).
+// BenchmarkHandoff measures the handoff target (docs/BENCHMARKS.md,
+// "Targets"): shard X, with K active entities and a steady publisher sending
+// to them, moves between regions a and b by explicit admin moves (rebalancing
+// is disabled). One sample is the time from sending the move request (the
+// decision) to the new owner's first Handle of a message of X. Before each
+// move every entity of X is made active on the owner again (timer stopped).
 //
 // Reported: p50-ms, p99-ms and max-ms of the samples (at least
 // -natshard.min-samples of them, whatever b.N; nearest rank, so with fewer

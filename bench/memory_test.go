@@ -29,18 +29,18 @@ func (r idleReport) String() string {
 		float64(r.heapBefore)/(1<<20), float64(r.heapWithAll)/(1<<20), r.goroutines, r.stop.Round(time.Millisecond), float64(r.stop)/float64(r.entities))
 }
 
-// BenchmarkIdleEntities measures DESIGN.md 10's memory target: one region
-// (all 128 shards) of echo entities, as shardd --kind echo hosts them,
-// behind a real NATS server. A publisher sends one message to each of
-// -natshard.idle-entities distinct entities (flow-controlled: at most
+// BenchmarkIdleEntities measures the memory target (docs/BENCHMARKS.md,
+// "Targets"): one region (all 128 shards) of echo entities, as shardd --kind
+// echo hosts them, behind a real NATS server. A publisher sends one message to
+// each of -natshard.idle-entities distinct entities (flow-controlled: at most
 // 50 000 not yet delivered); once every entity is active and idle (every
-// message handled, the goroutines that ran them gone), the live heap
-// after a GC, less the heap before the first message, divided by the
-// count is B/entity: the cell, its map entry, the id, the entity value
-// (zero-size for echo), whatever the region keeps per entity. Then
-// Agent.Close stops them all (stop-ms), through the same per-entity stop
-// as a passivation (region's BenchmarkIdleEntities times the
-// passivation sweep itself, with a fake clock). Run with
+// message handled, the goroutines that ran them gone), the live heap after a
+// GC, less the heap before the first message, divided by the count is
+// B/entity: the cell, its map entry, the id, the entity value (zero-size for
+// echo), whatever the region keeps per entity. Then Agent.Close stops them all
+// (stop-ms), through the same per-entity stop as a passivation (region's
+// BenchmarkIdleEntities times the passivation sweep itself, with a fake
+// clock). Run with
 //
 //	go test -run '^$' -bench BenchmarkIdleEntities -benchtime 1x ./bench/
 func BenchmarkIdleEntities(b *testing.B) {

@@ -76,12 +76,12 @@ func (c *CoreConfig) setDefaults() {
 // clock, so the same inputs give the same outputs. It is not safe for
 // concurrent use.
 //
-// A shard's life (DESIGN.md 6): parked (the coordinator diverts its
-// messages to the buffer) -> binding (a region replays the buffer up to the
-// end marker of the move) -> active (the region serves it) -> handoff (the
-// owner pauses it and stops its entities) -> binding -> active ... Every
-// bind is the end of a move whose source is a region or the coordinator
-// itself, so a shard always has someone catching its messages.
+// A shard's life (docs/PROTOCOL.md, "Handoff"): parked (the coordinator
+// diverts its messages to the buffer) -> binding (a region replays the buffer
+// up to the end marker of the move) -> active (the region serves it) ->
+// handoff (the owner pauses it and stops its entities) -> binding -> active
+// ... Every bind is the end of a move whose source is a region or the
+// coordinator itself, so a shard always has someone catching its messages.
 type Core struct {
 	cfg       CoreConfig
 	strategy  strategies.Strategy // cfg.Strategy behind the pins

@@ -12,7 +12,7 @@ import (
 	"github.com/natshard/natshard/strategies"
 )
 
-// Scenarios follow DESIGN.md section 6 (membership, parking, handoff,
+// Scenarios follow docs/PROTOCOL.md (membership, parking, handoff,
 // rebalance, graceful leave, failover); the sim checks section 7's single
 // owner invariant after every action.
 

@@ -166,8 +166,13 @@ type RoundDone struct {
 }
 
 // NoRound: a rebalance round was due but runs no moves, for Reason
-// (reported when the reason changes).
-type NoRound struct{ Reason string }
+// (reported when the reason changes). Settling is the wait for membership
+// to settle after a change, which ends by itself within the settle ticks
+// (logged at DEBUG: the round or the reason that follows it is INFO).
+type NoRound struct {
+	Reason   string
+	Settling bool
+}
 
 func (WriteShard) isAction()   {}
 func (RoundPlanned) isAction() {}

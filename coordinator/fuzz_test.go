@@ -12,7 +12,7 @@ import (
 // core whose 16 shards are settled on three regions. It never panics; a
 // refused request answers an error and changes nothing (table, pins, no
 // action); an accepted one answers a body that encodes as JSON, and its
-// actions, carried out by the simulated regions, keep DESIGN.md 7's
+// actions, carried out by the simulated regions, keep docs/FAULTS.md's
 // single-owner invariant and end with every shard active and served.
 // Seeds: testdata/fuzz/FuzzAdminRequest.
 func FuzzAdminRequest(f *testing.F) {

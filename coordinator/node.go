@@ -584,6 +584,17 @@ func (l *leader) renewIfDue(ctx context.Context) error {
 func (l *leader) execute(ctx context.Context, acts []Action) error {
 	var unparks []Unpark
 	var writes []protocol.ShardRecord // not written yet
+	// Fences are logged once per call at INFO, each shard's at DEBUG: a
+	// takeover or a dead source can fence dozens of shards at once.
+	var fenced, fencing []int
+	defer func() {
+		if len(fenced) > 0 {
+			l.log.Info("fenced handoffs' sources in their shards' buffers: what they append from now on is not replayed", "shards", fenced)
+		}
+		if len(fencing) > 0 {
+			l.log.Info("fencing the handoffs of sources that died in their shards' buffers, then writing their end markers", "shards", fencing)
+		}
+	}()
 	flush := func() error {
 		err := l.writeShards(ctx, writes)
 		writes = writes[:0]
@@ -650,7 +661,8 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 				if err != nil {
 					return fmt.Errorf("%w: fence handoff %d of shard %d: %w", errStepDown, a.Fence, a.Shard, err)
 				}
-				l.log.Info("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", a.Shard, "handoff", a.Fence)
+				l.log.Debug("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", a.Shard, "handoff", a.Fence)
+				fenced = append(fenced, a.Shard)
 			}
 			if err := l.parker.park(a.Shard, a.Handoff, l.info.Epoch); err != nil {
 				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
@@ -666,6 +678,9 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 				go l.post(ctx, Marked{Shard: a.Shard, Handoff: a.Handoff})
 				continue
 			}
+			if a.Fence {
+				fencing = append(fencing, a.Shard)
+			}
 			go l.mark(ctx, a)
 		case Warn:
 			l.log.Warn(a.Msg)
@@ -680,7 +695,11 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			}
 			l.log.Info("rebalance round done", args...)
 		case NoRound:
-			l.log.Info("no rebalance round", "reason", a.Reason)
+			level := slog.LevelInfo
+			if a.Settling {
+				level = slog.LevelDebug
+			}
+			l.log.Log(ctx, level, "no rebalance round", "reason", a.Reason)
 		}
 	}
 	if err := flush(); err != nil {
@@ -827,7 +846,7 @@ func (l *leader) markRetrying(ctx context.Context, shard int, handoff uint64) bo
 func (l *leader) fenceRetrying(ctx context.Context, shard int, handoff uint64) bool {
 	for ctx.Err() == nil {
 		if _, err := l.cfg.Buffer.Fence(ctx, shard, handoff); err == nil {
-			l.log.Info("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", shard, "handoff", handoff)
+			l.log.Debug("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", shard, "handoff", handoff)
 			return true
 		} else {
 			l.log.Warn("cannot fence a handoff's source in the shard's buffer; retrying", "shard", shard, "handoff", handoff, "err", err)
@@ -986,6 +1005,7 @@ func (l *leader) announceRegions(acts []Action) {
 			l.log.Info("region leaving: its shards are handed off", "region", r.Info.ID)
 			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
 		case !r.Info.Leaving && old.Leaving:
+			l.log.Info("region undrained: it takes shards again", "region", r.Info.ID)
 			l.publish(protocol.Event{Kind: protocol.EventUndrained, Region: r.Info.ID})
 		}
 	}

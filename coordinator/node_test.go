@@ -233,9 +233,9 @@ func (e recEntity) Handle(_ context.Context, m *region.Message) ([]byte, error) 
 func (recEntity) Stop(context.Context) error { return nil }
 
 // TestParkedUntilFirstRegion: with a coordinator and no region at all,
-// published messages wait in the buffer (DESIGN.md 6, Parking) and are
-// processed, in order, when the first region comes; a request sent while no
-// region exists is answered then.
+// published messages wait in the buffer (docs/PROTOCOL.md, "Handoff": Parking)
+// and are processed, in order, when the first region comes; a request sent
+// while no region exists is answered then.
 func TestParkedUntilFirstRegion(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c"})()

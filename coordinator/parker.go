@@ -15,8 +15,8 @@ import (
 )
 
 // parker holds the shards that have no live owner: it subscribes to their
-// subjects and diverts what arrives to their buffers (DESIGN.md 6,
-// Parking), exactly as a pausing region does.
+// subjects and diverts what arrives to their buffers (docs/PROTOCOL.md,
+// "Handoff": Parking), exactly as a pausing region does.
 //
 // A candidate has one parker for all its terms of leadership. A term that
 // ends leaves its parkings running: a leader that steps down (its lease

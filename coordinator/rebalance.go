@@ -65,7 +65,7 @@ func (c *Core) rebalance() {
 		return
 	}
 	if c.tick-c.lastFlux < c.cfg.Settle {
-		c.noRound("membership changed: waiting for it to settle")
+		c.noRound("membership changed: waiting for it to settle", true)
 		return
 	}
 	c.lastRound, r.flux, r.follow = c.tick, false, false
@@ -108,7 +108,7 @@ func (c *Core) round() (moves []int, inProgress int) {
 func (c *Core) startRound(moves []protocol.PlannedMove, busy int) {
 	if len(moves) == 0 {
 		c.rounds.chained = 0
-		c.noRound(c.whyNoMoves(busy))
+		c.noRound(c.whyNoMoves(busy), false)
 		return
 	}
 	counts := map[string]int{}
@@ -178,13 +178,13 @@ func (c *Core) dropPlan(why string) {
 }
 
 // noRound reports why no round runs, when the reason changed since it was
-// last reported.
-func (c *Core) noRound(why string) {
+// last reported; settling says it is the wait for membership to settle.
+func (c *Core) noRound(why string, settling bool) {
 	if c.rounds.note == why {
 		return
 	}
 	c.rounds.note = why
-	c.out = append(c.out, NoRound{Reason: why})
+	c.out = append(c.out, NoRound{Reason: why, Settling: settling})
 }
 
 // whyNoMoves says why a round found nothing to move.

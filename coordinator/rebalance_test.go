@@ -10,11 +10,11 @@ import (
 	"github.com/natshard/natshard/strategies"
 )
 
-// Scenarios of the rebalance rounds (issue 17, DESIGN.md 6 Rebalance): a
-// round plans every move the strategy asks for and runs them as moves in
-// flight end, within MaxMoves; Akka's gates (membership settled, one plan
-// at a time, versions) hold. Ticks are the logical clock: the sim answers
-// every command at once, so a plan runs within the tick it started in.
+// Scenarios of the rebalance rounds (issue 17, docs/PROTOCOL.md, "Rebalance
+// and leaving"): a round plans every move the strategy asks for and runs them
+// as moves in flight end, within MaxMoves; Akka's gates (membership settled,
+// one plan at a time, versions) hold. Ticks are the logical clock: the sim
+// answers every command at once, so a plan runs within the tick it started in.
 
 // defaultsConfig is the coordinator's default configuration in ticks of
 // DefaultTick, with the default strategy.

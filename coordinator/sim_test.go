@@ -10,7 +10,7 @@ import (
 )
 
 // sim is a world of regions that answer the core's commands the way
-// region.Agent does, and checks DESIGN.md 7's invariants after every action:
+// region.Agent does, and checks docs/FAULTS.md's guarantees after every action:
 // no shard is live in two regions, and no shard is diverted (by a region or
 // the coordinator) while a region serves it live.
 type sim struct {

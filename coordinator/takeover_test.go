@@ -131,21 +131,21 @@ func entityOf(sh int) string {
 	}
 }
 
-// TestStepDownWhileParked: the coordinator parks every shard (no region
-// yet) and loses its lease: while the shards are only parked, or once
-// they are binding to the first region and it waits out the release grace
-// before unparking them. It takes the lease again at once (a new epoch, as
-// a lone candidate does) and goes on. In the third case ("own lease") the
-// lease it loses is left behind with its own incarnation, as a renewal
-// stored after the term gave up waiting for it is, and with a TTL of ten
-// minutes: the candidate must know it for its own and take it again,
-// keeping its parkings (it drained them and waited for the lease to expire
-// before: in a CI run of 2026-11-28 nobody diverted the crashed region's
-// shards for 4.3 s, and TestDurableCrash/core saw values without an id
-// applied out of order; FAULTS.md). Numbered messages go to entities of
-// several shards all along, half with a Nats-Msg-Id: DESIGN.md 7 loses
-// nothing published after a shard was parked, so every one must be
-// handled, those with an id once and in order, the others at least once.
+// TestStepDownWhileParked: the coordinator parks every shard (no region yet)
+// and loses its lease: while the shards are only parked, or once they are
+// binding to the first region and it waits out the release grace before
+// unparking them. It takes the lease again at once (a new epoch, as a lone
+// candidate does) and goes on. In the third case ("own lease") the lease it
+// loses is left behind with its own incarnation, as a renewal stored after the
+// term gave up waiting for it is, and with a TTL of ten minutes: the candidate
+// must know it for its own and take it again, keeping its parkings (it drained
+// them and waited for the lease to expire before: in a CI run of 2026-11-28
+// nobody diverted the crashed region's shards for 4.3 s, and
+// TestDurableCrash/core saw values without an id applied out of order;
+// FAULTS.md). Numbered messages go to entities of several shards all along,
+// half with a Nats-Msg-Id: docs/FAULTS.md, "Guarantees", loses nothing
+// published after a shard was parked, so every one must be handled, those with
+// an id once and in order, the others at least once.
 func TestStepDownWhileParked(t *testing.T) {
 	for _, c := range []struct {
 		name                string

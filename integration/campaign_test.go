@@ -1,10 +1,10 @@
 package integration
 
-// The randomized fault campaign (issue 30, DESIGN.md 7 "Proven by search";
-// docs/FAULTS.md, "Randomized fault campaign"): real processes, seeded
-// faults from a menu, an appending load and a history checker
-// (internal/campaign) that knows natshard only by its subjects and the kv
-// entity's JSON.
+// The randomized fault campaign (issue 30, docs/FAULTS.md, "Guarantees":
+// proven by search; docs/FAULTS.md, "Randomized fault campaign"): real
+// processes, seeded faults from a menu, an appending load and a history
+// checker (internal/campaign) that knows natshard only by its subjects and the
+// kv entity's JSON.
 
 import (
 	"context"
@@ -51,12 +51,12 @@ const (
 // processes (JetStream, R3; their routes through proxies), four shardd
 // --replicas 3 of a kv type (each one's client connections through its own
 // proxies), a load of numbered appends to 1 000 entities (half with a
-// Nats-Msg-Id) and the seed's schedule of faults; then it heals
-// everything, reads every entity's history and checks it. It fails on
-// what DESIGN.md 7 forbids: in durable delivery any value lost, applied
-// twice or out of order; in core delivery a keyed value applied twice or
-// out of order (and, in both, a value applied that was never sent).
-// Core losses are reported with the faults in force, not failed on.
+// Nats-Msg-Id) and the seed's schedule of faults; then it heals everything,
+// reads every entity's history and checks it. It fails on what
+// docs/FAULTS.md's "Guarantees" forbid: in durable delivery any value lost,
+// applied twice or out of order; in core delivery a keyed value applied twice
+// or out of order (and, in both, a value applied that was never sent). Core
+// losses are reported with the faults in force, not failed on.
 //
 // Long runs (docs/FAULTS.md): go test -count=1 -timeout 60m -v -run
 // TestCampaign ./integration/ -args -campaign.duration 90s -campaign.seeds 1,2,3
@@ -226,7 +226,7 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 		t.Log(line)
 	}
 	if failures := rep.Failures(); len(failures) > 0 {
-		t.Errorf("campaign: %s seed %d FAILED: %v (DESIGN.md 7; the examples and their faults are above)", mode, seed, failures)
+		t.Errorf("campaign: %s seed %d FAILED: %v (docs/FAULTS.md, Guarantees; the examples and their faults are above)", mode, seed, failures)
 	}
 	if rep.Keyed.Sent[campaign.Acked]+rep.Keyed.Sent[campaign.Sent] == 0 {
 		t.Errorf("campaign: %s seed %d: no value acknowledged", mode, seed)

@@ -17,13 +17,13 @@ const entities = 1000
 
 // TestThreeShardd runs three shardd processes, against the embedded NATS
 // server of the first and against a cluster of three nats-server processes
-// with the state replicated three times, and proves (DESIGN.md 7): every
-// shard has exactly one owner; kv entities keep their state; after kill -9
-// of a region its shards are parked and re-homed and every entity answers
-// with its persisted state; after kill -9 of the coordinator another takes
-// the lease, no shard with a live owner moves and the table is intact; a
-// graceful stop of the coordinator's process hands the lease over at once.
-// It prints the times it saw.
+// with the state replicated three times, and proves (docs/FAULTS.md,
+// "Guarantees"): every shard has exactly one owner; kv entities keep their
+// state; after kill -9 of a region its shards are parked and re-homed and
+// every entity answers with its persisted state; after kill -9 of the
+// coordinator another takes the lease, no shard with a live owner moves and
+// the table is intact; a graceful stop of the coordinator's process hands the
+// lease over at once. It prints the times it saw.
 func TestThreeShardd(t *testing.T) {
 	t.Run("embedded", func(t *testing.T) {
 		port := freePort(t)
@@ -223,9 +223,9 @@ func singleOwner(nc *nats.Conn, subjects protocol.Subjects, shards int) error {
 		id := fmt.Sprintf("owner-probe-%d", i)
 		if s := protocol.ShardOf(id, shards); probe[s] == "" {
 			probe[s] = id
-			// With a Nats-Msg-Id, as DESIGN.md 7 asks for exactly once:
-			// a shard moving now is served once (without, its new owner
-			// may also handle the copy the old one buffered for it).
+			// With a Nats-Msg-Id, as docs/FAULTS.md's "Guarantees" ask for
+			// exactly once: a shard moving now is served once (without, its
+			// new owner may also handle the copy the old one buffered for it).
 			m := nats.NewMsg(subjects.Entity(s, id))
 			m.Reply, m.Data = inbox, []byte(`{"op":"get"}`)
 			m.Header.Set(jetstream.MsgIDHeader, nats.NewInbox())

@@ -19,17 +19,17 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// TestDurableCrash (issue 13, DESIGN.md 7 "Durable delivery") runs three
-// shardd of a kv type in durable delivery while a publisher appends
+// TestDurableCrash (issue 13, docs/FAULTS.md, "Guarantees": durable delivery)
+// runs three shardd of a kv type in durable delivery while a publisher appends
 // numbered values to entities through the type's stream at about 3 000
-// messages/s, half of the entities with a Nats-Msg-Id on every message
-// and half without, and kills one region with -9 (embedded server, and a
-// three-server cluster with R3), or, on the cluster, the NATS server a
-// region is connected to. It proves: every value the stream acknowledged
-// is applied once and in order (the entity's array is exactly the
-// acknowledged values, ascending, plus at most once a value whose
-// acknowledgement was lost), with or without Nats-Msg-Id; and it prints
-// how long the shards took to be served again.
+// messages/s, half of the entities with a Nats-Msg-Id on every message and
+// half without, and kills one region with -9 (embedded server, and a
+// three-server cluster with R3), or, on the cluster, the NATS server a region
+// is connected to. It proves: every value the stream acknowledged is applied
+// once and in order (the entity's array is exactly the acknowledged values,
+// ascending, plus at most once a value whose acknowledgement was lost), with
+// or without Nats-Msg-Id; and it prints how long the shards took to be served
+// again.
 //
 // The core subtest runs the same load and the same kill in core delivery
 // (core NATS publishes), for the figures of both modes side by side: it
@@ -129,13 +129,12 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 		procs[victim].kill()
 		st = waitSettled(t, nc, subjects, 90*time.Second, without([]string{"a", "b", "c"}, victim)...)
 		if delivery == "core" {
-			// DESIGN.md 7: what was published to the dead region's
-			// shards before they were parked is lost, nothing after. (The
-			// share lost depends on how soon the coordinator parks them:
+			// docs/FAULTS.md, "Guarantees": what was published to the dead
+			// region's shards before they were parked is lost, nothing after.
+			// (The share lost depends on how soon the coordinator parks them:
 			// within milliseconds with the embedded server's disconnect
-			// advisories, but under load, as in CI, up to half a second,
-			// 1.8 % of the values; issue 17: 183 of about 17 000 by
-			// probes.)
+			// advisories, but under load, as in CI, up to half a second, 1.8 %
+			// of the values; issue 17: 183 of about 17 000 by probes.)
 			load.lossEnds = firstParked(t, procs[coordinator], t0)
 		}
 		t.Logf("%s kill -9 of region %s (%s): its shards served again after %s", delivery, victim, t.Name(), time.Since(t0).Round(time.Millisecond))
@@ -330,15 +329,15 @@ func (l *appendLoad) check(t *testing.T) {
 		got, acc, unk := ans.Value, l.accepted[i], l.unknown[i]
 		accepted += len(acc)
 		unknown += len(unk)
-		// Ascending, each value once: acknowledged ones all there,
-		// unknown ones at most once. Core delivery applies a message
-		// without Nats-Msg-Id twice where a parked shard's diversion and
-		// its new owner's subscription overlap (DESIGN.md 7: at least
-		// once without an id, in per-publisher order): there, a copy may
-		// come again after later values (the parking and the owner can
-		// see different publishers' messages in different orders, and
-		// the replay places held arrivals by the keyed ones), so only
-		// first applications must ascend, as in TestLoadWithMoves.
+		// Ascending, each value once: acknowledged ones all there, unknown
+		// ones at most once. Core delivery applies a message without
+		// Nats-Msg-Id twice where a parked shard's diversion and its new
+		// owner's subscription overlap (docs/FAULTS.md, "Guarantees": at least
+		// once without an id, in per-publisher order): there, a copy may come
+		// again after later values (the parking and the owner can see
+		// different publishers' messages in different orders, and the replay
+		// places held arrivals by the keyed ones), so only first applications
+		// must ascend, as in TestLoadWithMoves.
 		maybeTwice := l.core && i%2 == 1
 		seen := map[int]bool{}
 		last, ordered := -1, true // last: the highest value applied so far

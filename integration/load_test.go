@@ -33,14 +33,14 @@ const (
 	window       = 4000 // messages published but not yet seen handled
 )
 
-// TestLoadWithMoves proves DESIGN.md 7 under load: while a publisher sends
-// sequence-numbered messages to 10 000 entities as fast as the system takes
-// them, a region joins, a region leaves gracefully, shardctl moves single
-// shards and drains a region. Afterwards every entity received exactly its
-// sequence in order (with Nats-Msg-Id), or at least it with duplicates only
-// (without), no entity ran in two regions at once, and every request got an
-// answer. The kill variant reports what a crash lost and proves that
-// everything published after the shards were parked arrived.
+// TestLoadWithMoves proves docs/FAULTS.md's "Guarantees" under load: while a
+// publisher sends sequence-numbered messages to 10 000 entities as fast as the
+// system takes them, a region joins, a region leaves gracefully, shardctl
+// moves single shards and drains a region. Afterwards every entity received
+// exactly its sequence in order (with Nats-Msg-Id), or at least it with
+// duplicates only (without), no entity ran in two regions at once, and every
+// request got an answer. The kill variant reports what a crash lost and proves
+// that everything published after the shards were parked arrived.
 func TestLoadWithMoves(t *testing.T) {
 	for _, run := range []loadRun{
 		{name: "embedded", msgIDs: true, duration: 20 * time.Second},
@@ -401,9 +401,10 @@ func testLoad(t *testing.T, run loadRun) {
 			break // enough detail
 		}
 	}
-	// Exactly once with Nats-Msg-Id holds for planned moves (DESIGN.md 7).
-	// After a crash, a shard the dead region was replaying is replayed again
-	// from its buffer by the next owner: at least once, reported.
+	// Exactly once with Nats-Msg-Id holds for planned moves (docs/FAULTS.md,
+	// "Guarantees"). After a crash, a shard the dead region was replaying is
+	// replayed again from its buffer by the next owner: at least once,
+	// reported.
 	if run.msgIDs && dups > 0 && !run.kill {
 		t.Errorf("%d duplicates with Nats-Msg-Id:\n%s", dups, strings.Join(dupInfo, "\n"))
 	} else if len(dupInfo) > 0 {

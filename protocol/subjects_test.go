@@ -59,8 +59,8 @@ func TestValidateEntityID(t *testing.T) {
 	}
 }
 
-// validID is the rules of an entity id as DESIGN.md gives them, written
-// plainly: the fuzzer holds hashEntityID's table to it.
+// validID is the rules of an entity id as docs/PROTOCOL.md ("Subjects") gives
+// them, written plainly: the fuzzer holds hashEntityID's table to it.
 func validID(id string) bool {
 	if id == "" || len(id) > MaxEntityIDLen {
 		return false

@@ -41,9 +41,10 @@ const (
 	// CmdDrop tells a region to stop serving shards at once: unsubscribe and
 	// stop their entities, with no end marker (forced reallocation).
 	CmdDrop CommandKind = 3
-	// CmdHandOff tells the owner to pause shards (DESIGN.md 6, step 2): keep
-	// the subscription, divert every arrival to the shard's buffer, stop the
-	// shard's entities. Reply.Complete says the entities have all stopped.
+	// CmdHandOff tells the owner to pause shards (docs/PROTOCOL.md, "Handoff",
+	// step 2): keep the subscription, divert every arrival to the shard's
+	// buffer, stop the shard's entities. Reply.Complete says the entities have
+	// all stopped.
 	CmdHandOff CommandKind = 4
 	// CmdRelease tells the source of a handoff (step 5) to keep diverting
 	// for the grace period, then unsubscribe and append the end marker

@@ -282,10 +282,11 @@ type Unbind struct {
 	Why   string
 }
 
-// Release: the source's last step of a handoff (DESIGN.md 6, step 5):
-// when Held, keep diverting for the release grace, then drain the
-// subscription (what it received is buffered) and forget the shard; then,
-// held or not, append the end marker Handoff to the shard's buffer.
+// Release: the source's last step of a handoff (docs/PROTOCOL.md,
+// "Handoff", step 5): when Held, keep diverting for the release grace,
+// then drain the subscription (what it received is buffered) and forget
+// the shard; then, held or not, append the end marker Handoff to the
+// shard's buffer.
 // Report ReleaseDone with Token.
 type Release struct {
 	Token   uint64
@@ -728,7 +729,7 @@ func (c *Core) bind(id uint64, cmd protocol.Command, reply *protocol.Reply, answ
 	}
 	c.binds[id] = *reply
 	c.emit(b)
-	c.log(slog.LevelInfo, "bound shards; replaying their buffers", "shards", b.Shards, "handoffs", b.Handoffs, "epoch", cmd.Epoch)
+	c.log(slog.LevelDebug, "bound shards; replaying their buffers", "shards", b.Shards, "handoffs", b.Handoffs, "epoch", cmd.Epoch)
 }
 
 // bound answers a bind once its subscriptions are flushed; the shards that
@@ -754,13 +755,13 @@ func (c *Core) bound(ev Bound) {
 	c.emit(Answer{ID: ev.ID, Reply: reply})
 }
 
-// handOff pauses the command's live shards (DESIGN.md 6, step 2): from now
-// on their arrivals go to the buffer and their entities stop. The answer
-// says Complete when every entity of the shards has stopped: at once, or
-// when they have, or Complete=false after HandOffWait ticks. A shard that
+// handOff pauses the command's live shards (docs/PROTOCOL.md, "Handoff", step
+// 2): from now on their arrivals go to the buffer and their entities stop. The
+// answer says Complete when every entity of the shards has stopped: at once,
+// or when they have, or Complete=false after HandOffWait ticks. A shard that
 // is still replaying is left alone, reported in Replaying, and makes the
-// answer incomplete at once (the coordinator asks again). A shard not held
-// has nothing to stop. A repeated HandOff restarts nothing.
+// answer incomplete at once (the coordinator asks again). A shard not held has
+// nothing to stop. A repeated HandOff restarts nothing.
 func (c *Core) handOff(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {
 	wait := map[int]uint64{}
 	var paused, replaying []int
@@ -787,7 +788,7 @@ func (c *Core) handOff(id uint64, cmd protocol.Command, reply *protocol.Reply, a
 		}
 	}
 	if len(paused) > 0 {
-		c.log(slog.LevelInfo, "paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
+		c.log(slog.LevelDebug, "paused shards for handoff: buffering their messages", "shards", paused, "epoch", cmd.Epoch)
 	}
 	switch {
 	case len(replaying) > 0:
@@ -840,11 +841,11 @@ func (c *Core) failWaiting(err error) {
 	clear(c.binds)
 }
 
-// release ends the source's part of a handoff (DESIGN.md 6, step 5) for
-// the command's shards. It refuses the whole command, changing nothing,
-// when one of them is live or replaying here (the coordinator releases
-// only a shard it paused). A shard held here is released (Release with
-// Held); a shard not held gets its end marker all the same (harmless when
+// release ends the source's part of a handoff (docs/PROTOCOL.md, "Handoff",
+// step 5) for the command's shards. It refuses the whole command, changing
+// nothing, when one of them is live or replaying here (the coordinator
+// releases only a shard it paused). A shard held here is released (Release
+// with Held); a shard not held gets its end marker all the same (harmless when
 // it is already there), so that a new owner never waits for it forever. A
 // repeated Release joins the one under way. The answer waits for them all.
 func (c *Core) release(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {

@@ -152,10 +152,11 @@ func (w *world) bindLive(e uint64, shards ...int) {
 	}
 }
 
-// TestCoreEpochs (DESIGN.md 4, "every message carries the coordinator
-// epoch"): a newer epoch is checked against the lease before any command
-// is obeyed, commands wait behind the check in order, a forged epoch is
-// refused and changes nothing, and a stale epoch is refused at once.
+// TestCoreEpochs (docs/PROTOCOL.md, "Epochs and fencing": "every message
+// carries the coordinator epoch"): a newer epoch is checked against the lease
+// before any command is obeyed, commands wait behind the check in order, a
+// forged epoch is refused and changes nothing, and a stale epoch is refused at
+// once.
 func TestCoreEpochs(t *testing.T) {
 	w := newWorld(t)
 	probe := w.cmd(protocol.CmdProbe, 3)
@@ -204,9 +205,9 @@ func TestCoreEpochs(t *testing.T) {
 	}
 }
 
-// TestCoreBind (DESIGN.md 6, step 4): a bind subscribes the shards not
-// held yet and is answered once the subscriptions are flushed; each shard
-// goes live when its replay caught up; a shard bound again is left as it
+// TestCoreBind (docs/PROTOCOL.md, "Handoff", step 4): a bind subscribes the
+// shards not held yet and is answered once the subscriptions are flushed; each
+// shard goes live when its replay caught up; a shard bound again is left as it
 // is; a shard paused here is not bound; shards that failed to bind are
 // forgotten.
 func TestCoreBind(t *testing.T) {
@@ -257,11 +258,11 @@ func TestCoreBind(t *testing.T) {
 	}
 }
 
-// TestCoreHandOff (DESIGN.md 6, step 2): the owner pauses a live shard
-// (diverts it, stops its entities) and says Complete once its entities
-// stopped, or not after HandOffWait; a replaying shard is reported and
-// not paused; a repeated HandOff pauses nothing again; a stop reported
-// for an earlier life of the shard does not complete it.
+// TestCoreHandOff (docs/PROTOCOL.md, "Handoff", step 2): the owner pauses a
+// live shard (diverts it, stops its entities) and says Complete once its
+// entities stopped, or not after HandOffWait; a replaying shard is reported
+// and not paused; a repeated HandOff pauses nothing again; a stop reported for
+// an earlier life of the shard does not complete it.
 func TestCoreHandOff(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
@@ -307,10 +308,10 @@ func TestCoreHandOff(t *testing.T) {
 	}
 }
 
-// TestCoreRelease (DESIGN.md 6, step 5): the source releases only what it
-// paused; a release drains and marks each shard (a shard not held gets its
-// marker all the same), a repeated release joins the one under way, and
-// the answer comes when all are done, with their errors.
+// TestCoreRelease (docs/PROTOCOL.md, "Handoff", step 5): the source releases
+// only what it paused; a release drains and marks each shard (a shard not held
+// gets its marker all the same), a repeated release joins the one under way,
+// and the answer comes when all are done, with their errors.
 func TestCoreRelease(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
@@ -341,9 +342,9 @@ func TestCoreRelease(t *testing.T) {
 	}
 }
 
-// TestCoreFence (DESIGN.md 6, membership: self-fencing): a fenced region
-// stops serving every shard at once, fails what waited, refuses every
-// command until it registered a new incarnation, which holds nothing.
+// TestCoreFence (docs/PROTOCOL.md, "Epochs and fencing": self-fencing): a
+// fenced region stops serving every shard at once, fails what waited, refuses
+// every command until it registered a new incarnation, which holds nothing.
 func TestCoreFence(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
@@ -591,8 +592,9 @@ func TestCoreConfirmVerdicts(t *testing.T) {
 	}
 }
 
-// TestCoreDrop (DESIGN.md 6: forced reallocation): a drop unbinds the
-// shards at once whatever their mode; dropping a shard not held is a no-op.
+// TestCoreDrop (docs/PROTOCOL.md, "Handoff": forced reallocation): a drop
+// unbinds the shards at once whatever their mode; dropping a shard not held is
+// a no-op.
 func TestCoreDrop(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
@@ -609,7 +611,7 @@ func TestCoreDrop(t *testing.T) {
 	}
 }
 
-// TestCoreLeave (DESIGN.md 6, graceful leave; shardctl drain and
+// TestCoreLeave (docs/PROTOCOL.md, "Rebalance and leaving"; shardctl drain and
 // undrain): a leave writes the mark and is answered once it is written; an
 // undrain is refused while shards are held and for a stopping process.
 func TestCoreLeave(t *testing.T) {

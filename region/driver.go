@@ -262,7 +262,7 @@ func (a *Agent) release(act Release) {
 		if err != nil {
 			a.log.Warn("release: cannot append the end marker; the coordinator will ask again", "err", err)
 		} else {
-			a.log.Info("released shard", "shard", act.Shard, "handoff", act.Handoff)
+			a.log.Debug("released shard", "shard", act.Shard, "handoff", act.Handoff)
 		}
 		a.post(ReleaseDone{Token: act.Token, Err: err})
 	})

@@ -220,7 +220,7 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 		started++
 	}
 	if len(ids) > 0 {
-		a.log.Info("started remembered entities", "shard", n, "entities", started, "of", len(ids), "took", time.Since(began).String())
+		a.log.Debug("started remembered entities", "shard", n, "entities", started, "of", len(ids), "took", time.Since(began).String())
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package campaign is the pure half of natshard's randomized fault
-// campaign (docs/FAULTS.md, "Randomized fault campaign"; DESIGN.md 7,
-// "Proven by search"): the seeded fault schedule and the history checker.
+// campaign (docs/FAULTS.md, "Randomized fault campaign" and "Guarantees":
+// proven by search): the seeded fault schedule and the history checker.
 // It does no I/O, reads no clock and imports only the standard library;
 // integration.TestCampaign drives real processes with it.
 //

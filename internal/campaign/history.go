@@ -238,9 +238,9 @@ func excerpt(h []int, i int) string {
 	return b.String()
 }
 
-// Failures are the violations DESIGN.md 7 forbids in the report's mode:
-// in durable delivery every violation; in core delivery keyed values
-// applied twice or out of order, and phantoms. (Core delivery may lose
+// Failures are the violations docs/FAULTS.md's "Guarantees" forbid in the
+// report's mode: in durable delivery every violation; in core delivery keyed
+// values applied twice or out of order, and phantoms. (Core delivery may lose
 // what it was sent in a crash window, and apply keyless values twice in a
 // move's overlap: reported, not failures.)
 func (r Report) Failures() map[ViolationKind]int {
