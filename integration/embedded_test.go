@@ -25,11 +25,8 @@ import (
 // cluster (--cluster, --routes): nothing else runs. A member can be killed
 // and started again on its ports and data directory.
 type embeddedCluster struct {
-	t        *testing.T
-	client   [3]int
-	route    [3]int
-	http     [3]int
-	dirs     [3]string
+	t *testing.T
+	memberPorts
 	procs    [3]*proc
 	starts   int
 	shards   int
@@ -41,13 +38,7 @@ type embeddedCluster struct {
 }
 
 func newEmbeddedCluster(t *testing.T, shards int) *embeddedCluster {
-	c := &embeddedCluster{t: t, shards: shards, subjects: protocol.MustSubjects("", "", "kv")}
-	ports := natstest.FreePorts(t, 9)
-	for i := range 3 {
-		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
-		c.dirs[i] = t.TempDir()
-	}
-	return c
+	return &embeddedCluster{t: t, shards: shards, subjects: protocol.MustSubjects("", "", "kv"), memberPorts: newMemberPorts(t)}
 }
 
 func (c *embeddedCluster) name(i int) string { return fmt.Sprintf("s%d", i+1) }

@@ -26,10 +26,7 @@ import (
 type natsCluster struct {
 	t      *testing.T
 	listen string // client listen address
-	client [3]int
-	route  [3]int
-	http   [3]int
-	dirs   [3]string
+	memberPorts
 	procs  [3]*proc
 	starts int
 	// routeVia, when set, is the port server from dials to reach server
@@ -83,13 +80,24 @@ func startNATSWith(t *testing.T, listen string, setup func(*natsCluster)) *natsC
 // none started yet: start them with start.
 func newNATS(t *testing.T, listen string) *natsCluster {
 	t.Helper()
-	c := &natsCluster{t: t, listen: listen}
+	return &natsCluster{t: t, listen: listen, memberPorts: newMemberPorts(t)}
+}
+
+// memberPorts are the ports and store directories of a three-member NATS
+// cluster (nats-server processes, or shardd's embedded servers).
+type memberPorts struct {
+	client, route, http [3]int
+	dirs                [3]string
+}
+
+func newMemberPorts(t *testing.T) memberPorts {
+	var m memberPorts
 	ports := natstest.FreePorts(t, 9)
 	for i := range 3 {
-		c.client[i], c.route[i], c.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
-		c.dirs[i] = t.TempDir()
+		m.client[i], m.route[i], m.http[i] = ports[3*i], ports[3*i+1], ports[3*i+2]
+		m.dirs[i] = t.TempDir()
 	}
-	return c
+	return m
 }
 
 func (c *natsCluster) name(i int) string { return fmt.Sprintf("n%d", i+1) }

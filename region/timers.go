@@ -118,24 +118,34 @@ func (h *host) armLocked(se *shardEntities, c *cell, id string, et *entityTimer,
 	et.t = time.AfterFunc(d, func() { h.fireTimer(se, c, id, et, gen) })
 }
 
+// timersOf returns entity id's timers in shard with se locked, or nil
+// (se nil too when the shard is not here). The caller unlocks se.mu when
+// se is not nil.
+func (h *host) timersOf(shard int, id string) (*shardEntities, *cell, *entityTimers) {
+	se := h.lookup(shard)
+	if se == nil {
+		return nil, nil, nil
+	}
+	se.mu.Lock()
+	c := se.cells[id]
+	if c == nil {
+		return se, nil, nil
+	}
+	return se, c, se.timers[c]
+}
+
 // cancelTimer cancels entity id's timer name and reports whether it was
 // armed (or its message queued).
 func (h *host) cancelTimer(shard int, id, name string) bool {
-	se := h.lookup(shard)
+	se, c, ts := h.timersOf(shard, id)
 	if se == nil {
 		return false
 	}
-	se.mu.Lock()
 	defer se.mu.Unlock()
-	c := se.cells[id]
-	if c == nil {
-		return false
+	i := -1
+	if ts != nil {
+		i = ts.find(name)
 	}
-	ts := se.timers[c]
-	if ts == nil {
-		return false
-	}
-	i := ts.find(name)
 	if i < 0 {
 		return false
 	}
@@ -146,17 +156,11 @@ func (h *host) cancelTimer(shard int, id, name string) bool {
 // timerActive reports whether entity id's timer name is armed or its
 // message queued.
 func (h *host) timerActive(shard int, id, name string) bool {
-	se := h.lookup(shard)
+	se, _, ts := h.timersOf(shard, id)
 	if se == nil {
 		return false
 	}
-	se.mu.Lock()
 	defer se.mu.Unlock()
-	c := se.cells[id]
-	if c == nil {
-		return false
-	}
-	ts := se.timers[c]
 	return ts != nil && ts.find(name) >= 0
 }
 
