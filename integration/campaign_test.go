@@ -754,11 +754,14 @@ func (l *campaignLoad) send(i, v int) {
 		switch {
 		case l.mode == campaign.Durable:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := js.PublishMsg(ctx, m)
+			ack, err := js.PublishMsg(ctx, m)
 			cancel()
 			outcome, why = campaign.Acked, ""
 			switch {
 			case err == nil:
+				// The stream's sequence, for the report of a lost value:
+				// region logs and the servers' name messages by it.
+				why = fmt.Sprintf("stream seq %d", ack.Sequence)
 			case strings.Contains(err.Error(), "maximum bytes exceeded"), strings.Contains(err.Error(), "insufficient resources"):
 				// The stream's leader refused it for lack of space.
 				outcome, why = campaign.Refused, err.Error()
