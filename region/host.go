@@ -1111,6 +1111,10 @@ func (h *host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		}
 		h.reply(shard, id, e.m, data, err)
 		if e.d != nil {
+			if err != nil && h.log.Enabled(ctx, slog.LevelDebug) {
+				// Acknowledged all the same: the error is the answer.
+				h.log.Debug("region: a message of durable delivery was answered with an error", "shard", shard, "entity", id, "seq", e.d.seq, "error", err)
+			}
 			e.d.done()
 		}
 		return ent, err
