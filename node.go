@@ -95,6 +95,7 @@ type hosted struct {
 	buffer   *kvstate.Buffer
 	stream   *kvstate.Stream // durable delivery; nil in core
 	agent    *region.Agent
+	daemon   *daemonHost // a Daemon's type; nil for others
 	tracer   trace.Tracer // the node's
 	// coordStats counts the coordinator candidate's decisions; nil without one.
 	coordStats *coordinator.Stats
@@ -416,6 +417,12 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		}
 	}
 	stream := h.stream
+	if t.daemon != nil {
+		// Before the region: its first workers start as soon as it binds.
+		if h.daemon, err = h.openDaemon(ctx, t.daemon); err != nil {
+			return err
+		}
+	}
 	observed := n.metrics != nil || n.tracer != nil
 	n.client.Learn(subjects, t.Shards, string(t.Delivery))
 	if !n.opts.NoRegion {
@@ -448,6 +455,9 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	if h.agent != nil {
 		if !n.nc.IsConnected() {
 			h.agent.Fence("disconnected from NATS") // watchConn may have come too early
+		}
+		if h.daemon != nil {
+			h.daemon.start()
 		}
 		go func() {
 			select {
@@ -535,6 +545,11 @@ func (n *Node) shutdown(ctx context.Context, leave bool) error {
 	defer close(n.stopped)
 	close(n.stopping)
 	types := n.hostedTypes()
+	for _, h := range types {
+		if h.daemon != nil {
+			h.daemon.end() // no more keep-alives: the workers stop with the region
+		}
+	}
 	if leave {
 		n.log.Info("stopping: leaving, waiting for the shards to be handed off")
 		var wg sync.WaitGroup
