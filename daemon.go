@@ -193,7 +193,7 @@ type daemonHost struct {
 	stop    context.CancelFunc // ends ctx
 	started bool               // keep runs (start)
 	done    chan struct{}      // closed when keep returned
-	pings sync.WaitGroup     // keep-alives and releases in the background
+	pings   sync.WaitGroup     // keep-alives and releases in the background
 }
 
 // openDaemon reads (or, for a new daemon, stores) the count of h's daemon.

@@ -95,7 +95,7 @@ type hosted struct {
 	buffer   *kvstate.Buffer
 	stream   *kvstate.Stream // durable delivery; nil in core
 	agent    *region.Agent
-	daemon   *daemonHost // a Daemon's type; nil for others
+	daemon   *daemonHost  // a Daemon's type; nil for others
 	tracer   trace.Tracer // the node's
 	// coordStats counts the coordinator candidate's decisions; nil without one.
 	coordStats *coordinator.Stats
