@@ -22,14 +22,21 @@ import (
 // time; it moves when processes join and leave, and starts again in
 // another when its process dies. Host it with Type:
 //
-//	var Indexer = natshard.Daemon{Name: "indexer", Workers: 4, Run: index}
+//	// indexPartition indexes partition index until ctx ends.
+//	var Indexer = natshard.Daemon{Name: "indexer", Workers: 4, Run: indexPartition}
 //
 //	node, err := natshard.Start(ctx, opts, Indexer.Type())
 //
 // The count is stored with the type and changed at run time with
-// ScaleDaemon (or shardctl daemon scale): every host starts the workers
-// added and stops those removed. docs/GUIDE.md, "Workers kept running:
-// daemons", says what "once" guarantees and where two runs can overlap.
+// ScaleDaemon (or shardctl scale): every host starts the workers
+// added and stops those removed.
+//
+// Once means at most one run of a worker at any time: a worker's run
+// starts only once its shard is live in the process and its previous
+// run, wherever it was, returned, or the process of that run has been
+// gone from the registry for a lease TTL (a claim per worker in the
+// type's bucket). docs/GUIDE.md, "Workers kept running: daemons", says
+// more, and what is left: a process frozen past its lease.
 type Daemon struct {
 	// Name of the daemon: the name of its entity type (subjects
 	// shard.<Name>.<shard>.<worker>, KV bucket natshard_<Name>).
@@ -44,12 +51,14 @@ type Daemon struct {
 	// the process (a move, a leave, a stop), the process loses its NATS
 	// connection (it starts the worker again once it has confirmed the
 	// shard is still its own), or the count drops to index or below.
-	// Return promptly then: a Run that outlives the stop timeout (10 s)
-	// may overlap with the worker's next run elsewhere. A Run that
-	// returns while its worker should run (an error, nil, or a panic) is
-	// started again after a pause (1 s, doubling up to 30 s), and the
-	// error is logged. EnvFrom(ctx) gives the worker's Env: its region,
-	// the node's connection and client, the type's state store, a logger.
+	// Return promptly then: the worker's next run, here or in another
+	// process, waits until this one returned (a Run that never returns
+	// keeps its worker from running anywhere else while its process is
+	// registered). A Run that returns while its worker should run (an
+	// error, nil, or a panic) is started again after a pause (1 s,
+	// doubling up to 30 s), and the error is logged. EnvFrom(ctx) gives
+	// the worker's Env: its region, the node's connection and client,
+	// the type's state store, a logger.
 	Run func(ctx context.Context, index int) error
 }
 
@@ -428,8 +437,8 @@ func (w *daemonWorker) Handle(context.Context, *Message) ([]byte, error) {
 }
 
 // Stop cancels Run and waits until it has returned, or until ctx (the stop
-// timeout) ends: then the worker is abandoned, and may overlap with its
-// next run elsewhere.
+// timeout) ends: then the shard moves on without it, and the worker's next
+// run waits for its claim until it returns.
 func (w *daemonWorker) Stop(ctx context.Context) error {
 	if w.cancel == nil {
 		return nil
@@ -439,7 +448,7 @@ func (w *daemonWorker) Stop(ctx context.Context) error {
 	case <-w.done:
 		return nil
 	case <-ctx.Done():
-		w.env.Logger().Error("daemon worker did not return after its context ended; its shard moves on without it, and its next run elsewhere may overlap with it", "worker", w.index)
+		w.env.Logger().Error("daemon worker did not return after its context ended; its shard moves on without it, and the worker runs nowhere else until it returns", "worker", w.index)
 		return fmt.Errorf("natshard: daemon worker %d did not return in time: %w", w.index, ctx.Err())
 	}
 }
