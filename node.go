@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,6 +130,9 @@ func Start(ctx context.Context, opts Options, types ...Type) (*Node, error) {
 	if len(types) == 0 {
 		return nil, errors.New("natshard: no type to host")
 	}
+	// validate canonicalises: the caller's slice is left alone (nodes
+	// started at once with one slice, as natshardtest's, would race).
+	types = slices.Clone(types)
 	seen := map[string]bool{}
 	for i := range types {
 		if err := types[i].validate(); err != nil {
