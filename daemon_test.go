@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/natshardtest"
 	"github.com/natshard/natshard/protocol"
 )
@@ -25,6 +27,8 @@ type workerRuns struct {
 	running  map[int][]string // index -> regions whose Run of it has not returned
 	starts   map[int]int
 	overlaps []string
+	// slow: the regions whose workers take slowDown to return
+	slow map[string]bool
 }
 
 func newWorkerRuns() *workerRuns {
@@ -33,8 +37,11 @@ func newWorkerRuns() *workerRuns {
 
 // windDown is how long a test worker takes to return after its context
 // ended: a handoff that started the next run before this one returned
-// would be seen overlapping.
-const windDown = 100 * time.Millisecond
+// would be seen overlapping. The workers of a slow region take slowDown.
+const (
+	windDown = 100 * time.Millisecond
+	slowDown = 2 * time.Second
+)
 
 // run is the daemon's Run: it records its start, runs until ctx ends,
 // winds down, and records its end just before it returns.
@@ -46,9 +53,13 @@ func (r *workerRuns) run(ctx context.Context, index int) error {
 	}
 	r.running[index] = append(r.running[index], region)
 	r.starts[index]++
+	pause := windDown
+	if r.slow[region] {
+		pause = slowDown
+	}
 	r.mu.Unlock()
 	<-ctx.Done()
-	time.Sleep(windDown)
+	time.Sleep(pause)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	regions := r.running[index]
@@ -235,6 +246,40 @@ func TestDaemonReconnect(t *testing.T) {
 		}
 		return runs.exactly(4)
 	}, runs.String)
+	runs.check(t)
+}
+
+// TestDaemonCutOff: a node cut off from NATS (its connection closed, no
+// reconnection for 10 s) whose workers take 2 s to return once their
+// context ended: the coordinator re-homes its shards within a second, but
+// their new owner starts the workers only once their claims' process has
+// been gone from the registry for a lease TTL (4 s), after they returned,
+// though the cut-off node could not release their claims. Without the
+// claims, the new runs started while the old ones wound down.
+func TestDaemonCutOff(t *testing.T) {
+	runs := newWorkerRuns()
+	runs.slow = map[string]bool{"cut": true}
+	d := natshard.Daemon{Name: "cutoff", Workers: 4, Run: runs.run}
+	typ := d.Type()
+	typ.Shards = 8
+	c := natshardtest.Run(t, natshardtest.Config{Nodes: 1, Types: []natshard.Type{typ}})
+	proxy := natstest.NewProxy(t, strings.TrimPrefix(c.URL(), "nats://"))
+	ctx := t.Context()
+	cut, err := natshard.Start(ctx, natshard.Options{NATS: proxy.URL(), Region: "cut", Logger: slog.New(slog.DiscardHandler)}, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cut.Close(context.Background()) })
+	c.Eventually("4 workers on node-0 and cut", func() bool {
+		return runs.exactly(4) && balanced(runs.where(), natshardtest.Region(0), "cut")
+	}, runs.String)
+
+	proxy.Cut(10 * time.Second)
+	c.Eventually("4 workers on node-0 while cut is cut off", func() bool {
+		return runs.exactly(4) && runs.where()[natshardtest.Region(0)] == 4
+	}, runs.String)
+	runs.check(t)
+	c.Eventually("4 workers once cut is back", func() bool { return runs.exactly(4) && balanced(runs.where(), natshardtest.Region(0), "cut") }, runs.String)
 	runs.check(t)
 }
 
