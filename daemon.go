@@ -197,6 +197,7 @@ type daemonHost struct {
 	workers int
 	changed chan struct{} // closed when workers changes
 	ids     []string      // WorkerID of each index, made as needed
+	ended   bool          // end began: nothing more in the background
 
 	ctx     context.Context    // until the node stops
 	stop    context.CancelFunc // ends ctx
@@ -223,7 +224,7 @@ func (h *hosted) openDaemon(ctx context.Context, spec *daemonSpec) (*daemonHost,
 		return nil, fmt.Errorf("natshard: daemon %q: %w", h.t.Name, err)
 	}
 	if spec.workers > 0 && n != spec.workers {
-		h.log.Info("the daemon runs its stored worker count, not the one configured; change it with shardctl daemon scale", "workers", n, "configured", spec.workers)
+		h.log.Info("the daemon runs its stored worker count, not the one configured; change it with shardctl scale", "workers", n, "configured", spec.workers)
 	}
 	d := &daemonHost{h: h, run: spec.run, workers: n, changed: make(chan struct{}), done: make(chan struct{})}
 	d.ctx, d.stop = context.WithCancel(context.Background())
@@ -275,6 +276,9 @@ func (d *daemonHost) start() {
 // end stops the keeper and waits for it, its keep-alives and its
 // releases.
 func (d *daemonHost) end() {
+	d.mu.Lock()
+	d.ended = true
+	d.mu.Unlock()
 	d.stop()
 	if d.started {
 		<-d.done
@@ -287,6 +291,12 @@ func (d *daemonHost) end() {
 // registration is then removed, and the claim is taken over a lease TTL
 // later).
 func (d *daemonHost) releaseLater(index int, rev uint64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ended {
+		d.h.log.Warn("cannot release a daemon worker's claim as the node stops: its next run waits until a lease TTL after the node deregistered", "worker", index, "err", err)
+		return
+	}
 	d.h.log.Warn("cannot release a daemon worker's claim; retrying: its next run waits for it", "worker", index, "err", err)
 	d.pings.Go(func() {
 		for backoff := wait.RetryFirst; wait.Sleep(d.ctx, backoff); backoff = wait.Next(backoff) {
