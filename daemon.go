@@ -51,14 +51,16 @@ type Daemon struct {
 	// the process (a move, a leave, a stop), the process loses its NATS
 	// connection (it starts the worker again once it has confirmed the
 	// shard is still its own), or the count drops to index or below.
-	// Return promptly then: the worker's next run, here or in another
-	// process, waits until this one returned (a Run that never returns
-	// keeps its worker from running anywhere else while its process is
-	// registered). A Run that returns while its worker should run (an
-	// error, nil, or a panic) is started again after a pause (1 s,
-	// doubling up to 30 s), and the error is logged. EnvFrom(ctx) gives
-	// the worker's Env: its region, the node's connection and client,
-	// the type's state store, a logger.
+	// Return promptly then, within a second: the worker's next run, here
+	// or in another process, waits until this one returned (a Run that
+	// never returns keeps its worker from running anywhere else while
+	// its process is registered), but waits for a process cut off from
+	// NATS only a lease TTL after it was removed, a quarter of the TTL
+	// after that process ended the context. A Run that returns while its
+	// worker should run (an error, nil, or a panic) is started again
+	// after a pause (1 s, doubling up to 30 s), and the error is logged.
+	// EnvFrom(ctx) gives the worker's Env: its region, the node's
+	// connection and client, the type's state store, a logger.
 	Run func(ctx context.Context, index int) error
 }
 
