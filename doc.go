@@ -56,6 +56,17 @@
 //	// in Handle:
 //	err := c.state.Update(ctx, func(cart *Cart) error { cart.Items[item]++; return nil })
 //
+// # Daemons
+//
+// A Daemon keeps N numbered workers running across the processes that
+// host it, each once (Akka's sharded daemon process): worker i's Run
+// goroutine runs in one process at a time, moves when processes join and
+// leave, starts again elsewhere when its process dies, and N changes at
+// run time (ScaleDaemon, shardctl scale):
+//
+//	var Projection = natshard.Daemon{Name: "projection", Workers: 4, Run: consumePartition}
+//	node, err := natshard.Start(ctx, opts, Projection.Type())
+//
 // # Sending
 //
 // Any NATS client can publish to an entity's subject,

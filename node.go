@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,7 @@ type hosted struct {
 	buffer   *kvstate.Buffer
 	stream   *kvstate.Stream // durable delivery; nil in core
 	agent    *region.Agent
+	daemon   *daemonHost  // a Daemon's type; nil for others
 	tracer   trace.Tracer // the node's
 	// coordStats counts the coordinator candidate's decisions; nil without one.
 	coordStats *coordinator.Stats
@@ -128,6 +130,9 @@ func Start(ctx context.Context, opts Options, types ...Type) (*Node, error) {
 	if len(types) == 0 {
 		return nil, errors.New("natshard: no type to host")
 	}
+	// validate canonicalises: the caller's slice is left alone (nodes
+	// started at once with one slice, as natshardtest's, would race).
+	types = slices.Clone(types)
 	seen := map[string]bool{}
 	for i := range types {
 		if err := types[i].validate(); err != nil {
@@ -416,6 +421,12 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		}
 	}
 	stream := h.stream
+	if t.daemon != nil {
+		// Before the region: its first workers start as soon as it binds.
+		if h.daemon, err = h.openDaemon(ctx, t.daemon); err != nil {
+			return err
+		}
+	}
 	observed := n.metrics != nil || n.tracer != nil
 	n.client.Learn(subjects, t.Shards, string(t.Delivery))
 	if !n.opts.NoRegion {
@@ -448,6 +459,9 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	if h.agent != nil {
 		if !n.nc.IsConnected() {
 			h.agent.Fence("disconnected from NATS") // watchConn may have come too early
+		}
+		if h.daemon != nil {
+			h.daemon.start()
 		}
 		go func() {
 			select {
@@ -535,6 +549,11 @@ func (n *Node) shutdown(ctx context.Context, leave bool) error {
 	defer close(n.stopped)
 	close(n.stopping)
 	types := n.hostedTypes()
+	for _, h := range types {
+		if h.daemon != nil {
+			h.daemon.end() // no more keep-alives: the workers stop with the region
+		}
+	}
 	if leave {
 		n.log.Info("stopping: leaving, waiting for the shards to be handed off")
 		var wg sync.WaitGroup

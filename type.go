@@ -216,6 +216,9 @@ type Type struct {
 	BucketBytes int64
 	BufferBytes int64
 	StreamBytes int64
+
+	// daemon: the Type is a Daemon's (Daemon.Type).
+	daemon *daemonSpec
 }
 
 // withDefaults returns t with every zero field that is not stored set to
@@ -348,6 +351,9 @@ func (t *Type) validate() error {
 	}
 	if t.Remember && t.IdleTimeout > 0 {
 		errs = append(errs, fmt.Errorf("IdleTimeout: %s with Remember: remembered entities are not passivated for idleness (they would be started again); leave it 0 or Off, and have an entity that is done call Env.Passivate", t.IdleTimeout))
+	}
+	if t.daemon != nil {
+		errs = append(errs, t.daemon.validate(*t)...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("type %q: %w", t.Name, err)

@@ -78,6 +78,8 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 	}{
 		{"Config", testConfig},
 		{"RememberedEntities", testRememberedEntities},
+		{"Daemon", testDaemon},
+		{"WorkerClaims", testWorkerClaims},
 		{"OpenTwice", testOpenTwice},
 		{"CoordinatorAcquire", testCoordinatorAcquire},
 		{"CoordinatorRenewAndExpiry", testCoordinatorRenewAndExpiry},

@@ -1,5 +1,10 @@
 package protocol
 
+import (
+	"strconv"
+	"strings"
+)
+
 // DefaultShards is the number of shards of a type when none is configured.
 const DefaultShards = 128
 
@@ -76,4 +81,37 @@ func hashEntityID(id string) (h uint32, ok bool) {
 		last = k
 	}
 	return h, bad == 0
+}
+
+// WorkerID is the entity id of worker index of a sharded daemon whose type
+// has shards shards: the decimal index, or, when that does not fall in
+// shard index % shards, the index and the first suffix -k that does. So
+// worker i lives in shard i % shards, and each of the first shards
+// workers has a shard of its own. shards must be positive.
+func WorkerID(index, shards int) string {
+	id := strconv.Itoa(index)
+	want := index % shards
+	if ShardOf(id, shards) == want {
+		return id
+	}
+	for k := 1; ; k++ {
+		s := id + "-" + strconv.Itoa(k)
+		if ShardOf(s, shards) == want {
+			return s
+		}
+	}
+}
+
+// WorkerIndex is the index of worker entity id of a sharded daemon whose
+// type has shards shards (WorkerID), or -1 when id is no worker's.
+func WorkerIndex(id string, shards int) int {
+	digits := id
+	if i := strings.IndexByte(id, '-'); i >= 0 {
+		digits = id[:i]
+	}
+	i, err := strconv.Atoi(digits)
+	if err != nil || i < 0 || i >= MaxWorkers || strconv.Itoa(i) != digits || WorkerID(i, shards) != id {
+		return -1
+	}
+	return i
 }

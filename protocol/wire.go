@@ -169,6 +169,27 @@ type Pin struct {
 	Region string `msgpack:"r"`
 }
 
+// Daemon is the value of KV key daemon of a sharded daemon's type
+// (natshard.Daemon): how many workers it keeps running. The first process
+// that hosts the daemon creates it; natshard.ScaleDaemon and shardctl
+// daemon scale change it.
+type Daemon struct {
+	Workers int `msgpack:"w"`
+}
+
+// MaxWorkers bounds a daemon's workers.
+const MaxWorkers = 1 << 16
+
+// WorkerClaim is the value of KV key workers.<index> of a sharded daemon's
+// type: the region (and its Agent's instance, unique per process) that
+// runs the worker, written before its run starts and removed once the run
+// returned. The next run of the index waits until the claim is removed,
+// or its region has been gone from the registry for a lease TTL.
+type WorkerClaim struct {
+	Region   string `msgpack:"r"`
+	Instance string `msgpack:"in"`
+}
+
 // TypeConfig is the per-type configuration stored in KV; every process of
 // the type must agree with it.
 type TypeConfig struct {

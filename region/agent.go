@@ -172,6 +172,9 @@ type Agent struct {
 	suspended   bool
 	disconnects uint64
 	confirming  bool
+	// servingCh is closed (and made again by Serving) when what Serving
+	// reports may have changed: registered, suspended, closed, modes.
+	servingCh chan struct{}
 
 	clock stallClock // beats of the stall watch, registration deadline (stall.go)
 
@@ -334,6 +337,10 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 // ID is the region's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
+// Instance is unique per Agent: its registrations carry it
+// (protocol.RegionInfo.Instance), whatever its incarnation.
+func (a *Agent) Instance() string { return a.instance }
+
 // Held returns the shards the region holds (serving, replaying or
 // handing off), ascending.
 func (a *Agent) Held() []int {
@@ -377,6 +384,7 @@ func (a *Agent) register(ctx context.Context) error {
 	a.pendingInc = ""
 	a.mu.Lock()
 	a.incarnation, a.started, a.conn, a.lease, a.renewedAt, a.registered = inc, started, info.Conn, lease, sent, true
+	a.servingChangedLocked()
 	a.clock.deadline.Store(a.clock.at(renewal.Deadline(sent, a.cfg.LeaseTTL)))
 	a.mu.Unlock()
 	return nil
@@ -566,6 +574,7 @@ func (a *Agent) Fence(reason string) {
 		return
 	}
 	a.registered, a.suspended = false, false
+	a.servingChangedLocked()
 	inc := a.incarnation
 	a.mu.Unlock()
 	a.stats.Fenced.Add(1)
@@ -598,6 +607,7 @@ func (a *Agent) Suspend(reason string) {
 	a.disconnects++
 	first := !a.suspended
 	a.suspended = true
+	a.servingChangedLocked()
 	inc := a.incarnation
 	held := make([]intake, 0, len(a.shards))
 	for _, st := range a.shards {
@@ -664,6 +674,7 @@ func (a *Agent) confirm() {
 			ok = a.suspended && a.registered && a.incarnation == inc && a.disconnects == drops && a.cfg.Conn.IsConnected()
 			if ok {
 				a.suspended = false
+				a.servingChangedLocked()
 			}
 			a.mu.Unlock()
 			if ok {
@@ -755,6 +766,7 @@ func (a *Agent) Close(ctx context.Context) error {
 		return ErrClosed
 	}
 	a.closed = true
+	a.servingChangedLocked()
 	held := len(a.held)
 	a.mu.Unlock()
 	// The driver unbinds every shard and fails what waits, then stops.
@@ -774,6 +786,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	a.mu.Lock()
 	lease, registered := a.lease, a.registered
 	a.registered = false
+	a.servingChangedLocked()
 	a.mu.Unlock()
 	a.renewMu.Unlock()
 	if registered {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -82,6 +83,9 @@ func (a *Agent) carryOut(acts []Action) {
 		modes[n] = a.core.Mode(n)
 	}
 	a.mu.Lock()
+	if !maps.Equal(a.modes, modes) {
+		a.servingChangedLocked()
+	}
 	a.held, a.modes, a.leaving, a.epoch = held, modes, a.core.Leaving(), a.core.Epoch()
 	a.mu.Unlock()
 	for _, act := range acts {

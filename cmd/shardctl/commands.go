@@ -110,6 +110,18 @@ network sent are printed escaped (\x1b), never raw.`,
 shardctl watch --count 3 --json`,
 		},
 		{
+			name: "daemon", short: "a daemon's workers: where each runs, and whether it does", group: "Inspect", run: cmdDaemon,
+			long: `Shows the worker count of a daemon (a type hosted by natshard.Daemon, or
+shardd --kind daemon) and asks each worker for its status: the region
+that runs it, whether its Run is running (it is not while it waits for
+its previous run elsewhere to end, or for its shard), how often it
+returned and was started again, and its last error. Asking a worker
+starts it if it is not active, as every process of the daemon does
+every 10 s.`,
+			examples: `shardctl --type projection daemon
+shardctl --type projection daemon --json`,
+		},
+		{
 			name: "send", args: "<entity> <payload> [--key K]", short: "publish a message to an entity", group: "Talk to entities", nargs: 2, flags: []string{"key"}, run: cmdSend,
 			long: `Publishes the payload ("-": standard input) to the entity's subject, as
 any NATS client can (nats pub shard.<type>.<shard>.<entity> ...). With
@@ -198,6 +210,14 @@ With --wait, shardctl follows the moves until every moved shard is active
 again, printing each step on stderr.`,
 			examples: `shardctl rebalance --dry-run
 shardctl rebalance --wait`,
+		},
+		{
+			name: "scale", args: "<workers>", short: "set a daemon's worker count", group: "Operate", nargs: 1, run: cmdScale,
+			long: `Stores a daemon's new worker count (0 stops them all). Every process
+that hosts the daemon sees it at once: it starts the workers added and
+stops those removed; the others run on.`,
+			examples: `shardctl --type projection scale 8
+shardctl --type projection daemon`,
 		},
 		{
 			name: "auth", args: "init|user ...", short: "create keys and credentials", group: "Set up and measure", local: localAuth,

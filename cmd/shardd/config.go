@@ -37,6 +37,7 @@ type config struct {
 	Type          string
 	Kind          string
 	TraceSubject  string
+	Workers       int            // --kind daemon: the worker count of a new daemon; 0 the stored one
 	Sidecar       sidecar.Config // --kind http: --app, --app-*, --state-listen
 	Strategy      string         // canonical spec, or "" for the stored one
 	Delivery      string         // core, durable, or "" for the stored one
@@ -133,13 +134,14 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.StringVar(&c.ClusterName, "cluster_name", clusterName, "with --cluster: the embedded cluster's name, the same on every member (nats-server's --cluster_name) [NATSHARD_CLUSTER_NAME]")
 	fs.StringVar(&c.ClusterName, "cluster-name", clusterName, "same as --cluster_name")
 	fs.StringVar(&c.Type, "type", env("NATSHARD_TYPE", "kv"), "entity type [NATSHARD_TYPE]")
-	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "entity kind: kv, echo, trace (diagnostic), or http (the entities live in the app at --app); stored per type, a process that disagrees refuses to start [NATSHARD_KIND]")
+	fs.StringVar(&c.Kind, "kind", env("NATSHARD_KIND", "kv"), "entity kind: kv, echo, trace (diagnostic), daemon (diagnostic workers kept running, --workers), or http (the entities live in the app at --app); stored per type, a process that disagrees refuses to start [NATSHARD_KIND]")
 	fs.StringVar(&c.Sidecar.App, "app", env("NATSHARD_APP", ""), "with --kind http: the URL of the app that hosts the entities, like http://127.0.0.1:8080 (docs/SIDECAR.md) [NATSHARD_APP]")
 	fs.IntVar(&c.Sidecar.Concurrency, "app-concurrency", envInt("NATSHARD_APP_CONCURRENCY", sidecar.DefaultConcurrency), "with --kind http: calls in flight to the app at most (and connections to it) [NATSHARD_APP_CONCURRENCY]")
 	fs.DurationVar(&c.Sidecar.Timeout, "app-timeout", envDur("NATSHARD_APP_TIMEOUT", sidecar.DefaultTimeout), "with --kind http: bounds each call to the app, health check and state API request [NATSHARD_APP_TIMEOUT]")
 	fs.DurationVar(&c.Sidecar.DownAfter, "app-down-after", envDur("NATSHARD_APP_DOWN_AFTER", sidecar.DefaultDownAfter), "with --kind http: an app that fails every health check this long is down: shardd leaves (its shards move to the others) and exits 1 [NATSHARD_APP_DOWN_AFTER]")
 	fs.StringVar(&c.Sidecar.StateListen, "state-listen", env("NATSHARD_STATE_LISTEN", sidecar.DefaultStateListen), "with --kind http: loopback address of the state API for the app (port 0: a free one, given to the app in the Natshard-State-Url header) [NATSHARD_STATE_LISTEN]")
-	fs.StringVar(&c.TraceSubject, "trace-subject", env("NATSHARD_TRACE_SUBJECT", ""), "where trace entities publish their records (default natshard.trace.<type>) [NATSHARD_TRACE_SUBJECT]")
+	fs.StringVar(&c.TraceSubject, "trace-subject", env("NATSHARD_TRACE_SUBJECT", ""), "where trace entities and daemon workers publish their records (default natshard.trace.<type>, natshard.daemon.<type>) [NATSHARD_TRACE_SUBJECT]")
+	fs.IntVar(&c.Workers, "workers", envInt("NATSHARD_WORKERS", 0), "with --kind daemon: the worker count when the daemon is first started; then the stored count wins (shardctl scale changes it); 0 uses the stored count [NATSHARD_WORKERS]")
 	fs.StringVar(&c.Delivery, "delivery", env("NATSHARD_DELIVERY", ""), "how messages reach the entities, stored per type: core (core NATS: Akka's semantics, the default for a new type) or durable (through the type's JetStream stream: nothing lost when a region crashes or a NATS server dies); empty uses the stored one [NATSHARD_DELIVERY]")
 	fs.IntVar(&c.Shards, "shards", envInt("NATSHARD_SHARDS", 0), fmt.Sprintf("shard count; 0 uses the stored count, or %d for a new type [NATSHARD_SHARDS]", natshard.DefaultShards))
 	fs.StringVar(&c.Region, "region", env("NATSHARD_REGION", natshard.DefaultRegion()), "region id, unique per process; a process whose id another live process serves refuses to start [NATSHARD_REGION]")
@@ -222,26 +224,40 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 			return c, errors.New("--cluster_name: only with --cluster and --routes (the embedded cluster's name)")
 		}
 	}
-	if c.Remember {
-		// Remembered entities are never passivated for idleness: the
+	if c.Remember || c.Kind == entities.DaemonKind {
+		// Remembered entities (a daemon's workers are) are never passivated for idleness: the
 		// default does not apply, and an explicit value is refused.
 		explicit := getenv("NATSHARD_IDLE_TIMEOUT") != ""
 		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "idle-timeout" })
 		if !explicit {
 			c.IdleTimeout = 0
 		} else if c.IdleTimeout > 0 {
-			return c, fmt.Errorf("--idle-timeout: %s with --remember: remembered entities are not passivated for idleness (they would be started again); leave it out", c.IdleTimeout)
+			return c, fmt.Errorf("--idle-timeout: %s with %s: remembered entities are not passivated for idleness (they would be started again); leave it out", c.IdleTimeout, rememberFlag(c))
 		}
 		if c.MaxActive > 0 {
-			return c, fmt.Errorf("--max-active: %d with --remember: remembered entities are passivated only at their own request; leave it out", c.MaxActive)
+			return c, fmt.Errorf("--max-active: %d with %s: remembered entities are passivated only at their own request; leave it out", c.MaxActive, rememberFlag(c))
 		}
 	}
 	return c, c.Validate()
 }
 
+// rememberFlag names what makes c's entities remembered.
+func rememberFlag(c config) string {
+	if c.Kind == entities.DaemonKind {
+		return "--kind daemon (its workers are remembered entities)"
+	}
+	return "--remember"
+}
+
 // Validate checks the configuration and names the field at fault.
 func (c *config) Validate() error {
 	var errs []error
+	switch {
+	case c.Workers != 0 && c.Kind != entities.DaemonKind:
+		errs = append(errs, fmt.Errorf("--workers: %d with --kind %s: only a daemon (--kind daemon) has workers", c.Workers, c.Kind))
+	case c.Workers < 0 || c.Workers > natshard.MaxWorkers:
+		errs = append(errs, fmt.Errorf("--workers: %d is out of range 0..%d (0: the stored count)", c.Workers, natshard.MaxWorkers))
+	}
 	if err := protocol.ValidateName("--type", c.Type); err != nil {
 		errs = append(errs, err)
 	}
@@ -251,7 +267,7 @@ func (c *config) Validate() error {
 	if _, err := protocol.NewSubjects(c.DataPrefix, c.ControlPrefix, "t"); err != nil {
 		errs = append(errs, fmt.Errorf("--data-prefix/--control-prefix: %w", err))
 	}
-	if kinds := slices.Concat(entities.Kinds, []string{sidecar.Kind}); !slices.Contains(kinds, c.Kind) {
+	if kinds := slices.Concat(entities.Kinds, []string{entities.DaemonKind, sidecar.Kind}); !slices.Contains(kinds, c.Kind) {
 		errs = append(errs, fmt.Errorf("--kind: %q is not one of %s", c.Kind, strings.Join(kinds, ", ")))
 	}
 	switch {

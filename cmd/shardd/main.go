@@ -152,7 +152,7 @@ func serveHTTP(addr string, h http.Handler, log *slog.Logger) (stop func(), err 
 // natshard maps the configuration onto the library's.
 func (c config) natshard(log *slog.Logger) (natshard.Options, natshard.Type, error) {
 	var entity natshard.Factory // --kind http: the sidecar's, or none with --no-region
-	if c.Kind != sidecar.Kind {
+	if c.Kind != sidecar.Kind && c.Kind != entities.DaemonKind {
 		var err error
 		if entity, err = entities.Kind(c.Kind, c.TraceSubject); err != nil {
 			return natshard.Options{}, natshard.Type{}, err
@@ -180,6 +180,19 @@ func (c config) natshard(log *slog.Logger) (natshard.Options, natshard.Type, err
 		IdleTimeout: offZero(c.IdleTimeout), MaxActive: c.MaxActive, PassivationPolicy: c.Passivation, HandOffTimeout: c.HandOffTimeout, RebalanceInterval: offZero(c.RebalanceInterval),
 		MaxMoves: c.MaxMoves, BufferSize: c.BufferSize, MinRegions: c.MinRegions, Remember: c.Remember, RestartRate: c.RestartRate,
 		BucketBytes: int64(c.BucketBytes), BufferBytes: int64(c.BufferBytes), StreamBytes: int64(c.StreamBytes),
+	}
+	if c.Kind == entities.DaemonKind {
+		// The daemon's type, with the flags' knobs; its strategy unless
+		// --strategy names one, remembered, never passivated.
+		d := natshard.Daemon{Name: c.Type, Workers: c.Workers, Run: entities.Daemon(c.TraceSubject)}.Type()
+		d.Kind, d.Shards, d.Delivery, d.Replicas = typ.Kind, typ.Shards, typ.Delivery, typ.Replicas
+		d.HandOffTimeout, d.RebalanceInterval, d.MaxMoves, d.BufferSize = typ.HandOffTimeout, typ.RebalanceInterval, typ.MaxMoves, typ.BufferSize
+		d.MinRegions, d.RestartRate = typ.MinRegions, typ.RestartRate
+		d.BucketBytes, d.BufferBytes, d.StreamBytes = typ.BucketBytes, typ.BufferBytes, typ.StreamBytes
+		if typ.Strategy != "" {
+			d.Strategy = typ.Strategy
+		}
+		typ = d
 	}
 	return opts, typ, nil
 }
