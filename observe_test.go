@@ -290,7 +290,7 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 
 func hasAttr(s sdktrace.ReadOnlySpan, key, value string) bool {
 	for _, a := range s.Attributes() {
-		if string(a.Key) == key && a.Value.Emit() == value {
+		if string(a.Key) == key && a.Value.String() == value {
 			return true
 		}
 	}
@@ -409,7 +409,7 @@ func TestMetricsRegistered(t *testing.T) {
 	names := natshard.MetricNames()
 	var mfs []*dto.MetricFamily
 	var handled float64
-	regions := map[string]bool{}
+	var regions map[string]bool
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var err error
 		if mfs, err = reg.Gather(); err != nil {

@@ -69,14 +69,21 @@ func TestJobsFullRestart(t *testing.T) {
 	}
 	// A few steps are done; then every process dies at once, and more
 	// steps fall due while they are down.
-	time.Sleep(5 * time.Second)
+	eventually(t, 60*time.Second, "a step of every short job", func() error {
+		for _, id := range short {
+			if j, err := ask(nc, id, jobs.Request{Op: "get"}); err != nil || len(j.Done) == 0 {
+				return fmt.Errorf("%s: done %v, %v", id, j.Done, err)
+			}
+		}
+		return nil
+	})
 	for _, p := range procs {
 		p.kill()
 	}
 	server.kill()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // down while steps fall due: the fault itself, not a wait for a result
 
-	server = startProcess(t, "nats-server", "nats", natsArgs...)
+	startProcess(t, "nats-server", "nats", natsArgs...)
 	nc = connect(t, url)
 	var (
 		mu   sync.Mutex

@@ -212,12 +212,18 @@ func TestKitAddAndStop(t *testing.T) {
 	const id = "k"
 	ask(t, c, id, "")
 	i := c.Add()
+	if i != 1 || c.Nodes() != 2 {
+		t.Fatalf("Add gave node %d of %d; want node 1 of 2", i, c.Nodes())
+	}
 	c.MoveEntity("ticker", id, i)
 	if got := ask(t, c, id, ""); got != "1" {
 		t.Fatalf("after a move to the new node: %s, want 1", got)
 	}
 	c.Stop(i)
 	c.Settle()
+	if c.Nodes() != 2 || c.Node(i) != nil {
+		t.Fatalf("after node %d stopped: %d nodes, node %d is %v; want 2 counted, the stopped one nil", i, c.Nodes(), i, c.Node(i))
+	}
 	if o := c.OwnerOf("ticker", id); o != 0 {
 		t.Fatalf("after node %d stopped the shard is on node %d", i, o)
 	}
