@@ -132,7 +132,7 @@ func TestClientRetriesRefusals(t *testing.T) {
 	if err := c.Publish(ctx, "t", "published", nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the publish to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 0 })
+	natstest.Eventually(t, 20*time.Second, "the publish to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(ids) != 2 || !strings.HasPrefix(ids[1], "a header: map[Nats-Msg-Id:") || ids[0] == "" {

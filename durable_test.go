@@ -329,7 +329,7 @@ func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
 		return &counter{id: id, log: log}, nil
 	}}
 	n := durableNode(t, url, "a", typ)
-	eventually(t, "a to hold the 4 shards", func() bool { st, _ := n.Stats("c"); return len(st.Shards) == 4 })
+	natstest.Eventually(t, 20*time.Second, "a to hold the 4 shards", func() bool { st, _ := n.Stats("c"); return len(st.Shards) == 4 })
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "c")
 	ids := entityIDs(8)

@@ -119,7 +119,7 @@ func TestTypedRoundTrip(t *testing.T) {
 	// The wire is plain: JSON on the entity's subject.
 	nc := natstest.Connect(t, url)
 	subject := protocol.MustSubjects("", "", "account").EntityOf("alice", 4)
-	eventually(t, "the tell applied", func() bool {
+	natstest.Eventually(t, 20*time.Second, "the tell applied", func() bool {
 		m, err := nc.Request(subject, []byte(`{"op":"balance"}`), 5*time.Second)
 		return err == nil && string(m.Data) == `{"balance":15}`
 	})
@@ -252,7 +252,7 @@ func TestTypedKeyedAcrossMove(t *testing.T) {
 		nodes[r] = mustStartOn(t, url, r, typ)
 	}
 	held := func(r string) []int { s, _ := nodes[r].Stats("cart"); return s.Shards }
-	eventually(t, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
+	natstest.Eventually(t, 20*time.Second, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	alice := cartex.Key.Ref(natshard.NewClient(natstest.Connect(t, url)), "alice")
@@ -266,7 +266,7 @@ func TestTypedKeyedAcrossMove(t *testing.T) {
 		to = "b"
 	}
 	admin := natstest.Connect(t, url)
-	eventually(t, "the shard moved to "+to, func() bool {
+	natstest.Eventually(t, 20*time.Second, "the shard moved to "+to, func() bool {
 		if slices.Contains(held(to), shard) {
 			return true
 		}

@@ -41,7 +41,7 @@ func candidateConfig(t *testing.T, nc *nats.Conn, name string) coordinator.Confi
 func leaderIs(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, name string, after uint64) protocol.Status {
 	t.Helper()
 	var st protocol.Status
-	waitFor(t, name+" leads", func() error {
+	natstest.Eventually(t, 20*time.Second, name+" leads", func() error {
 		var err error
 		if st, err = status(nc, subjects); err != nil {
 			return err
@@ -145,7 +145,7 @@ func TestHolderReconnectingKeepsLease(t *testing.T) {
 	}
 	proxy.Cut(400 * time.Millisecond)
 	t0 := time.Now()
-	waitFor(t, "c1 reconnected", reconnected(1))
+	natstest.Eventually(t, 20*time.Second, "c1 reconnected", reconnected(1))
 	t.Logf("c1's connection cut for 400 ms: back after %s", time.Since(t0).Round(time.Millisecond))
 	time.Sleep(2 * cfg.HolderSilence)
 	if st, err := status(nc, subjects); err != nil || st.Coordinator.Region != "c1" || st.Coordinator.Epoch != before.Coordinator.Epoch {
@@ -157,8 +157,8 @@ func TestHolderReconnectingKeepsLease(t *testing.T) {
 	t0 = time.Now()
 	after := leaderIs(t, nc, subjects, "c2", before.Coordinator.Epoch)
 	t.Logf("c1's connection cut for 4 s: c2 leads after %s (silence %s)", took(t0), cfg.HolderSilence)
-	waitFor(t, "c1 reconnected", reconnected(2))
-	waitFor(t, "one coordinator answers", func() error {
+	natstest.Eventually(t, 20*time.Second, "c1 reconnected", reconnected(2))
+	natstest.Eventually(t, 20*time.Second, "one coordinator answers", func() error {
 		if n := coordinators(t, nc, subjects); n != 1 {
 			return fmt.Errorf("%d coordinators answer", n)
 		}
@@ -261,7 +261,7 @@ func TestRegionCrashFoundByAdvisory(t *testing.T) {
 	t0 := time.Now()
 	rb.Close()
 	var after protocol.Status
-	waitFor(t, "b's shards re-homed on a", func() error {
+	natstest.Eventually(t, 20*time.Second, "b's shards re-homed on a", func() error {
 		var err error
 		if after, err = status(nc, subjects); err != nil {
 			return err

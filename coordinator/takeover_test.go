@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -223,7 +224,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	} else if err := store.DeposeCoordinator(ctx, rev); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a new epoch", func() error {
+	natstest.Eventually(t, 20*time.Second, "a new epoch", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -307,7 +308,7 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 	}
 	handled := func() {
 		t.Helper()
-		waitFor(t, "every message handled", func() error {
+		natstest.Eventually(t, 20*time.Second, "every message handled", func() error {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
 			if got := rec.got[id]; len(got) < sent {
@@ -351,7 +352,7 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, region string) {
 	t.Helper()
 	body, _ := json.Marshal(protocol.MoveRequest{Shard: shard, Region: region})
-	waitFor(t, "move accepted", func() error {
+	natstest.Eventually(t, 20*time.Second, "move accepted", func() error {
 		m, err := nc.Request(subjects.Admin(protocol.AdminMove), body, time.Second)
 		if err != nil {
 			return err
@@ -371,7 +372,7 @@ func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, re
 // none is given) in state on region.
 func waitRows(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, what, state, region string, shards ...int) {
 	t.Helper()
-	waitFor(t, what, func() error {
+	natstest.Eventually(t, 20*time.Second, what, func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -392,7 +393,7 @@ func waitRows(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, what, sta
 // whose payload is the number last.
 func (r *recorder) waitLast(t *testing.T, last int, ids ...string) {
 	t.Helper()
-	waitFor(t, "the last messages handled", func() error {
+	natstest.Eventually(t, 20*time.Second, "the last messages handled", func() error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for _, id := range ids {

@@ -441,7 +441,7 @@ func TestSuspendedHoldsAtMostMaxHeld(t *testing.T) {
 	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.MaxHeld = maxHeld })
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0)
-	waitFor(t, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
 	if _, err := f.store.PutShard(ctx, f.lease, protocol.ShardRecord{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch}); err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +450,7 @@ func TestSuspendedHoldsAtMostMaxHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Suspend("test")
-	waitFor(t, "shard 0 suspended", func() bool { return f.agent.Status().Suspended == 1 })
+	natstest.Eventually(t, 30*time.Second, "shard 0 suspended", func() bool { return f.agent.Status().Suspended == 1 })
 	for i := range sent {
 		m := nats.NewMsg(f.subjects.EntityOf(idIn(0), shards))
 		m.Reply, m.Data = answers.Subject, fmt.Appendf(nil, "%d", i)
@@ -492,7 +492,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0, 1)
-	waitFor(t, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
+	natstest.Eventually(t, 30*time.Second, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
 	for _, row := range []protocol.ShardRecord{
 		{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch},
 		{Shard: 1, Region: "r2", Incarnation: "other", State: protocol.StateBinding, Epoch: f.epoch}, // given away meanwhile
@@ -506,7 +506,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Suspend("test")
-	waitFor(t, "shards 0 and 1 suspended", func() bool { return f.agent.Status().Suspended == 2 })
+	natstest.Eventually(t, 30*time.Second, "shards 0 and 1 suspended", func() bool { return f.agent.Status().Suspended == 2 })
 	held := f.agent.Stats().Held.Load()
 	const n = 20
 	for i := range n {
@@ -518,7 +518,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "the arrivals held", func() bool { return f.agent.Stats().Held.Load() == held+2*n })
+	natstest.Eventually(t, 30*time.Second, "the arrivals held", func() bool { return f.agent.Stats().Held.Load() == held+2*n })
 	if m, err := answers.NextMsg(50 * time.Millisecond); err == nil {
 		t.Fatalf("a suspended shard answered %q", m.Data)
 	}
@@ -559,7 +559,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Reconnected()
-	waitFor(t, "the fence", func() bool { return f.agent.Stats().Fenced.Load() == 1 && len(f.agent.Held()) == 0 })
+	natstest.Eventually(t, 30*time.Second, "the fence", func() bool { return f.agent.Stats().Fenced.Load() == 1 && len(f.agent.Held()) == 0 })
 	if c := f.agent.Stats().Confirmed.Load(); c != 1 {
 		t.Fatalf("confirmed %d times, want 1", c)
 	}
@@ -596,7 +596,7 @@ func TestReplaysBounded(t *testing.T) {
 		}
 		return info.State.Consumers
 	}
-	waitFor(t, fmt.Sprintf("%d replays reading", most), func() bool { return consumers() >= most })
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d replays reading", most), func() bool { return consumers() >= most })
 	for range 10 {
 		if c := consumers(); c > most {
 			t.Fatalf("%d consumers on the buffer: more replays than %d at once", c, most)
@@ -608,5 +608,5 @@ func TestReplaysBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every shard live", func() bool { return f.agent.Status().Live == n })
+	natstest.Eventually(t, 30*time.Second, "every shard live", func() bool { return f.agent.Status().Live == n })
 }

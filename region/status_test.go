@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
 )
 
 // TestHostCounts: the host counts activations, messages handled and
@@ -44,7 +45,7 @@ func TestHostCounts(t *testing.T) {
 		h.deliver(0, m.Subject[len("shard.t.0."):], m)
 		rec.next(t)
 	}
-	eventually(t, "quiet", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "quiet", func() bool { return quiet(h) })
 	want := msgCounts{delivered: 6, handled: 6, failed: 3}
 	if got := h.counts(); got != want {
 		t.Fatalf("counts %+v, want %+v", got, want)
@@ -57,7 +58,7 @@ func TestHostCounts(t *testing.T) {
 	if n := h.passivateIdle(); n != 2 {
 		t.Fatalf("passivateIdle started %d stops, want 2", n)
 	}
-	eventually(t, "passivations", func() bool { return h.passivations.Load() == 2 })
+	natstest.Eventually(t, 5*time.Second, "passivations", func() bool { return h.passivations.Load() == 2 })
 	// Shard 1: one message, then the shard stops: its counts move to the
 	// host's, and a delivery to it meanwhile is refused and counted.
 	h.deliver(1, "c", req("c", "ok"))
@@ -65,7 +66,7 @@ func TestHostCounts(t *testing.T) {
 	h.deliver(1, "c", req("c", "slow"))
 	done := make(chan error, 1)
 	go func() { done <- h.stopShard(context.Background(), 1) }()
-	eventually(t, "the shard closing", func() bool {
+	natstest.Eventually(t, 5*time.Second, "the shard closing", func() bool {
 		se := h.lookup(1)
 		se.mu.Lock()
 		defer se.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/natshard/natshard/internal/natstest"
 )
 
 // timerLog records the timer messages an entity handled.
@@ -85,7 +87,7 @@ func TestTimerInTurn(t *testing.T) {
 			time.Sleep(200 * time.Microsecond)
 		}
 	}
-	eventually(t, "20 ticks", func() bool { return ticked.Load() >= 20 })
+	natstest.Eventually(t, 5*time.Second, "20 ticks", func() bool { return ticked.Load() >= 20 })
 	if n := overlaps.Load(); n != 0 {
 		t.Fatalf("Handle ran %d times while another Handle ran", n)
 	}
@@ -135,11 +137,11 @@ func TestTimerReset(t *testing.T) {
 		t.Fatal("timer not active")
 	}
 	h.deliver(0, "a", req("a", "short"))
-	eventually(t, "the old timer's message queued", func() bool { return queued(h, 0, "a") == 1 })
+	natstest.Eventually(t, 5*time.Second, "the old timer's message queued", func() bool { return queued(h, 0, "a") == 1 })
 	close(release)
 	rec.next(t)
-	eventually(t, "a timer message", func() bool { return len(log.list()) > 0 })
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "a timer message", func() bool { return len(log.list()) > 0 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	if got := log.list(); len(got) != 1 || got[0] != "t=new" {
 		t.Fatalf("timer messages %q, want only t=new", got)
 	}
@@ -183,7 +185,7 @@ func TestTimerCancelledByPassivation(t *testing.T) {
 	h = newTestHost(t, f.factory, rec, nil)
 	h.deliver(0, "a", req("a", "go"))
 	rec.next(t)
-	eventually(t, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.active() == 0 })
 	time.Sleep(100 * time.Millisecond) // past the armed timer's due time
 	if got := log.list(); len(got) != 0 {
 		t.Fatalf("timer messages after passivation: %q", got)
@@ -222,10 +224,10 @@ func TestTimerCancelledByShardStop(t *testing.T) {
 	rec := newRecorder()
 	h = newTestHost(t, f.factory, rec, nil)
 	h.deliver(3, "a", pub("a", "go"))
-	eventually(t, "timer message queued", func() bool { return queued(h, 3, "a") == 1 })
+	natstest.Eventually(t, 5*time.Second, "timer message queued", func() bool { return queued(h, 3, "a") == 1 })
 	done := make(chan error, 1)
 	go func() { done <- h.stopShard(t.Context(), 3) }()
-	eventually(t, "shard closing", func() bool {
+	natstest.Eventually(t, 5*time.Second, "shard closing", func() bool {
 		se := h.lookup(3)
 		se.mu.Lock()
 		defer se.mu.Unlock()
@@ -344,7 +346,7 @@ func TestTimerRefusedInStop(t *testing.T) {
 		func() { // idle
 			h.deliver(0, "a", req("a", "x"))
 			rec.next(t)
-			eventually(t, "idle", func() bool { return quiet(h) })
+			natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 			clock.Advance(time.Hour)
 			h.passivateIdle()
 		},
@@ -359,6 +361,6 @@ func TestTimerRefusedInStop(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("no Stop")
 		}
-		eventually(t, "entity removed", func() bool { return h.active() == 0 })
+		natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.active() == 0 })
 	}
 }

@@ -72,7 +72,7 @@ func TestDurableExactlyOnce(t *testing.T) {
 	start("a", natstest.Connect(t, url))
 	ncB := natstest.Connect(t, url)
 	b := start("b", ncB)
-	waitFor(t, "b holds shards", func() bool { st, _ := b.Stats("count"); return len(st.Shards) > 0 })
+	natstest.Eventually(t, 30*time.Second, "b holds shards", func() bool { st, _ := b.Stats("count"); return len(st.Shards) > 0 })
 
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "count")
@@ -97,7 +97,7 @@ func TestDurableExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range entities {
-		waitFor(t, fmt.Sprintf("entity c%d counted %d", i, rounds), func() bool {
+		natstest.Eventually(t, 30*time.Second, fmt.Sprintf("entity c%d counted %d", i, rounds), func() bool {
 			data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i))
 			return err == nil && string(data) == strconv.Itoa(rounds)
 		})
@@ -171,12 +171,12 @@ func TestRememberAndPassivate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "y to stop", func() bool { _, stops := app.counts("y"); return stops == 1 })
+	natstest.Eventually(t, 30*time.Second, "y to stop", func() bool { _, stops := app.counts("y"); return stops == 1 })
 	b := start("b")
 	if err := a.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "x to be activated on b", func() bool { acts, _ := app.counts("x"); return acts == 2 })
+	natstest.Eventually(t, 30*time.Second, "x to be activated on b", func() bool { acts, _ := app.counts("x"); return acts == 2 })
 	if st, _ := b.Stats("rem"); st.Restarted != 1 {
 		t.Errorf("b restarted %d entities, want 1 (x)", st.Restarted)
 	}

@@ -225,7 +225,7 @@ func TestAppFaults(t *testing.T) {
 	if _, err := client.Request(ctx, "faults", "badstop-1", nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "badstop-1 passivated", func() bool { return fa.stops.Load() == 1 })
+	natstest.Eventually(t, 30*time.Second, "badstop-1 passivated", func() bool { return fa.stops.Load() == 1 })
 	if _, err := client.Request(ctx, "faults", "badstop-1", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestAppFaults(t *testing.T) {
 	}
 	garbage.Close()
 	cut.Close()
-	waitFor(t, "the fault app's connections closed", func() bool { return conns.Load() == 0 })
+	natstest.Eventually(t, 30*time.Second, "the fault app's connections closed", func() bool { return conns.Load() == 0 })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n, stacks := ours()

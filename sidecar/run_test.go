@@ -171,26 +171,26 @@ func TestRunReadinessAndDown(t *testing.T) {
 	appA := &echoApp{}
 	appA.healthy.Store(true)
 	doneA := run(ctx, "a", appA)
-	waitFor(t, "a holds every shard", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard", holds(map[string]bool{"a": true}))
 
 	// b waits for its app, then leaves gracefully; its app's stop
 	// callbacks never answer.
 	appB := &echoApp{hangStops: true}
 	ctxB, cancelB := context.WithCancel(ctx)
 	doneB := run(ctxB, "b", appB)
-	waitFor(t, "b's app asked for its health 5 times", func() bool { return appB.checks.Load() >= 5 })
+	natstest.Eventually(t, 30*time.Second, "b's app asked for its health 5 times", func() bool { return appB.checks.Load() >= 5 })
 	if r, err := regionsOf(nc, "echo"); err != nil || len(r) != 1 {
 		t.Fatalf("while b's app is not ready the coordinator knows %v (%v), want a alone", r, err)
 	}
 	appB.healthy.Store(true)
-	waitFor(t, "b registered and given shards", holds(map[string]bool{"a": true, "b": true}))
+	natstest.Eventually(t, 30*time.Second, "b registered and given shards", holds(map[string]bool{"a": true, "b": true}))
 	l := startLoad(client, "echo")
 	time.Sleep(300 * time.Millisecond)
 	cancelB()
 	if err := wait("b's graceful stop", doneB); err != nil {
 		t.Fatalf("b's Run after a graceful stop: %v", err)
 	}
-	waitFor(t, "a holds every shard again", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard again", holds(map[string]bool{"a": true}))
 	l.end(t, "b stopped, its app's stop callbacks timing out")
 	if appB.stops.Load() == 0 {
 		t.Fatal("b's app was asked no stop")
@@ -200,7 +200,7 @@ func TestRunReadinessAndDown(t *testing.T) {
 	appC := &echoApp{}
 	appC.healthy.Store(true)
 	doneC := run(ctx, "c", appC)
-	waitFor(t, "c registered and given shards", holds(map[string]bool{"a": true, "c": true}))
+	natstest.Eventually(t, 30*time.Second, "c registered and given shards", holds(map[string]bool{"a": true, "c": true}))
 	l = startLoad(client, "echo")
 	time.Sleep(300 * time.Millisecond)
 	appC.healthy.Store(false)
@@ -209,7 +209,7 @@ func TestRunReadinessAndDown(t *testing.T) {
 		t.Fatalf("c's Run: %v, want ErrAppDown", err)
 	}
 	t.Logf("c's Run returned: %v", err)
-	waitFor(t, "a holds every shard again", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard again", holds(map[string]bool{"a": true}))
 	l.end(t, "c's app went down and c left")
 
 	cancel()

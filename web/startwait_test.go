@@ -65,5 +65,5 @@ func TestProbesWhileStartWaits(t *testing.T) {
 		t.Fatalf("/readyz before SetNode, once the wait is over: ok=%v %q", ok, body)
 	}
 	h.SetNode(s.node)
-	eventually(t, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
+	natstest.Eventually(t, 30*time.Second, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
 }

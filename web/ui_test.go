@@ -68,7 +68,7 @@ func TestShardMapInABrowser(t *testing.T) {
 		return n
 	}
 	a, b := start("a"), start("b")
-	eventually(t, "every shard held", func() bool {
+	natstest.Eventually(t, 30*time.Second, "every shard held", func() bool {
 		sa, _ := a.Stats("map")
 		sb, _ := b.Stats("map")
 		return len(sa.Shards)+len(sb.Shards) == shards && a.Ready() == nil && b.Ready() == nil
