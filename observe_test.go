@@ -396,7 +396,7 @@ func TestMetricsRegistered(t *testing.T) {
 	var mfs []*dto.MetricFamily
 	var handled float64
 	var regions map[string]bool
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	natstest.Eventually(t, 10*time.Second, "10 messages counted as handled", func() bool {
 		var err error
 		if mfs, err = reg.Gather(); err != nil {
 			t.Fatal(err)
@@ -414,10 +414,8 @@ func TestMetricsRegistered(t *testing.T) {
 				}
 			}
 		}
-		if handled == 10 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return handled == 10
+	})
 	for _, mf := range mfs {
 		if !slices.Contains(names, mf.GetName()) {
 			t.Errorf("exported %s, which MetricNames does not list", mf.GetName())

@@ -209,11 +209,16 @@ func TestReminders(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHandled(t, log, ids, 1)
-	time.Sleep(1500 * time.Millisecond) // a second reminder, or the cancelled one, would come by now
+	// A last reminder, due after the others: a second ping, or the
+	// cancelled one, would come before it.
+	for _, id := range ids {
+		send(b, id, "set mark 1s")
+	}
+	waitHandled(t, log, ids, 2)
 	log.mu.Lock()
 	for _, id := range ids {
-		if got := log.seen[id]; !slices.Equal(got, []string{"ping=2s@b"}) {
-			t.Errorf("entity %s got reminders %q, want ping=2s once on b", id, got)
+		if got := log.seen[id]; !slices.Equal(got, []string{"ping=2s@b", "mark=1s@b"}) {
+			t.Errorf("entity %s got reminders %q, want ping=2s once on b, then the mark", id, got)
 		}
 	}
 	log.mu.Unlock()
