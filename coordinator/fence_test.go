@@ -122,7 +122,7 @@ func TestFrozenSourcePastHandOffTimeout(t *testing.T) {
 		return nil
 	})
 	servedByA := recA.count(id)
-	time.Sleep(300 * time.Millisecond) // more messages, none of them a's
+	underLoad(t, &sent, 150) // more messages, none of them a's
 	close(stop)
 	<-published
 	last := int(sent.Load()) - 1

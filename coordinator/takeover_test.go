@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,6 +77,7 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 	pubStop := make(chan struct{})
 	var pubWG sync.WaitGroup
 	var sent int
+	var published atomic.Int64 // sent, for the test to read meanwhile
 	pubWG.Go(func() {
 		for ; ; sent++ {
 			select {
@@ -90,19 +92,20 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			published.Add(1)
 		}
 	})
-	time.Sleep(100 * time.Millisecond)
+	underLoad(t, &published, 100)
 
 	stop = runCoordinator("c2")
 	defer stop()
 	waitShard("shard active on r1 again", "active", "r1")
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 
 	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
 	move(t, nc, subjects, x, "r2")
 	waitShard("shard active on r2", "active", "r2")
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 	close(pubStop)
 	pubWG.Wait()
 	if err := nc.Flush(); err != nil {
@@ -121,6 +124,14 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 		prev = v
 	}
 	t.Logf("%d messages sent, %d handled once each, in order", sent, len(rec.got[id]))
+}
+
+// underLoad waits until a test's publisher, which counts in published what
+// it sent, sent n more: a step of the test happens under that load.
+func underLoad(t *testing.T, published *atomic.Int64, n int64) {
+	t.Helper()
+	from := published.Load()
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d more messages published", n), func() bool { return published.Load() >= from+n })
 }
 
 // entityOf is an entity id in shard sh.
@@ -178,6 +189,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	pubStop := make(chan struct{})
 	var pubWG sync.WaitGroup
 	sent := 0
+	var published atomic.Int64 // rounds sent, for the test to read meanwhile
 	pubWG.Go(func() {
 		for ; ; sent++ {
 			select {
@@ -196,9 +208,10 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 					return
 				}
 			}
+			published.Add(1)
 		}
 	})
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 
 	if bindFirst {
 		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
@@ -235,11 +248,11 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 		return nil
 	})
 	if !bindFirst {
-		time.Sleep(200 * time.Millisecond)
+		underLoad(t, &published, 200) // parked under the new epoch, with no region
 		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
 	}
 	every("every shard active on r1", string(protocol.StateActive), "r1")
-	time.Sleep(300 * time.Millisecond)
+	underLoad(t, &published, 300)
 	close(pubStop)
 	pubWG.Wait()
 	if err := nc.Flush(); err != nil {
@@ -333,8 +346,9 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 	move(t, nc, subjects, x, "r2")
 	shardOn("r2")
 	publish(20)
-	handled()
-	time.Sleep(200 * time.Millisecond) // time for copies to show
+	// A last message: a copy that was to be handled again is before it.
+	publish(1)
+	rec.waitLast(t, sent-1, id)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	prev := -1
