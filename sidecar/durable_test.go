@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -89,8 +90,8 @@ func TestDurableExactlyOnce(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
-	ncB.Close() // b dies
+	natstest.Eventually(t, 30*time.Second, "b to handle messages", func() bool { st, _ := b.Stats("count"); return st.Delivered > 0 })
+	ncB.Close() // b dies while messages flow
 	<-done
 	store, err := kvstate.Bind(context.Background(), js, "count", kvstate.Options{})
 	if err != nil {
@@ -102,12 +103,25 @@ func TestDurableExactlyOnce(t *testing.T) {
 			return err == nil && string(data) == strconv.Itoa(rounds)
 		})
 	}
-	// And no more come: what was given again was not applied again.
-	time.Sleep(500 * time.Millisecond)
+	// And no more come: what was given again was not applied again. A
+	// last message to each, after the others: a copy still to come came
+	// before it.
 	for i := range entities {
-		if data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i)); err != nil || string(data) != strconv.Itoa(rounds) {
-			t.Fatalf("entity c%d: %s, %v; want %d", i, data, err, rounds)
+		if _, err := js.Publish(context.Background(), subjects.EntityOf(fmt.Sprint("c", i), 4), nil); err != nil {
+			t.Fatal(err)
 		}
+	}
+	for i := range entities {
+		natstest.Eventually(t, 30*time.Second, fmt.Sprintf("entity c%d's last message counted", i), func() error {
+			data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i))
+			if err == nil && string(data) == strconv.Itoa(rounds) {
+				return errors.New("not yet")
+			}
+			if err != nil || string(data) != strconv.Itoa(rounds+1) {
+				t.Fatalf("entity c%d: %s, %v; want %d", i, data, err, rounds+1)
+			}
+			return nil
+		})
 	}
 }
 

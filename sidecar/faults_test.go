@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -249,16 +250,12 @@ func TestAppFaults(t *testing.T) {
 	garbage.Close()
 	cut.Close()
 	natstest.Eventually(t, 30*time.Second, "the fault app's connections closed", func() bool { return conns.Load() == 0 })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n, stacks := ours()
-		if n <= goroutines && sockets() <= socks {
-			t.Logf("after: %d goroutines (%d before, the NATS server's not counted), %d open sockets (%d before)", n, goroutines, sockets(), socks)
-			return
+	natstest.Eventually(t, 10*time.Second, "no goroutine or socket left (a leak)", func() error {
+		if n, stacks := ours(); n > goroutines || sockets() > socks {
+			return fmt.Errorf("%d goroutines (%d before), %d open sockets (%d before)\n%s", n, goroutines, sockets(), socks, stacks)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leak: %d goroutines (%d before), %d open sockets (%d before)\n%s", n, goroutines, sockets(), socks, stacks)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	n, _ := ours()
+	t.Logf("after: %d goroutines (%d before, the NATS server's not counted), %d open sockets (%d before)", n, goroutines, sockets(), socks)
 }

@@ -110,10 +110,18 @@ func startLoad(client *natshard.Client, typ string) *load {
 	return l
 }
 
-// end stops the load and fails the test if a request failed.
+// more waits until n more requests were answered.
+func (l *load) more(t *testing.T, n int64) {
+	t.Helper()
+	from := l.answered.Load()
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d more requests answered", n), func() bool { return l.answered.Load() >= from+n })
+}
+
+// end stops the load, once more requests were answered after what the
+// test did, and fails the test if a request failed.
 func (l *load) end(t *testing.T, during string) {
 	t.Helper()
-	time.Sleep(200 * time.Millisecond)
+	l.more(t, 50)
 	l.stop.Store(true)
 	l.wg.Wait()
 	if len(l.failed) > 0 {
@@ -185,7 +193,7 @@ func TestRunReadinessAndDown(t *testing.T) {
 	appB.healthy.Store(true)
 	natstest.Eventually(t, 30*time.Second, "b registered and given shards", holds(map[string]bool{"a": true, "b": true}))
 	l := startLoad(client, "echo")
-	time.Sleep(300 * time.Millisecond)
+	l.more(t, 50)
 	cancelB()
 	if err := wait("b's graceful stop", doneB); err != nil {
 		t.Fatalf("b's Run after a graceful stop: %v", err)
@@ -202,7 +210,7 @@ func TestRunReadinessAndDown(t *testing.T) {
 	doneC := run(ctx, "c", appC)
 	natstest.Eventually(t, 30*time.Second, "c registered and given shards", holds(map[string]bool{"a": true, "c": true}))
 	l = startLoad(client, "echo")
-	time.Sleep(300 * time.Millisecond)
+	l.more(t, 50)
 	appC.healthy.Store(false)
 	err := wait("c's app down", doneC)
 	if !errors.Is(err, sidecar.ErrAppDown) {
