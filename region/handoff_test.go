@@ -185,17 +185,9 @@ func (c *cluster) allocate(id string, shards ...int) {
 // handOff asks region id to pause the shards until it answers Complete.
 func (c *cluster) handOff(id string, shards []int, hs []uint64) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r := c.must(id, protocol.Command{Kind: protocol.CmdHandOff, Shards: shards, Handoffs: hs})
-		if r.Complete {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("handoff of %v by %s never complete", shards, id)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.Eventually(c.t, 30*time.Second, fmt.Sprintf("the handoff of %v by %s complete", shards, id), func() bool {
+		return c.must(id, protocol.Command{Kind: protocol.CmdHandOff, Shards: shards, Handoffs: hs}).Complete
+	})
 }
 
 // move hands the shards off from one region to another, as the
@@ -995,7 +987,7 @@ func TestLateCopyOfReplayedMessageSkipped(t *testing.T) {
 	// applied its key (an idempotency key) already and answers it from
 	// the entity's window of answers without handling it again
 	// (answers.go).
-	time.Sleep(grace + 100*time.Millisecond)
+	time.Sleep(grace + 100*time.Millisecond) // the region's clock passes the grace: no result is waited for
 	before := a.EntityCounts().Handled
 	publish(6, 1)
 	natstest.Eventually(t, 30*time.Second, "6 and the late copy of 1 done", func() bool { return a.EntityCounts().Handled >= before+2 })

@@ -292,15 +292,15 @@ func TestHostWorkersExit(t *testing.T) {
 		for range n {
 			rec.next(t)
 		}
-		deadline := time.Now().Add(20 * idleKeep)
 		most := 0 // workers parked at once
-		for p := parked(); p > 0 || runtime.NumGoroutine() > baseline; p = parked() {
+		natstest.Eventually(t, 20*idleKeep, fmt.Sprintf("burst %d: no worker parked, the goroutines as at the start", burst), func() error {
+			p := parked()
 			most = max(most, p)
-			if time.Now().After(deadline) {
-				t.Fatalf("burst %d: %v after it, %d workers parked, %d goroutines (%d at the start)", burst, 20*idleKeep, p, runtime.NumGoroutine(), baseline)
+			if n := runtime.NumGoroutine(); p > 0 || n > baseline {
+				return fmt.Errorf("%d workers parked, %d goroutines (%d at the start)", p, n, baseline)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 		// A worker stays parked for idleKeep at least: the sampling saw
 		// them, never more than the bound.
 		if most == 0 || most > maxIdleWorkers {
@@ -1142,9 +1142,13 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	mu.Unlock()
 
 	// Unavailable until the shard leaves: neither answered nor done.
-	f.handle = func(int, *Message) ([]byte, error) { return nil, fmt.Errorf("save: %w", ErrUnavailable) }
+	var tries atomic.Int32
+	f.handle = func(int, *Message) ([]byte, error) {
+		tries.Add(1)
+		return nil, fmt.Errorf("save: %w", ErrUnavailable)
+	}
 	h.deliverDurable(1, "b", req("b", "stuck"), durable("stuck", 3))
-	time.Sleep(300 * time.Millisecond)
+	natstest.Eventually(t, 10*time.Second, "the stuck message given 3 times", func() bool { return tries.Load() >= 3 })
 	h.abortShard(1)
 	if err := h.stopShard(context.Background(), 1); err != nil {
 		t.Fatal(err)
