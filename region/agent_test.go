@@ -259,17 +259,13 @@ func TestRemovedRegistrationFences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "fenced and registered again", func() error {
 		regions, _ := f.store.Regions(context.Background())
 		if len(f.agent.Held()) == 0 && len(regions) == 1 && regions[0].Info.Incarnation != f.inc {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not fenced and re-registered: held %v, regions %+v", f.agent.Held(), regions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("held %v, regions %+v", f.agent.Held(), regions)
+	})
 }
 
 func idIn(shard int) string {
@@ -317,13 +313,7 @@ func TestRefusedReasons(t *testing.T) {
 	if err := f.nc.PublishRequest(f.subjects.EntityOf(idIn(3), shards), inbox, []byte("held")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for f.agent.Stats().Held.Load() == held {
-		if time.Now().After(deadline) {
-			t.Fatal("the message to the replaying shard was not held")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	natstest.Eventually(t, 5*time.Second, "the message to the replaying shard held", func() bool { return f.agent.Stats().Held.Load() != held })
 	if r := f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: f.epoch, Incarnation: f.inc, Shards: []int{3}}); r.Error != "" {
 		t.Fatalf("drop: %+v", r)
 	}

@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -141,11 +142,8 @@ func (c *cluster) publishSeqs(ids []string, from, to int) {
 // each handled exactly 1..n, once each and in order.
 func (c *cluster) expectSeqs(ids []string, n int) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	for _, id := range ids {
-		for len(c.rec.seqs(c.t, id)) < n && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		natstest.Eventually(c.t, 30*time.Second, fmt.Sprintf("entity %s to handle %d values", id, n), func() bool { return len(c.rec.seqs(c.t, id)) >= n })
 	}
 	want := make([]int, n)
 	for i := range want {
