@@ -269,7 +269,8 @@ func (n *Node) term(ctx context.Context, info protocol.CoordinatorInfo, lease kv
 // once and keeps its parkings for its next term to adopt. Waiting for it
 // to expire left the term's parked shards without parking until then
 // (nothing deposes it sooner: the candidate's own probe subject answers
-// for its holder; TestStepDownWhileParked, "own lease"; FAULTS.md). It
+// for its holder; TestStepDownWhileParked, "own lease";
+// docs/faults-log/2026-11-28-own-lease.md). It
 // also reports true when the lease is gone by now, and after a failed
 // read or deposition (the next campaign finds out); false when another
 // candidate holds it.
@@ -457,7 +458,7 @@ type startState struct {
 // to 5 s on a loaded machine (two fault tests beside the region's race
 // tests), longer than a 4 s lease lets its holder go without renewing (3
 // s, renewal.Deadline): each term stepped down as it began to lead, and
-// the next one read again (FAULTS.md).
+// the next one read again (docs/faults-log/2026-11-28-coordinator-terms-under-load.md).
 func (l *leader) readStart(ctx context.Context, renew *time.Timer) (startState, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the reads of a term that steps down meanwhile

@@ -154,7 +154,7 @@ func entityOf(sh int) string {
 // them and waited for the lease to expire before: in a CI run of 2026-11-28
 // nobody diverted the crashed region's shards for 4.3 s, and
 // TestDurableCrash/core saw values without an id applied out of order;
-// FAULTS.md). Numbered messages go to entities of several shards all along,
+// docs/faults-log/2026-11-28-own-lease.md). Numbered messages go to entities of several shards all along,
 // half with a Nats-Msg-Id: docs/FAULTS.md, "Guarantees", loses nothing
 // published after a shard was parked, so every one must be handled, those with
 // an id once and in order, the others at least once.
