@@ -852,7 +852,7 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 		view = append(view, strategies.Region{ID: id, Version: r.Info.Version, Leaving: r.Info.Leaving})
 	}
 	// One walk of the table for all regions (regions x shards was the
-	// cost of a first allocation: docs/BENCHMARKS.md).
+	// cost of a first allocation: docs/bench-log/scaling.md).
 	held := make([][]protocol.ShardRecord, len(view))
 	for _, rec := range c.table {
 		i, ok := at[rec.Region]

@@ -564,7 +564,7 @@ func (l *leader) renewOn(ctx context.Context, t *time.Timer) error {
 // 4 096 shards took longer than the lease before the batches) can take
 // longer than the lease: without this its writes would be refused as
 // fenced halfway, and the next term would start over
-// (docs/BENCHMARKS.md, the coordinator).
+// (docs/bench-log/scaling.md, the coordinator).
 func (l *leader) renewIfDue(ctx context.Context) error {
 	now := time.Now()
 	if l.clock != nil {
@@ -780,7 +780,7 @@ func (l *leader) written(recs []protocol.ShardRecord) {
 // markers, then reports each shard Unparked. The buffer of a shard whose
 // owner was live already (Unpark.Live) is purged instead. (Ending 32
 // shards at a time made no difference that three runs of
-// BenchmarkRegions could see: docs/BENCHMARKS.md.)
+// BenchmarkRegions could see: docs/bench-log/scaling.md.)
 func (l *leader) unpark(ctx context.Context, us []Unpark) {
 	if !wait.Sleep(ctx, l.cfg.ReleaseGrace) {
 		return // the term ended: the next one parks the shards again, or stops parking them
