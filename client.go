@@ -11,15 +11,6 @@ import (
 // that only sends imports without linking the NATS server; these are its
 // names in this package, for programs that host entities too.
 
-// ErrUnknownType: the type has no KV bucket on the NATS servers the client
-// reaches: no node ever hosted it (or it was deleted).
-var ErrUnknownType = send.ErrUnknownType
-
-// ErrNoAnswer: a request sent again with the key of a message its
-// entity applied already could not be answered as the first time
-// (send.ErrNoAnswer).
-var ErrNoAnswer = send.ErrNoAnswer
-
 // DefaultTimeout bounds a Client's call whose context has no deadline.
 const DefaultTimeout = send.DefaultTimeout
 

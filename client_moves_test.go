@@ -43,7 +43,7 @@ func TestClientRequestsOnceThroughMoves(t *testing.T) {
 		nodes[region] = n
 	}
 	held := func(region string) []int { s, _ := nodes[region].Stats(typ); return s.Shards }
-	eventually(t, "every shard held", func() bool { return len(held("a"))+len(held("b")) == shards })
+	natstest.Eventually(t, 20*time.Second, "every shard held", func() bool { return len(held("a"))+len(held("b")) == shards })
 
 	// 16 callers, each with entities of its own in every shard.
 	client := natshard.NewClient(natstest.Connect(t, url))
@@ -81,14 +81,14 @@ func TestClientRequestsOnceThroughMoves(t *testing.T) {
 				from, to = "b", "a"
 			}
 			// Refused while the shard's last move is not recorded done.
-			eventually(t, fmt.Sprintf("move %d of shard %d taken", move, shard), func() bool {
+			natstest.Eventually(t, 20*time.Second, fmt.Sprintf("move %d of shard %d taken", move, shard), func() bool {
 				m, err := admin.Request(protocol.MustSubjects("", "", typ).Admin(protocol.AdminMove), fmt.Appendf(nil, `{"shard":%d,"region":%q}`, shard, to), 5*time.Second)
 				if err != nil || !strings.Contains(string(m.Data), `"ok":true`) && !strings.Contains(string(m.Data), "is not active") {
 					t.Fatalf("move %d of shard %d: %v %s", move, shard, err, m.Data)
 				}
 				return strings.Contains(string(m.Data), `"ok":true`)
 			})
-			eventually(t, fmt.Sprintf("shard %d on %s alone", shard, to), func() bool {
+			natstest.Eventually(t, 20*time.Second, fmt.Sprintf("shard %d on %s alone", shard, to), func() bool {
 				return slices.Contains(held(to), shard) && !slices.Contains(held(from), shard)
 			})
 		}

@@ -37,17 +37,28 @@ func newType(t testing.TB, url, typ string, shards int) protocol.Subjects {
 func TestClientWaitsForAnOwner(t *testing.T) {
 	url := natstest.URL(natstest.RunServer(t))
 	newType(t, url, "t", 4)
-	c := natshard.NewClient(natstest.Connect(t, url))
+	nc := natstest.Connect(t, url)
+	c := natshard.NewClient(nc)
+	// With a deadline and nobody, the error says what happened (and the
+	// client knows the type after it).
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := c.Request(ctx, "t", "early", nil); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no responders") {
+		t.Fatalf("request to a type nobody serves: %v", err)
+	}
 	type result struct {
 		data []byte
 		err  error
 	}
 	done := make(chan result, 1)
+	sent := nc.Stats().OutMsgs
 	go func() {
 		data, err := c.Request(context.Background(), "t", "late", []byte("x"))
 		done <- result{data, err}
 	}()
-	time.Sleep(200 * time.Millisecond) // the request meets no responders meanwhile
+	natstest.Eventually(t, 30*time.Second, "the request sent twice: it met no responders and was sent again", func() bool {
+		return nc.Stats().OutMsgs >= sent+2
+	})
 	select {
 	case r := <-done:
 		t.Fatalf("answered before any node ran: %q, %v", r.data, r.err)
@@ -62,9 +73,9 @@ func TestClientWaitsForAnOwner(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no answer once a node served the type")
 	}
-	// With a deadline and still nobody, the error says what happened.
+	// The same for a type the client looks up.
 	newType(t, url, "nobody", 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	if _, err := c.Request(ctx, "nobody", "x", nil); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no responders") {
 		t.Fatalf("request to a type nobody serves: %v", err)
@@ -132,7 +143,7 @@ func TestClientRetriesRefusals(t *testing.T) {
 	if err := c.Publish(ctx, "t", "published", nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the publish to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 0 })
+	natstest.Eventually(t, 20*time.Second, "the publish to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(ids) != 2 || !strings.HasPrefix(ids[1], "a header: map[Nats-Msg-Id:") || ids[0] == "" {

@@ -69,7 +69,7 @@ func TestEmbeddedCluster(t *testing.T) {
 			t.Errorf("node %d: server name file %q, %v; want %q", i+1, name, err, want)
 		}
 	}
-	eventuallyLib(t, time.Minute, "every node ready (JetStream current)", func() error {
+	natstest.Eventually(t, time.Minute, "every node ready (JetStream current)", func() error {
 		for i, n := range nodes {
 			if err := n.Ready(); err != nil {
 				return fmt.Errorf("node %d: %w", i+1, err)
@@ -88,22 +88,22 @@ func TestEmbeddedCluster(t *testing.T) {
 		}
 		return err
 	}
-	eventuallyLib(t, time.Minute, "an answer through the first member", ask)
+	natstest.Eventually(t, time.Minute, "an answer through the first member", ask)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := nodes[0].Stop(ctx); err != nil {
 		t.Fatalf("stop the first member: %v", err)
 	}
-	eventuallyLib(t, 90*time.Second, "an answer after the first member stopped", ask)
+	natstest.Eventually(t, 90*time.Second, "an answer after the first member stopped", ask)
 	for i, n := range nodes[1:] {
-		eventuallyLib(t, time.Minute, fmt.Sprintf("node %d ready", i+2), n.Ready)
+		natstest.Eventually(t, time.Minute, fmt.Sprintf("node %d ready", i+2), n.Ready)
 	}
 	// The last member alone has no JetStream majority: not ready, and
 	// saying why (what a rolling restart must not come to).
 	if err := nodes[1].Close(ctx); err != nil {
 		t.Fatalf("close the second member: %v", err)
 	}
-	eventuallyLib(t, time.Minute, "the last member not ready for want of JetStream", func() error {
+	natstest.Eventually(t, time.Minute, "the last member not ready for want of JetStream", func() error {
 		err := nodes[2].Ready()
 		if err == nil || !errors.Is(err, natshard.ErrNotReady) || !strings.Contains(err.Error(), "JetStream is not current") {
 			return fmt.Errorf("Ready: %v", err)
@@ -132,17 +132,4 @@ func TestEmbeddedClusterRefused(t *testing.T) {
 			t.Errorf("%+v: %v; want an error saying %q", tc.opts.Server, err, tc.want)
 		}
 	}
-}
-
-func eventuallyLib(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	err := errors.New("not tried")
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, timeout, err)
 }

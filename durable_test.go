@@ -86,24 +86,16 @@ func entityIDs(n int) []string {
 // waitHandled waits until every entity handled want messages.
 func waitHandled(t *testing.T, l *handledLog, ids []string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	natstest.Eventually(t, time.Minute, fmt.Sprintf("every entity to handle %d messages", want), func() error {
 		l.mu.Lock()
-		done := true
+		defer l.mu.Unlock()
 		for _, id := range ids {
 			if len(l.seen[id]) < want {
-				done = false
+				return fmt.Errorf("entity %s handled %d", id, len(l.seen[id]))
 			}
 		}
-		l.mu.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not every entity handled %d messages in time", want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestDurablePlannedMoves (docs/FAULTS.md, "Guarantees": planned moves in
@@ -139,34 +131,31 @@ func testDurablePlannedMoves(t *testing.T, url string, replicas int) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitHandled(t, log, ids, 1)        // a serves under load
 	b := durableNode(t, url, "b", typ) // a join: shards move to b
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if st, _ := b.Stats("d"); st.Delivered > 100 {
-			break // b serves shards, under load
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("b handled nothing: no shard moved to it under load")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, "b to handle messages: shards moved to it under load", func() bool {
+		st, _ := b.Stats("d")
+		return st.Delivered > 100
+	})
 	if err := b.Stop(context.Background()); err != nil { // a leave: they move back
 		t.Fatal(err)
 	}
 	<-done
-	waitHandled(t, log, ids, rounds)
-	time.Sleep(200 * time.Millisecond) // a duplicate would come now
+	// A last message to each entity, after all others: a copy of an
+	// earlier one that was to come comes before it is handled.
+	publishAll(t, js, subjects, 8, ids, 1, func(int) string { return "end" })
+	waitHandled(t, log, ids, rounds+1)
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	for _, id := range ids {
 		got := log.seen[id]
-		want := make([]string, rounds)
+		want := make([]string, rounds, rounds+1)
 		for i := range want {
 			want[i] = fmt.Sprint(i)
 		}
+		want = append(want, "end")
 		if strings.Join(got, " ") != strings.Join(want, " ") {
-			t.Fatalf("entity %s handled %v, want each of 0..%d once, in order", id, got, rounds-1)
+			t.Fatalf("entity %s handled %v, want each of 0..%d once, in order, then end", id, got, rounds-1)
 		}
 	}
 }
@@ -191,17 +180,10 @@ func TestDurableCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
-	// Wait until b holds shards.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if st, _ := b.Stats("kv"); len(st.Shards) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("b got no shard")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	natstest.Eventually(t, 30*time.Second, "a shard on b", func() bool {
+		st, _ := b.Stats("kv")
+		return len(st.Shards) > 0
+	})
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "kv")
 	ids := entityIDs(40)
@@ -211,26 +193,25 @@ func TestDurableCrash(t *testing.T) {
 		defer close(done)
 		publishAll(t, js, subjects, 8, ids, rounds, func(int) string { return `{"op":"incr","key":"n"}` })
 	}()
-	time.Sleep(150 * time.Millisecond)
-	ncB.Close() // b dies: its shards go to a, which gets again what b had not acknowledged
+	natstest.Eventually(t, 30*time.Second, "b to handle messages", func() bool {
+		st, _ := b.Stats("kv")
+		return st.Delivered > 0
+	})
+	ncB.Close() // b dies while messages flow: its shards go to a, which gets again what b had not acknowledged
 	<-done
 
 	c := natshard.NewClient(natstest.Connect(t, url))
 	for _, id := range ids {
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		natstest.Eventually(t, time.Minute, "every increment of entity "+id+" applied once", func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
 			data, err := c.Request(ctx, "kv", id, []byte(`{"op":"get","key":"n"}`))
-			cancel()
 			var got struct{ Value json.Number }
 			if err == nil && json.Unmarshal(data, &got) == nil && got.Value == json.Number(fmt.Sprint(rounds)) {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("entity %s: %s, %v; want n = %d: every increment applied once", id, data, err, rounds)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return fmt.Errorf("%s, %v; want n = %d", data, err, rounds)
+		})
 	}
 }
 
@@ -251,7 +232,8 @@ func TestDurableRequests(t *testing.T) {
 	if _, err := store.EnsureConfig(context.Background(), protocol.TypeConfig{Shards: 4, Kind: "kv", Delivery: protocol.DeliveryDurable}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kvstate.OpenStream(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), protocol.MustSubjects("", "", "kv"), kvstate.StreamOptions{}); err != nil {
+	stream, err := kvstate.OpenStream(context.Background(), natstest.JetStream(t, natstest.Connect(t, url)), protocol.MustSubjects("", "", "kv"), kvstate.StreamOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	answered := make(chan error, 1)
@@ -262,7 +244,10 @@ func TestDurableRequests(t *testing.T) {
 		}
 		answered <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	natstest.Eventually(t, 30*time.Second, "the request stored", func() bool {
+		n, err := stream.Messages(context.Background())
+		return err == nil && n == 1
+	})
 	select {
 	case err := <-answered:
 		t.Fatalf("answered before any node ran: %v", err)
@@ -329,7 +314,7 @@ func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
 		return &counter{id: id, log: log}, nil
 	}}
 	n := durableNode(t, url, "a", typ)
-	eventually(t, "a to hold the 4 shards", func() bool { st, _ := n.Stats("c"); return len(st.Shards) == 4 })
+	natstest.Eventually(t, 20*time.Second, "a to hold the 4 shards", func() bool { st, _ := n.Stats("c"); return len(st.Shards) == 4 })
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "c")
 	ids := entityIDs(8)

@@ -2,7 +2,6 @@ package natshard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -65,12 +64,6 @@ func (e *Env) keeper(ent Entity) Entity {
 	}
 	return answering{Entity: ent, answers: e.answers}
 }
-
-// ErrNotDurable: reminders need durable delivery (Type.Delivery =
-// Durable): in core delivery nothing keeps them across a crash or a move.
-// An entity of core delivery that needs a timer starts one
-// (Env.StartTimer): in memory, lost when the entity stops.
-var ErrNotDurable = errors.New("natshard: reminders need durable delivery (Type.Delivery = Durable)")
 
 // Logger returns the node's logger with the entity's type, region and id.
 func (e *Env) Logger() *slog.Logger {

@@ -9,14 +9,6 @@ import (
 // DefaultReadyAfter is the default of Options.ReadyAfter.
 const DefaultReadyAfter = 10 * time.Second
 
-// Errors of Healthy and Ready.
-var (
-	// ErrNotReady wraps why Ready found the node not ready.
-	ErrNotReady = errors.New("natshard: not ready")
-	// ErrUnhealthy wraps why Healthy found the node unhealthy.
-	ErrUnhealthy = errors.New("natshard: unhealthy")
-)
-
 // Healthy reports whether the node is alive: it was not stopped and has
 // not failed, and its NATS connection is up. It returns nil when healthy,
 // else an error wrapping ErrUnhealthy that says why. A node whose

@@ -102,12 +102,12 @@ func testIdempotencyKeys(t *testing.T, delivery natshard.Delivery) {
 		}
 		return d
 	}
-	eventually(t, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
+	natstest.Eventually(t, 20*time.Second, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
 	shard := protocol.ShardOf(id, 4)
 	admin := natstest.Connect(t, url)
 	move := func(to string) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("shard %d moved to %s", shard, to), func() bool {
+		natstest.Eventually(t, 20*time.Second, fmt.Sprintf("shard %d moved to %s", shard, to), func() bool {
 			if slices.Contains(held(to), shard) {
 				return true
 			}
@@ -117,7 +117,7 @@ func testIdempotencyKeys(t *testing.T, delivery natshard.Delivery) {
 			}
 			return false
 		})
-		eventually(t, fmt.Sprintf("shard %d on %s alone", shard, to), func() bool {
+		natstest.Eventually(t, 20*time.Second, fmt.Sprintf("shard %d on %s alone", shard, to), func() bool {
 			other := map[string]string{"a": "b", "b": "a"}[to]
 			return !slices.Contains(held(other), shard)
 		})
@@ -144,11 +144,11 @@ func testIdempotencyKeys(t *testing.T, delivery natshard.Delivery) {
 	before := delivered()
 	var wg sync.WaitGroup
 	wg.Go(func() { data, err := send(); results <- result{data, err} })
-	eventually(t, "the first incr at its entity", func() bool { return incrs.Load() == 1 })
+	natstest.Eventually(t, 20*time.Second, "the first incr at its entity", func() bool { return incrs.Load() == 1 })
 	wg.Go(func() { data, err := send(); results <- result{data, err} })
 	// The second reached the entity's region while the first is held
 	// (in durable delivery: the request for the first's answer).
-	eventually(t, "the second send delivered", func() bool { return delivered() >= before+2 })
+	natstest.Eventually(t, 20*time.Second, "the second send delivered", func() bool { return delivered() >= before+2 })
 	close(gate)
 	wg.Wait()
 	close(results)

@@ -23,22 +23,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Errors of a Node.
-var (
-	// ErrClosed: the node was stopped or closed already.
-	ErrClosed = errors.New("natshard: node closed")
-	// ErrConnectionClosed: the node's NATS connection was closed under
-	// it (a connection given in Options.Conn closed by its owner, or one
-	// that gave up reconnecting).
-	ErrConnectionClosed = errors.New("natshard: the NATS connection was closed")
-	// ErrRegionInUse: another live process serves the node's region id
-	// for one of its types.
-	ErrRegionInUse = region.ErrRegionInUse
-	// ErrConfigMismatch: a Type disagrees with what its type stores (the
-	// shard count, the strategy or the entity kind).
-	ErrConfigMismatch = kvstate.ErrConfigMismatch
-)
-
 // Node hosts entity types in this process: for each type, a region that
 // serves the shards the type's coordinator gives it, and a coordinator
 // candidate. Start one with Start (or Run), stop it with Stop (graceful:

@@ -231,20 +231,16 @@ func TestCallersConnection(t *testing.T) {
 	disconnects.Wait() // the caller's handler still runs
 	srv = natstest.RunServerWithOptions(t, opts)
 	store = typeStore(t, natstest.URL(srv), "t")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "the region to renew its registration with its new connection", func() error {
 		now := registered(t, store, "mine")
-		if now.Conn != before.Conn && !now.Conn.IsZero() {
-			if now.Incarnation != before.Incarnation {
-				t.Fatalf("the region registered a new incarnation (it fenced): %+v, was %+v", now, before)
-			}
-			break
+		if now.Conn == before.Conn || now.Conn.IsZero() {
+			return fmt.Errorf("registered %+v, was %+v", now, before)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the region did not renew its registration with its new connection: %+v, was %+v", now, before)
+		if now.Incarnation != before.Incarnation {
+			t.Fatalf("the region registered a new incarnation (it fenced): %+v, was %+v", now, before)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	if got, err := natshard.NewClient(nc).Request(ctx, "t", "x", []byte("back")); err != nil || !strings.HasSuffix(string(got), "back") {
 		t.Fatalf("after the reconnect: %q, %v", got, err)
 	}
@@ -345,17 +341,16 @@ func TestRunStopsOnContext(t *testing.T) {
 		done <- natshard.Run(ctx, natshard.Options{NATS: url, Region: "r", Logger: quiet}, natshard.Type{Name: "t", Entity: newEnvEntity, Shards: 2})
 	}()
 	c := natshard.NewClient(natstest.Connect(t, url))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	natstest.Eventually(t, 30*time.Second, "an answer once Run has started", func() error {
 		got, err := c.Request(context.Background(), "t", "x", []byte("up"))
 		if err == nil && strings.HasSuffix(string(got), "up") {
-			break
+			return nil
 		}
-		if !errors.Is(err, natshard.ErrUnknownType) || time.Now().After(deadline) {
+		if !errors.Is(err, natshard.ErrUnknownType) {
 			t.Fatalf("%q, %v", got, err) // the type exists once Run has started
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	cancel()
 	select {
 	case err := <-done:
@@ -421,17 +416,13 @@ func TestMaxActive(t *testing.T) {
 		}
 	}
 	var st natshard.Stats
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "at most 50 entities active (MaxActive)", func() error {
 		st, _ = n.Stats("t")
-		if st.Entities <= 50 {
-			break
+		if st.Entities > 50 {
+			return fmt.Errorf("%d active", st.Entities)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d entities active with MaxActive 50", st.Entities)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if st.OverLimit < 150 || st.Passivations < st.OverLimit || st.Activations != 200 {
 		t.Fatalf("activations %d, passivations %d, over the limit %d: want 200 activations and at least 150 passivated for the limit", st.Activations, st.Passivations, st.OverLimit)
 	}

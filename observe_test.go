@@ -21,20 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// eventually polls cond every 20 ms until it holds, for at most 20 s (a
-// generous bound: the test says what it waited for, never how long it
-// took).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // durationCheck is a slog handler that notes every attribute whose value
 // is a time.Duration: slog's JSON handler writes those as integer
 // nanoseconds, which people cannot read (issue 16), so natshard's lines
@@ -166,8 +152,8 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 		return n
 	}
 	a, b := start("a"), start("b")
-	eventually(t, "both nodes ready", func() bool { return a.Ready() == nil && b.Ready() == nil })
-	eventually(t, "every shard held", func() bool {
+	natstest.Eventually(t, 20*time.Second, "both nodes ready", func() bool { return a.Ready() == nil && b.Ready() == nil })
+	natstest.Eventually(t, 20*time.Second, "every shard held", func() bool {
 		sa, _ := a.Stats("traced")
 		sb, _ := b.Stats("traced")
 		return len(sa.Shards)+len(sb.Shards) == 4
@@ -213,10 +199,10 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	span.End()
-	eventually(t, "a to buffer the message", func() bool { s, _ := a.Stats("traced"); return s.Buffered >= 1 })
+	natstest.Eventually(t, 20*time.Second, "a to buffer the message", func() bool { s, _ := a.Stats("traced"); return s.Buffered >= 1 })
 	close(g.open)
 
-	eventually(t, "the traced message handled", func() bool { _, ok := w.find("traced"); return ok })
+	natstest.Eventually(t, 20*time.Second, "the traced message handled", func() bool { _, ok := w.find("traced"); return ok })
 	got, _ := w.find("traced")
 	want := span.SpanContext()
 	if got.region != "b" || got.trace != want.TraceID().String() {
@@ -229,7 +215,7 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 	// its trace (so Handle's context held the node's span, not the
 	// sender's: got.spanOf is the node's span).
 	var handle sdktrace.ReadOnlySpan
-	eventually(t, "the handle span", func() bool {
+	natstest.Eventually(t, 20*time.Second, "the handle span", func() bool {
 		for _, s := range spans.Ended() {
 			if s.Name() == "natshard.handle" && s.SpanContext().TraceID() == want.TraceID() {
 				handle = s
@@ -247,7 +233,7 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 
 	// The move's spans: the coordinator's move with its pause and bind,
 	// a's stop and b's replay.
-	eventually(t, "the move's spans", func() bool {
+	natstest.Eventually(t, 20*time.Second, "the move's spans", func() bool {
 		names := map[string]bool{}
 		for _, s := range spans.Ended() {
 			if hasAttr(s, "natshard.shard", fmt.Sprint(shard)) || names["natshard.move"] && (s.Name() == "natshard.pause" || s.Name() == "natshard.bind") {
@@ -290,7 +276,7 @@ func TestTraceContinuesAcrossAMove(t *testing.T) {
 
 func hasAttr(s sdktrace.ReadOnlySpan, key, value string) bool {
 	for _, a := range s.Attributes() {
-		if string(a.Key) == key && a.Value.Emit() == value {
+		if string(a.Key) == key && a.Value.String() == value {
 			return true
 		}
 	}
@@ -346,9 +332,9 @@ func TestReadyWaitsForACoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	eventually(t, "ready once a coordinator took the region in", func() bool { return n.Ready() == nil })
+	natstest.Eventually(t, 20*time.Second, "ready once a coordinator took the region in", func() bool { return n.Ready() == nil })
 	// Taken in (a probe answered) may come before the binds: the shards follow.
-	eventually(t, "the region holds the four shards", func() bool { s, _ := n.Stats("ready"); return len(s.Shards) == 4 })
+	natstest.Eventually(t, 20*time.Second, "the region holds the four shards", func() bool { s, _ := n.Stats("ready"); return len(s.Shards) == 4 })
 	if err := c.Ready(); err != nil {
 		t.Fatalf("a dedicated coordinator: %v", err)
 	}
@@ -376,7 +362,7 @@ func TestReadyWaitsForACoordinator(t *testing.T) {
 	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "ready anyway 2s after the start") {
 		t.Fatalf("Ready at once: %v", err)
 	}
-	eventually(t, "ready after ReadyAfter, without a coordinator", func() bool { return e.Ready() == nil })
+	natstest.Eventually(t, 20*time.Second, "ready after ReadyAfter, without a coordinator", func() bool { return e.Ready() == nil })
 }
 
 // TestMetricsRegistered: a node's collectors go to Options.Metrics (two
@@ -409,8 +395,8 @@ func TestMetricsRegistered(t *testing.T) {
 	names := natshard.MetricNames()
 	var mfs []*dto.MetricFamily
 	var handled float64
-	regions := map[string]bool{}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	var regions map[string]bool
+	natstest.Eventually(t, 10*time.Second, "10 messages counted as handled", func() bool {
 		var err error
 		if mfs, err = reg.Gather(); err != nil {
 			t.Fatal(err)
@@ -428,10 +414,8 @@ func TestMetricsRegistered(t *testing.T) {
 				}
 			}
 		}
-		if handled == 10 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return handled == 10
+	})
 	for _, mf := range mfs {
 		if !slices.Contains(names, mf.GetName()) {
 			t.Errorf("exported %s, which MetricNames does not list", mf.GetName())

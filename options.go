@@ -340,6 +340,7 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("Server.DataDir: needed for the embedded server"))
 	}
 	if !embedded && (o.Server.AuthDir != "" || o.Server.TLS != (TLSFiles{}) || o.Server.clustered()) {
+		//lint:ignore ST1005 a Validate error begins with the name of the field at fault, as its others do
 		errs = append(errs, errors.New("Server: configures the embedded server, which is not started with Conn or NATS"))
 	}
 	if embedded {

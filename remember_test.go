@@ -73,7 +73,7 @@ func TestRememberedEntities(t *testing.T) {
 	if _, err := a.Client().Request(ctx, "rem", "e0", []byte("bye")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "e0 to passivate", func() error {
+	natstest.Eventually(t, time.Minute, "e0 to passivate", func() error {
 		if st, _ := a.Stats("rem"); st.Passivations != 1 || st.Entities != len(ids)-1 {
 			return fmt.Errorf("%d passivations, %d entities", st.Passivations, st.Entities)
 		}
@@ -121,7 +121,7 @@ func waitRestarted(t *testing.T, n *natshard.Node, typ string, acts *activations
 	t.Helper()
 	// Restarted counts a start when it is scheduled; the Factory, which
 	// records the activation, runs after it on a worker.
-	waitFor(t, "the remembered entities to start on "+region, func() error {
+	natstest.Eventually(t, time.Minute, "the remembered entities to start on "+region, func() error {
 		st, _ := n.Stats(typ)
 		if st.Restarted < uint64(len(ids)) {
 			return fmt.Errorf("%d of %d restarted", st.Restarted, len(ids))
@@ -209,11 +209,16 @@ func TestReminders(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHandled(t, log, ids, 1)
-	time.Sleep(1500 * time.Millisecond) // a second reminder, or the cancelled one, would come by now
+	// A last reminder, due after the others: a second ping, or the
+	// cancelled one, would come before it.
+	for _, id := range ids {
+		send(b, id, "set mark 1s")
+	}
+	waitHandled(t, log, ids, 2)
 	log.mu.Lock()
 	for _, id := range ids {
-		if got := log.seen[id]; !slices.Equal(got, []string{"ping=2s@b"}) {
-			t.Errorf("entity %s got reminders %q, want ping=2s once on b", id, got)
+		if got := log.seen[id]; !slices.Equal(got, []string{"ping=2s@b", "mark=1s@b"}) {
+			t.Errorf("entity %s got reminders %q, want ping=2s once on b, then the mark", id, got)
 		}
 	}
 	log.mu.Unlock()
@@ -226,21 +231,5 @@ func TestReminders(t *testing.T) {
 	var ee *natshard.EntityError
 	if !errors.As(err, &ee) || !strings.Contains(ee.Error(), natshard.ErrNotDurable.Error()) {
 		t.Errorf("a reminder in core delivery: %v", err)
-	}
-}
-
-// waitFor polls cond until it returns nil, for at most 60 seconds.
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -35,11 +35,6 @@ import (
 // watches (a process manager then restarts it).
 const DefaultStartTimeout = 2 * time.Minute
 
-// ErrStartTimeout: Start waited Options.StartTimeout for JetStream and it
-// stayed unavailable. The error names what was waited for, how long, and
-// the last attempt's error (a kvstate.ErrUnavailable).
-var ErrStartTimeout = errors.New("natshard: start timeout")
-
 // StartWait is what Start waits for (Options.OnStartWait).
 type StartWait struct {
 	// Type whose state is waited for.

@@ -120,22 +120,15 @@ func TestStartWaitsForJetStream(t *testing.T) {
 	}
 	// Both serve.
 	c := natshard.NewClient(natstest.Connect(t, natstest.ClusterURLs(servers)))
-	deadline := time.Now().Add(time.Minute)
-	for {
+	natstest.Eventually(t, time.Minute, "an answer from the type", func() error {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		got, err := c.Request(rctx, "orders", "o-1", []byte("hi"))
-		cancel()
-		if err == nil {
-			if !strings.HasPrefix(string(got), "orders o-1 ") {
-				t.Fatalf("answer %q", got)
-			}
-			break
+		if err == nil && !strings.HasPrefix(string(got), "orders o-1 ") {
+			t.Fatalf("answer %q", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer from the type: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // TestStartTimeout: with JetStream unavailable for longer than

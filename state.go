@@ -11,21 +11,6 @@ import (
 	"github.com/natshard/natshard/region"
 )
 
-// Errors of persisted state, returned wrapped; test with errors.Is.
-var (
-	// ErrNotFound: an entity has no persisted state.
-	ErrNotFound = kvstate.ErrNotFound
-	// ErrConflict: a compare-and-set failed: the state's revision is not
-	// the one the writer held (another writer came first).
-	ErrConflict = kvstate.ErrConflict
-	// ErrUnavailable: NATS or JetStream did not answer (a timeout, a
-	// leader election). In durable delivery, a message whose entity (or
-	// Factory) returns an error wrapping it is given to the entity again,
-	// before its later messages, instead of being answered with the error
-	// and consumed: State's errors wrap it when they should.
-	ErrUnavailable = kvstate.ErrUnavailable
-)
-
 // StateStore persists the state of a type's entities: bytes per entity id
 // with a revision, written with compare-and-set. Env.Store is the type's
 // (its KV bucket); State is the typed way to use it. Errors wrap

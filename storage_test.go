@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,12 +94,21 @@ func TestStoreFull(t *testing.T) {
 		}
 		return n
 	}
-	// serving checks, for longer than a lease TTL, that no region fenced
-	// and that every kv entity answers a get with its value.
+	// serving checks, while every registration is renewed five times
+	// (longer than a lease TTL: 2.5 s at 0.5 s a renewal), that no region
+	// fenced and that every kv entity answers a get with its value.
+	var registrations []*kvstate.Store
+	for _, typ := range []string{"d", "kv"} {
+		st, err := kvstate.Bind(ctx, natstest.JetStream(t, nc), typ, kvstate.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		registrations = append(registrations, st)
+	}
 	serving := func(phase string) {
 		t.Helper()
-		end := time.Now().Add(3 * time.Second)
-		for rounds := 0; rounds < 2 || time.Now().Before(end); rounds++ {
+		last, renewals := map[string]uint64{}, map[string]int{}
+		natstest.Eventually(t, time.Minute, phase+": five renewals of every registration", func() error {
 			for i := range 20 {
 				got, err := request(fmt.Sprintf("k%d", i), `{"op":"get","key":"v"}`)
 				if err != nil || !strings.Contains(got, fmt.Sprintf(`"value":%d`, i)) {
@@ -107,22 +118,30 @@ func TestStoreFull(t *testing.T) {
 			if f := fenced(); f != 0 {
 				t.Fatalf("%s: a region fenced itself (%d times): its lease could not be renewed", phase, f)
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			for i, st := range registrations {
+				for _, region := range []string{"a", "b"} {
+					k := fmt.Sprint(i, region)
+					if _, rev, err := st.Region(ctx, region); err == nil && rev != last[k] {
+						if last[k] != 0 {
+							renewals[k]++
+						}
+						last[k] = rev
+					}
+				}
+			}
+			if len(renewals) < 4 || slices.Min(slices.Collect(maps.Values(renewals))) < 5 {
+				return fmt.Errorf("renewals of the registrations seen: %v", renewals)
+			}
+			return nil
+		})
 	}
-	within := func(what string, d time.Duration, ok func() error) time.Duration {
+	// within is how long cond took to hold (for the log: no bound is
+	// asserted but the wait's).
+	within := func(t *testing.T, what string, d time.Duration, cond func() error) time.Duration {
 		t.Helper()
 		start := time.Now()
-		for {
-			err := ok()
-			if err == nil {
-				return time.Since(start)
-			}
-			if time.Since(start) > d {
-				t.Fatalf("%s: not within %v: %v", what, d, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		natstest.Eventually(t, d, what, cond)
+		return time.Since(start)
 	}
 
 	t.Run("MessageStream", func(t *testing.T) {
@@ -147,7 +166,7 @@ func TestStoreFull(t *testing.T) {
 		t.Logf("%d messages acknowledged, then: %v", len(acked), refused)
 		serving("durable stream full")
 		close(gate)
-		took := within("every acknowledged message handled", 30*time.Second, func() error {
+		took := within(t, "every acknowledged message handled", 30*time.Second, func() error {
 			for _, body := range acked {
 				n, ok := seen.Load(body)
 				if !ok {
@@ -159,7 +178,7 @@ func TestStoreFull(t *testing.T) {
 			}
 			return nil
 		})
-		took2 := within("a publish accepted again", 30*time.Second, func() error {
+		took2 := within(t, "a publish accepted again", 30*time.Second, func() error {
 			return client.Publish(ctx, "d", "e0", []byte("after"))
 		})
 		t.Logf("all %d handled %v after the gate opened; a publish accepted %v later", len(acked), took.Round(time.Millisecond), took2.Round(time.Millisecond))
@@ -197,7 +216,7 @@ func TestStoreFull(t *testing.T) {
 				t.Fatalf("delete in %s with the bucket full: %s, %v", id, got, err)
 			}
 		}
-		took := within("a set accepted again", 30*time.Second, func() error {
+		took := within(t, "a set accepted again", 30*time.Second, func() error {
 			_, err := request("after", fmt.Sprintf(`{"op":"set","key":"v","value":%q}`, value))
 			return err
 		})
@@ -224,7 +243,7 @@ func TestStoreFull(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "insufficient resources") {
 			t.Fatalf("a write with the server's store full: %v; want an error naming insufficient resources", err)
 		}
-		within("the regions fenced (their leases cannot be renewed)", 20*time.Second, func() error {
+		within(t, "the regions fenced (their leases cannot be renewed)", 20*time.Second, func() error {
 			if fenced() == 0 {
 				return errors.New("none fenced")
 			}
@@ -235,7 +254,7 @@ func TestStoreFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		freed := time.Now()
-		within("every kv entity answers again", 60*time.Second, func() error {
+		within(t, "every kv entity answers again", 60*time.Second, func() error {
 			for i := range 20 {
 				want := i
 				if i == 0 {
@@ -251,7 +270,7 @@ func TestStoreFull(t *testing.T) {
 			}
 			return client.Publish(ctx, "d", "e1", []byte("after the store was freed"))
 		})
-		within("both nodes ready", 30*time.Second, func() error {
+		within(t, "both nodes ready", 30*time.Second, func() error {
 			return errors.Join(nodes[0].Ready(), nodes[1].Ready())
 		})
 		t.Logf("served and ready again %v after the space was freed", time.Since(freed).Round(time.Millisecond))

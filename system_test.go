@@ -2,12 +2,14 @@ package natshard
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/internal/natstest"
 )
 
 type nopEntity struct{}
@@ -32,17 +34,13 @@ func TestEmbeddedSystemAccount(t *testing.T) {
 	}
 	// The coordinator subscribed to the advisories (it leads: it is the
 	// only candidate).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "a subscription to "+coordinator.DisconnectSubject+" in the system account", func() error {
 		sz, err := n.srv.Subsz(&server.SubszOptions{Account: "SYS", Test: "$SYS.ACCOUNT.$G.DISCONNECT"})
-		if err == nil && sz.NumSubs > 0 {
-			break
+		if err == nil && sz.NumSubs == 0 {
+			err = fmt.Errorf("%+v", sz)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no subscription to %s in the system account: %+v %v", coordinator.DisconnectSubject, sz, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	// A client without credentials lands in the application's account.
 	c := NewClient(n.Conn())
 	if _, err := c.Request(context.Background(), "t", "x", nil); err != nil {

@@ -3,20 +3,12 @@ package natshard
 import (
 	"errors"
 	"time"
-
-	"github.com/natshard/natshard/region"
 )
 
 // Timers of an entity (Akka's withTimers, Orleans' RegisterTimer): in
 // memory, in the entity's turn, in every delivery mode. See
 // docs/GUIDE.md "Timers and reminders" for when to use a durable
 // reminder (Env.Remind) instead.
-
-// ErrNotActive: a timer was started for an entity that is not active
-// here (any more): from its Stop hook, or through an Env that outlived
-// its activation. A timer is started by the entity itself, from its
-// Factory or Handle.
-var ErrNotActive = region.ErrNotActive
 
 // errNoTimers: the Env is not a hosted entity's (a test's own Env).
 var errNoTimers = errors.New("natshard: timers need a hosted entity's Env")

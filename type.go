@@ -304,10 +304,12 @@ func (t *Type) validate() error {
 		}
 	}
 	if t.Shards < 0 || t.Shards > protocol.MaxShards {
+		//lint:ignore ST1005 a Validate error begins with the name of the field at fault, as its others do
 		errs = append(errs, fmt.Errorf("Shards: %d is out of range 1..%d (0: stored, or %d)", t.Shards, protocol.MaxShards, DefaultShards))
 	}
 	if t.Strategy != "" {
 		if _, canonical, err := strategies.Parse(t.Strategy); err != nil {
+			//lint:ignore ST1005 a Validate error begins with the name of the field at fault, as its others do
 			errs = append(errs, fmt.Errorf("Strategy: %w", err))
 		} else {
 			t.Strategy = canonical
@@ -317,6 +319,7 @@ func (t *Type) validate() error {
 		errs = append(errs, fmt.Errorf("Delivery: %q is neither %q nor %q", t.Delivery, Core, Durable))
 	}
 	if t.Replicas < 0 || t.Replicas > 5 {
+		//lint:ignore ST1005 a Validate error begins with the name of the field at fault, as its others do
 		errs = append(errs, fmt.Errorf("Replicas: %d is out of range 1..5", t.Replicas))
 	}
 	if t.IdleTimeout < Off {

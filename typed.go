@@ -37,10 +37,6 @@ var (
 	Msgpack = send.Msgpack
 )
 
-// ErrBadRequest: a typed entity's request could not be decoded (code
-// "bad-request").
-var ErrBadRequest = send.ErrBadRequest
-
 // NewKey returns the key of the entity type name (send.NewKey).
 func NewKey[Req, Rep any](name string, opts ...KeyOption) Key[Req, Rep] {
 	return send.NewKey[Req, Rep](name, opts...)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
 	cartex "github.com/natshard/natshard/examples/cart"
 	"github.com/natshard/natshard/internal/natstest"
@@ -118,7 +119,7 @@ func TestTypedRoundTrip(t *testing.T) {
 	// The wire is plain: JSON on the entity's subject.
 	nc := natstest.Connect(t, url)
 	subject := protocol.MustSubjects("", "", "account").EntityOf("alice", 4)
-	eventually(t, "the tell applied", func() bool {
+	natstest.Eventually(t, 20*time.Second, "the tell applied", func() bool {
 		m, err := nc.Request(subject, []byte(`{"op":"balance"}`), 5*time.Second)
 		return err == nil && string(m.Data) == `{"balance":15}`
 	})
@@ -251,7 +252,7 @@ func TestTypedKeyedAcrossMove(t *testing.T) {
 		nodes[r] = mustStartOn(t, url, r, typ)
 	}
 	held := func(r string) []int { s, _ := nodes[r].Stats("cart"); return s.Shards }
-	eventually(t, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
+	natstest.Eventually(t, 20*time.Second, "every shard held", func() bool { return len(held("a"))+len(held("b")) == 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	alice := cartex.Key.Ref(natshard.NewClient(natstest.Connect(t, url)), "alice")
@@ -265,7 +266,7 @@ func TestTypedKeyedAcrossMove(t *testing.T) {
 		to = "b"
 	}
 	admin := natstest.Connect(t, url)
-	eventually(t, "the shard moved to "+to, func() bool {
+	natstest.Eventually(t, 20*time.Second, "the shard moved to "+to, func() bool {
 		if slices.Contains(held(to), shard) {
 			return true
 		}
@@ -284,5 +285,63 @@ func TestTypedKeyedAcrossMove(t *testing.T) {
 	}
 	if first.Items["apple"] != 1 || again.Items["apple"] != 1 || got.Items["apple"] != 1 {
 		t.Fatalf("first %v, again %v, then %v; want one apple each time", first.Items, again.Items, got.Items)
+	}
+}
+
+// probeRep is what the probe entity reads of the message it handles.
+type probeRep struct {
+	ID     string `json:"id"`
+	Header string `json:"header"`
+	Seq    uint64 `json:"seq"`
+}
+
+var probeKey = natshard.NewKey[struct{}, probeRep]("probe")
+
+// TestTypedMessageContext, in both delivery modes: a HandlerFunc entity
+// reads the message it handles from its context (MessageFrom): the
+// headers its sender added (Header) and its stream sequence (SeqFrom:
+// growing in durable delivery, 0 in core); outside a Handle both give
+// nothing.
+func TestTypedMessageContext(t *testing.T) {
+	if natshard.MessageFrom(context.Background()) != nil || natshard.SeqFrom(context.Background()) != 0 {
+		t.Fatal("MessageFrom or SeqFrom gave something outside a Handle")
+	}
+	for _, delivery := range []natshard.Delivery{natshard.Core, natshard.Durable} {
+		t.Run(string(delivery), func(t *testing.T) {
+			url := natstest.URL(natstest.RunServer(t))
+			typ := natshard.TypeOf(probeKey, func(context.Context, string) (natshard.Handler[struct{}, probeRep], error) {
+				return natshard.HandlerFunc[struct{}, probeRep](func(ctx context.Context, _ struct{}) (probeRep, error) {
+					m := natshard.MessageFrom(ctx)
+					return probeRep{ID: m.EntityID, Header: m.Header.Get("X-Probe"), Seq: natshard.SeqFrom(ctx)}, nil
+				}), nil
+			})
+			typ.Shards, typ.Delivery = 4, delivery
+			mustStartOn(t, url, "a", typ)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			ref := probeKey.Ref(natshard.NewClient(natstest.Connect(t, url)), "p1")
+			if ref.ID() != "p1" || ref.Type() != "probe" {
+				t.Fatalf("ref of %q of type %q; want p1 of probe", ref.ID(), ref.Type())
+			}
+			var reps []probeRep
+			for i := range 2 {
+				rep, err := ref.Ask(ctx, struct{}{}, natshard.Header(nats.Header{"X-Probe": {fmt.Sprint("ask-", i)}}))
+				if err != nil {
+					t.Fatalf("ask %d: %v", i, err)
+				}
+				reps = append(reps, rep)
+			}
+			for i, rep := range reps {
+				if rep.ID != "p1" || rep.Header != fmt.Sprint("ask-", i) {
+					t.Errorf("ask %d: the entity read %+v; want id p1, header ask-%d", i, rep, i)
+				}
+			}
+			if delivery == natshard.Core && (reps[0].Seq != 0 || reps[1].Seq != 0) {
+				t.Errorf("sequences %d, %d in core delivery; want 0", reps[0].Seq, reps[1].Seq)
+			}
+			if delivery == natshard.Durable && (reps[0].Seq == 0 || reps[1].Seq <= reps[0].Seq) {
+				t.Errorf("sequences %d, %d in durable delivery; want growing from above 0", reps[0].Seq, reps[1].Seq)
+			}
+		})
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/natshard/natshard/internal/natstest"
 )
 
 var flagIdleEntities = flag.Int("natshard.idle-entities", 1_000_000, "entities BenchmarkIdleEntities activates in one region")
@@ -73,10 +75,10 @@ func runIdle(tb testing.TB, n int) idleReport {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	waitUntil(tb, 5*time.Minute, func() bool { return region.stats().Entities == n })
+	natstest.Eventually(tb, 5*time.Minute, "every entity active", func() bool { return region.stats().Entities == n })
 	activate := time.Since(t0)
 	// Every message handled: the goroutines that ran the entities are gone.
-	waitUntil(tb, time.Minute, func() bool { return runtime.NumGoroutine() <= goroutines })
+	natstest.Eventually(tb, time.Minute, "the entities' goroutines gone", func() bool { return runtime.NumGoroutine() <= goroutines })
 	heap := heapAfterGC()
 	// The least of a few counts: the system's own short-lived goroutines
 	// (a coordinator's command in flight, a probe's answer) come and go.
@@ -98,17 +100,6 @@ func runIdle(tb testing.TB, n int) idleReport {
 	}
 	r.stop = time.Since(t1)
 	return r
-}
-
-func waitUntil(tb testing.TB, timeout time.Duration, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("condition not reached in %v", timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // heapAfterGC returns the live heap after full collections.

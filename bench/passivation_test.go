@@ -20,7 +20,7 @@ import (
 // state. The hit ratio is the share of messages whose entity was active
 // already, the activations a policy avoids. The traces are seeded and the
 // policies deterministic, so the figures are the same in every run;
-// docs/BENCHMARKS.md (Active-entity limit) has them.
+// docs/bench-log/active-limit.md has them.
 //
 // Each policy runs twice: passivating beyond the limit after every
 // message (the exact policy), and only every 1 000 messages, as the

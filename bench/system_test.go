@@ -350,23 +350,6 @@ func (s *system) waitSettled(timeout time.Duration, regions, shards int) {
 	}
 }
 
-// waitActive waits until shard is active on region target.
-func (s *system) waitActive(shard int, target string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		st, err := s.status()
-		if err == nil && shard < len(st.Table) {
-			if r := st.Table[shard]; r.State == string(protocol.StateActive) && r.Region == target {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("shard %d not active on %s after %v (last status error %v)", shard, target, timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // owner is the region shard is active on, "" if it is not active.
 func (s *system) owner(shard int) string {
 	st, err := s.status()

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/strategies"
 )
@@ -27,7 +28,7 @@ func TestPinsThroughTheAdminAPI(t *testing.T) {
 	openRegion(t, nc, store, buffer, subjects, "r1", entities.Echo())
 	start := func(name string) (stop func()) { return startCoordinator(nc, store, buffer, subjects, name) }
 	stop := start("c1")
-	waitFor(t, "a coordinator answers", func() error { _, err := status(nc, subjects); return err })
+	natstest.Eventually(t, 20*time.Second, "a coordinator answers", func() error { _, err := status(nc, subjects); return err })
 
 	events, err := nc.SubscribeSync(subjects.Events())
 	if err != nil {
@@ -81,7 +82,7 @@ func TestPinsThroughTheAdminAPI(t *testing.T) {
 	stop()
 	stop = start("c2")
 	defer stop()
-	waitFor(t, "the next coordinator shows the pin", func() error {
+	natstest.Eventually(t, 20*time.Second, "the next coordinator shows the pin", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -134,7 +135,7 @@ func TestLoadAwareWithRealLoadReports(t *testing.T) {
 	}
 	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "r1",
 		Strategy: strategy, MinRegions: 2, RebalanceInterval: -1})()
-	waitFor(t, "shards 0 and 2 on r1", func() error {
+	natstest.Eventually(t, 20*time.Second, "shards 0 and 2 on r1", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -184,7 +185,7 @@ func TestLoadAwareWithRealLoadReports(t *testing.T) {
 		return ans
 	}
 	want := []protocol.PlannedMove{{Shard: 0, From: "r1", To: "r2"}}
-	waitFor(t, "a plan that moves the hot shard", func() error {
+	natstest.Eventually(t, 20*time.Second, "a plan that moves the hot shard", func() error {
 		if plan := rebalance(true); !slices.Equal(plan.Moves, want) {
 			return fmt.Errorf("plan %+v, want %v", plan.Moves, want)
 		}
@@ -193,7 +194,7 @@ func TestLoadAwareWithRealLoadReports(t *testing.T) {
 	if plan := rebalance(false); !slices.Equal(plan.Moves, want) {
 		t.Fatalf("round %+v, want %v", plan.Moves, want)
 	}
-	waitFor(t, "shard 0 on r2", func() error {
+	natstest.Eventually(t, 20*time.Second, "shard 0 on r2", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err

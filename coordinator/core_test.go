@@ -402,7 +402,7 @@ func TestGracefulLeaveMovesEverything(t *testing.T) {
 	before := s.c.Table()
 	var inFlight int
 	s.intercept = func(send Send) (CommandDone, bool) {
-		inFlight = max(inFlight, s.c.movesInFlight())
+		inFlight = max(inFlight, s.c.moving)
 		return CommandDone{}, false
 	}
 	s.leave("b")

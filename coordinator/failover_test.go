@@ -13,6 +13,7 @@ import (
 	"github.com/natshard/natshard/coordinator"
 	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
 )
@@ -41,7 +42,7 @@ func candidateConfig(t *testing.T, nc *nats.Conn, name string) coordinator.Confi
 func leaderIs(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, name string, after uint64) protocol.Status {
 	t.Helper()
 	var st protocol.Status
-	waitFor(t, name+" leads", func() error {
+	natstest.Eventually(t, 20*time.Second, name+" leads", func() error {
 		var err error
 		if st, err = status(nc, subjects); err != nil {
 			return err
@@ -69,6 +70,28 @@ func sameTable(t *testing.T, before, after protocol.Status) {
 	for i, s := range before.Table {
 		if a := after.Table[i]; a.Region != s.Region || a.State != "active" {
 			t.Errorf("shard %d: %s on %s, was %s on %s", s.Shard, a.State, a.Region, s.State, s.Region)
+		}
+	}
+}
+
+// probed waits until the lease holder's probe subject got n probes (of
+// another candidate: it has learnt who holds the lease), watching them on
+// nc without answering. The watch ends before probed returns: its
+// interest would hide the holder's "no responders".
+func probed(t *testing.T, nc *nats.Conn, store *kvstate.Store, subjects protocol.Subjects, n int) {
+	t.Helper()
+	holder, _, err := store.Coordinator(context.Background())
+	if err != nil || holder.Probe == "" {
+		t.Fatalf("the lease %+v (%v) names no probe subject", holder, err)
+	}
+	sub, err := nc.SubscribeSync(subjects.Coordinator(holder.Probe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe(); _ = nc.Flush() }()
+	for i := range n {
+		if _, err := sub.NextMsg(20 * time.Second); err != nil {
+			t.Fatalf("probe %d of %d of the holder: %v", i+1, n, err)
 		}
 	}
 }
@@ -102,7 +125,7 @@ func TestDeposeHolderWhoseConnectionClosed(t *testing.T) {
 			start("c1")
 			before := leaderIs(t, nc, subjects, "c1", 0)
 			start("c2")
-			time.Sleep(200 * time.Millisecond) // c2 is waiting for the lease
+			probed(t, nc, store, subjects, 1) // c2 knows c1 holds the lease, and waits
 
 			took := tookLeaseAfter(t, nc, subjects, "c2")
 			t0 := time.Now()
@@ -133,7 +156,7 @@ func TestHolderReconnectingKeepsLease(t *testing.T) {
 	cfg := candidateConfig(t, natstest.Connect(t, natstest.URL(srv)), "c2")
 	cfg.HolderProbe, cfg.HolderSilence = 50*time.Millisecond, 1500*time.Millisecond
 	runCandidate(t, cfg)
-	time.Sleep(200 * time.Millisecond) // c2 is probing c1
+	probed(t, nc, store, subjects, 1) // c2 is probing c1
 
 	reconnected := func(n uint64) func() error {
 		return func() error {
@@ -145,9 +168,11 @@ func TestHolderReconnectingKeepsLease(t *testing.T) {
 	}
 	proxy.Cut(400 * time.Millisecond)
 	t0 := time.Now()
-	waitFor(t, "c1 reconnected", reconnected(1))
+	natstest.Eventually(t, 20*time.Second, "c1 reconnected", reconnected(1))
 	t.Logf("c1's connection cut for 400 ms: back after %s", time.Since(t0).Round(time.Millisecond))
-	time.Sleep(2 * cfg.HolderSilence)
+	// c2 probes on, answered, for two silences' worth of probes: had the
+	// short cut deposed c1, it would have by then.
+	probed(t, nc, store, subjects, int(2*cfg.HolderSilence/cfg.HolderProbe))
 	if st, err := status(nc, subjects); err != nil || st.Coordinator.Region != "c1" || st.Coordinator.Epoch != before.Coordinator.Epoch {
 		t.Fatalf("after a short cut: coordinator %+v (%v), want c1 still at epoch %d", st.Coordinator, err, before.Coordinator.Epoch)
 	}
@@ -157,8 +182,8 @@ func TestHolderReconnectingKeepsLease(t *testing.T) {
 	t0 = time.Now()
 	after := leaderIs(t, nc, subjects, "c2", before.Coordinator.Epoch)
 	t.Logf("c1's connection cut for 4 s: c2 leads after %s (silence %s)", took(t0), cfg.HolderSilence)
-	waitFor(t, "c1 reconnected", reconnected(2))
-	waitFor(t, "one coordinator answers", func() error {
+	natstest.Eventually(t, 20*time.Second, "c1 reconnected", reconnected(2))
+	natstest.Eventually(t, 20*time.Second, "one coordinator answers", func() error {
 		if n := coordinators(t, nc, subjects); n != 1 {
 			return fmt.Errorf("%d coordinators answer", n)
 		}
@@ -261,7 +286,7 @@ func TestRegionCrashFoundByAdvisory(t *testing.T) {
 	t0 := time.Now()
 	rb.Close()
 	var after protocol.Status
-	waitFor(t, "b's shards re-homed on a", func() error {
+	natstest.Eventually(t, 20*time.Second, "b's shards re-homed on a", func() error {
 		var err error
 		if after, err = status(nc, subjects); err != nil {
 			return err

@@ -93,7 +93,7 @@ func TestFrozenSourcePastHandOffTimeout(t *testing.T) {
 			sent.Store(int64(i + 1))
 		}
 	}()
-	waitFor(t, "a handles the shard", func() error {
+	natstest.Eventually(t, 20*time.Second, "a handles the shard", func() error {
 		if n := recA.count(id); n < 20 {
 			return fmt.Errorf("%d handled", n)
 		}
@@ -105,7 +105,7 @@ func TestFrozenSourcePastHandOffTimeout(t *testing.T) {
 	move(t, nc, subjects, x, "b")
 	// The forced reallocation: bound to b, which replays what the
 	// coordinator diverts, well after the freeze began.
-	waitFor(t, "the shard bound to b, b replaying what the coordinator diverts", func() error {
+	natstest.Eventually(t, 20*time.Second, "the shard bound to b, b replaying what the coordinator diverts", func() error {
 		if n := recB.count(id); n < 50 {
 			return fmt.Errorf("b handled %d", n)
 		}
@@ -115,18 +115,18 @@ func TestFrozenSourcePastHandOffTimeout(t *testing.T) {
 	t.Logf("froze after %d messages, thawed after %d", frozenAt, sent.Load())
 
 	waitRows(t, nc, subjects, "shard active on b", string(protocol.StateActive), "b", x)
-	waitFor(t, "a dropped the shard", func() error {
+	natstest.Eventually(t, 20*time.Second, "a dropped the shard", func() error {
 		if slices.Contains(a.Held(), x) {
 			return fmt.Errorf("a holds %v", a.Held())
 		}
 		return nil
 	})
 	servedByA := recA.count(id)
-	time.Sleep(300 * time.Millisecond) // more messages, none of them a's
+	underLoad(t, &sent, 150) // more messages, none of them a's
 	close(stop)
 	<-published
 	last := int(sent.Load()) - 1
-	waitFor(t, "b handled the last message", func() error {
+	natstest.Eventually(t, 20*time.Second, "b handled the last message", func() error {
 		if !slices.Contains(recB.values(id), last) {
 			return fmt.Errorf("b handled %d, not yet %d", recB.count(id), last)
 		}

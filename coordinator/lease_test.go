@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -176,18 +178,29 @@ func TestSlowStartRenewsTheLease(t *testing.T) {
 	go func() { defer close(done); n.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "a coordinator to answer", func() error {
 		m, err := nc.Request(subjects.Admin(protocol.AdminStatus), nil, time.Second)
-		if err == nil && m.Header.Get("Nats-Service-Error-Code") == "" {
-			break
+		if err == nil && m.Header.Get("Nats-Service-Error-Code") != "" {
+			err = errors.New(m.Header.Get("Nats-Service-Error"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no coordinator answers after 20 s (%d terms begun, %d renewals failed): %v", stats.Terms.Load(), stats.RenewalsFailed.Load(), err)
+		if err != nil {
+			return fmt.Errorf("%d terms begun, %d renewals failed: %w", stats.Terms.Load(), stats.RenewalsFailed.Load(), err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(2 * ttl) // a term about to step down would have by now
+		return nil
+	})
+	// The lease renewed 8 times since (4 s, two TTLs): a term about to
+	// step down would have by then.
+	var lease uint64
+	renewals := -1
+	natstest.Eventually(t, 30*time.Second, "8 renewals of the lease", func() error {
+		if _, rev, err := store.Coordinator(ctx); err == nil && rev != lease {
+			lease, renewals = rev, renewals+1
+		}
+		if renewals < 8 {
+			return fmt.Errorf("%d seen, %d terms begun", renewals, stats.Terms.Load())
+		}
+		return nil
+	})
 	if terms := stats.Terms.Load(); terms != 1 || !stats.Leading.Load() {
 		t.Fatalf("%d terms begun, leading %v: want the first term leading still", terms, stats.Leading.Load())
 	}
@@ -222,8 +235,7 @@ func TestLateLeaseKeepsItsEpoch(t *testing.T) {
 	go func() { defer close(done); n.term(ctx, info, lease, time.Now().Add(-time.Minute)) }() // acknowledged a minute after it was sent
 	defer func() { cancel(); <-done }()
 
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "every shard active on r1", func() error {
 		rows, err := store.Shards(context.Background())
 		active := 0
 		for _, r := range rows {
@@ -234,14 +246,11 @@ func TestLateLeaseKeepsItsEpoch(t *testing.T) {
 				}
 			}
 		}
-		if err == nil && active == shards {
-			break
+		if err == nil && active != shards {
+			err = fmt.Errorf("%d of %d: %+v", active, shards, rows)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d shards active on r1 after 20 s (%v): %+v", active, shards, err, rows)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	current, _, err := store.Coordinator(context.Background())
 	if err != nil || current.Epoch != lease.Revision {
 		t.Fatalf("the lease's value carries epoch %d (%v), want %d", current.Epoch, err, lease.Revision)

@@ -24,7 +24,7 @@ func TestCoordinatorLog(t *testing.T) {
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	runCandidate(t, coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "coord",
 		MinRegions: 3, ReleaseGrace: -1, Settle: 200 * time.Millisecond, Logger: log})
-	waitFor(t, "a coordinator answers", func() error { _, err := status(nc, subjects); return err })
+	natstest.Eventually(t, 20*time.Second, "a coordinator answers", func() error { _, err := status(nc, subjects); return err })
 	for _, id := range []string{"a", "b", "c"} {
 		openRegion(t, nc, store, buffer, subjects, id, entities.Echo())
 	}
@@ -42,7 +42,7 @@ func TestCoordinatorLog(t *testing.T) {
 		Reason string `json:"reason"`
 	}
 	var lines []line
-	waitFor(t, "the round after d joined, done", func() error {
+	natstest.Eventually(t, 20*time.Second, "the round after d joined, done", func() error {
 		lines = nil
 		sc := bufio.NewScanner(strings.NewReader(logs.String()))
 		done := false

@@ -98,21 +98,6 @@ func status(nc *nats.Conn, s protocol.Subjects) (protocol.Status, error) {
 	return st, json.Unmarshal(m.Data, &st)
 }
 
-func waitFor(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestGracefulHandover: two candidates, one leader; the leader stops, its
 // lease is released (not left to expire), the other leads with a newer
 // epoch and keeps every shard where it was.
@@ -133,7 +118,7 @@ func TestGracefulHandover(t *testing.T) {
 		}
 	}()
 	var first protocol.Status
-	waitFor(t, "all shards active", func() error {
+	natstest.Eventually(t, 20*time.Second, "all shards active", func() error {
 		var err error
 		if first, err = status(nc, subjects); err != nil {
 			return err
@@ -154,7 +139,7 @@ func TestGracefulHandover(t *testing.T) {
 
 	cands[leader]()
 	var next protocol.Status
-	waitFor(t, "the other candidate leads", func() error {
+	natstest.Eventually(t, 20*time.Second, "the other candidate leads", func() error {
 		var err error
 		if next, err = status(nc, subjects); err != nil {
 			return err
@@ -239,7 +224,7 @@ func (recEntity) Stop(context.Context) error { return nil }
 func TestParkedUntilFirstRegion(t *testing.T) {
 	nc, store, buffer, subjects := openType(t)
 	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c"})()
-	waitFor(t, "every shard parked", func() error {
+	natstest.Eventually(t, 20*time.Second, "every shard parked", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -279,7 +264,7 @@ func TestParkedUntilFirstRegion(t *testing.T) {
 	if err != nil || string(m.Data) != "waiting" {
 		t.Fatalf("the request sent with no region: %v", err)
 	}
-	waitFor(t, "every parked message handled", func() error {
+	natstest.Eventually(t, 20*time.Second, "every parked message handled", func() error {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for e := range entities {

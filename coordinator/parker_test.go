@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
@@ -33,41 +35,37 @@ func TestParkerTerms(t *testing.T) {
 		}
 	}
 	sent := 0
-	// diverting reports, for shards 0-3, whether a message published to
-	// each now reaches its buffer.
+	// want checks that of shards 0-3 those of shards divert: a message
+	// published to each of them reaches its buffer, and a request to each
+	// other finds no subscriber (the server says "no responders" at once).
 	lens := make([]uint64, 4)
-	diverting := func() []int {
+	want := func(what string, shards ...int) {
 		t.Helper()
 		sent++
 		for shard := range 4 {
-			if err := nc.Publish(subjects.Entity(shard, fmt.Sprintf("e%d", sent)), nil); err != nil {
+			subject := subjects.Entity(shard, fmt.Sprintf("e%d", sent))
+			if !slices.Contains(shards, shard) {
+				if _, err := nc.Request(subject, nil, 10*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+					t.Fatalf("%s: shard %d diverts (a request to it: %v); want only %v", what, shard, err, shards)
+				}
+				continue
+			}
+			if err := nc.Publish(subject, nil); err != nil {
 				t.Fatal(err)
 			}
-		}
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond) // the appends are asynchronous
-		if err := buffer.Flush(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		var on []int
-		for shard := range 4 {
-			n, err := buffer.Len(context.Background(), shard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n > lens[shard] {
-				on = append(on, shard)
-			}
-			lens[shard] = n
-		}
-		return on
-	}
-	want := func(what string, shards ...int) {
-		t.Helper()
-		if got := diverting(); !slices.Equal(got, shards) {
-			t.Fatalf("%s: shards %v divert, want %v", what, got, shards)
+			natstest.Eventually(t, 10*time.Second, fmt.Sprintf("%s: the message to shard %d in its buffer", what, shard), func() error {
+				if err := buffer.Flush(context.Background()); err != nil {
+					return err
+				}
+				n, err := buffer.Len(context.Background(), shard)
+				if err == nil && n <= lens[shard] {
+					err = fmt.Errorf("%d messages in it, as before", n)
+				}
+				if err == nil {
+					lens[shard] = n
+				}
+				return err
+			})
 		}
 	}
 	want("parked by term 1", 0, 1, 2, 3)
@@ -92,21 +90,11 @@ func TestParkerTerms(t *testing.T) {
 		t.Fatalf("term 2 released %v, want [2]", got)
 	}
 	p.end(3, draining)
-	waitFor := func(what string, cond func(pk map[int]*parked) bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			p.mu.Lock()
-			ok := cond(p.parked)
-			p.mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s", what)
-			}
-		}
-	}
-	waitFor("shard 2 released", func(pk map[int]*parked) bool { return pk[2] == nil })
+	natstest.Eventually(t, 10*time.Second, "shard 2 released", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.parked[2] == nil
+	})
 	p.mu.Lock()
 	for shard, want := range map[int]uint64{0: 2, 1: 2, 3: 2} {
 		if pk := p.parked[shard]; pk == nil || pk.term != want || pk.draining() {
@@ -134,10 +122,16 @@ func TestParkerTerms(t *testing.T) {
 		p.unsubscribe(3, 33, 2)
 		close(unparked)
 	}()
+	// The park is cancelled: unsubscribe now waits for the drain.
+	natstest.Eventually(t, 10*time.Second, "the park of shard 3 cancelled", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return draining.again == nil
+	})
 	select {
 	case <-unparked:
 		t.Fatal("unsubscribe returned before the drain of the earlier parking")
-	case <-time.After(100 * time.Millisecond):
+	default:
 	}
 	p.end(3, draining)
 	<-unparked

@@ -227,10 +227,6 @@ func (c *Core) moveOffLeaving() {
 	}
 }
 
-// movesInFlight counts moves of live shards: handoffs, and binds whose
-// source is a region.
-func (c *Core) movesInFlight() int { return c.moving }
-
 // plan predicts where moves go: all of them leave their regions first,
 // then each is placed through the strategy in order, as the coordinator
 // does when their handoffs complete (without offering a shard its own

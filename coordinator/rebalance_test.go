@@ -38,7 +38,7 @@ func defaultsConfig(shards int) CoreConfig {
 func maxInFlight(s *sim) *int {
 	n := new(int)
 	s.intercept = func(Send) (CommandDone, bool) {
-		*n = max(*n, s.c.movesInFlight())
+		*n = max(*n, s.c.moving)
 		return CommandDone{}, false
 	}
 	return n
@@ -191,8 +191,8 @@ func TestMembershipChangeDropsThePlan(t *testing.T) {
 	}
 	s.join("c")
 	s.ticks(cfg.Settle)
-	if len(s.rounds) != 1 || len(s.rounds[0].Moves) != 20 || s.c.movesInFlight() != 4 {
-		t.Fatalf("rounds %+v, %d in flight; want one round of 20 moves, 4 in flight", s.rounds, s.c.movesInFlight())
+	if len(s.rounds) != 1 || len(s.rounds[0].Moves) != 20 || s.c.moving != 4 {
+		t.Fatalf("rounds %+v, %d in flight; want one round of 20 moves, 4 in flight", s.rounds, s.c.moving)
 	}
 	s.join("d")
 	slow = false

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -364,5 +363,3 @@ func spread(m map[string]int) int {
 	}
 	return hi - lo
 }
-
-func (s *sim) String() string { return fmt.Sprint(s.counts()) }

@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/coordinator"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -75,6 +77,7 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 	pubStop := make(chan struct{})
 	var pubWG sync.WaitGroup
 	var sent int
+	var published atomic.Int64 // sent, for the test to read meanwhile
 	pubWG.Go(func() {
 		for ; ; sent++ {
 			select {
@@ -89,19 +92,20 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			published.Add(1)
 		}
 	})
-	time.Sleep(100 * time.Millisecond)
+	underLoad(t, &published, 100)
 
 	stop = runCoordinator("c2")
 	defer stop()
 	waitShard("shard active on r1 again", "active", "r1")
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 
 	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
 	move(t, nc, subjects, x, "r2")
 	waitShard("shard active on r2", "active", "r2")
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 	close(pubStop)
 	pubWG.Wait()
 	if err := nc.Flush(); err != nil {
@@ -120,6 +124,14 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 		prev = v
 	}
 	t.Logf("%d messages sent, %d handled once each, in order", sent, len(rec.got[id]))
+}
+
+// underLoad waits until a test's publisher, which counts in published what
+// it sent, sent n more: a step of the test happens under that load.
+func underLoad(t *testing.T, published *atomic.Int64, n int64) {
+	t.Helper()
+	from := published.Load()
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d more messages published", n), func() bool { return published.Load() >= from+n })
 }
 
 // entityOf is an entity id in shard sh.
@@ -142,7 +154,7 @@ func entityOf(sh int) string {
 // them and waited for the lease to expire before: in a CI run of 2026-11-28
 // nobody diverted the crashed region's shards for 4.3 s, and
 // TestDurableCrash/core saw values without an id applied out of order;
-// FAULTS.md). Numbered messages go to entities of several shards all along,
+// docs/faults-log/2026-11-28-own-lease.md). Numbered messages go to entities of several shards all along,
 // half with a Nats-Msg-Id: docs/FAULTS.md, "Guarantees", loses nothing
 // published after a shard was parked, so every one must be handled, those with
 // an id once and in order, the others at least once.
@@ -177,6 +189,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	pubStop := make(chan struct{})
 	var pubWG sync.WaitGroup
 	sent := 0
+	var published atomic.Int64 // rounds sent, for the test to read meanwhile
 	pubWG.Go(func() {
 		for ; ; sent++ {
 			select {
@@ -195,9 +208,10 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 					return
 				}
 			}
+			published.Add(1)
 		}
 	})
-	time.Sleep(200 * time.Millisecond)
+	underLoad(t, &published, 200)
 
 	if bindFirst {
 		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
@@ -223,7 +237,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	} else if err := store.DeposeCoordinator(ctx, rev); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a new epoch", func() error {
+	natstest.Eventually(t, 20*time.Second, "a new epoch", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -234,11 +248,11 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 		return nil
 	})
 	if !bindFirst {
-		time.Sleep(200 * time.Millisecond)
+		underLoad(t, &published, 200) // parked under the new epoch, with no region
 		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
 	}
 	every("every shard active on r1", string(protocol.StateActive), "r1")
-	time.Sleep(300 * time.Millisecond)
+	underLoad(t, &published, 300)
 	close(pubStop)
 	pubWG.Wait()
 	if err := nc.Flush(); err != nil {
@@ -307,7 +321,7 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 	}
 	handled := func() {
 		t.Helper()
-		waitFor(t, "every message handled", func() error {
+		natstest.Eventually(t, 20*time.Second, "every message handled", func() error {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
 			if got := rec.got[id]; len(got) < sent {
@@ -332,8 +346,9 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 	move(t, nc, subjects, x, "r2")
 	shardOn("r2")
 	publish(20)
-	handled()
-	time.Sleep(200 * time.Millisecond) // time for copies to show
+	// A last message: a copy that was to be handled again is before it.
+	publish(1)
+	rec.waitLast(t, sent-1, id)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	prev := -1
@@ -351,7 +366,7 @@ func TestMoveIgnoresStaleBuffer(t *testing.T) {
 func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, region string) {
 	t.Helper()
 	body, _ := json.Marshal(protocol.MoveRequest{Shard: shard, Region: region})
-	waitFor(t, "move accepted", func() error {
+	natstest.Eventually(t, 20*time.Second, "move accepted", func() error {
 		m, err := nc.Request(subjects.Admin(protocol.AdminMove), body, time.Second)
 		if err != nil {
 			return err
@@ -371,7 +386,7 @@ func move(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard int, re
 // none is given) in state on region.
 func waitRows(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, what, state, region string, shards ...int) {
 	t.Helper()
-	waitFor(t, what, func() error {
+	natstest.Eventually(t, 20*time.Second, what, func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -392,7 +407,7 @@ func waitRows(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, what, sta
 // whose payload is the number last.
 func (r *recorder) waitLast(t *testing.T, last int, ids ...string) {
 	t.Helper()
-	waitFor(t, "the last messages handled", func() error {
+	natstest.Eventually(t, 20*time.Second, "the last messages handled", func() error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for _, id := range ids {

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/auth"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -161,7 +162,7 @@ func TestAuthRoles(t *testing.T) {
 	}()
 	time.Sleep(200 * time.Millisecond)
 	ctlAuth(t, "--nats", url, "--creds", creds("admin"), "move", fmt.Sprint(shard), to)
-	eventually(t, 30*time.Second, "the shard moved", func() error {
+	natstest.Eventually(t, 30*time.Second, "the shard moved", func() error {
 		st, err := status(admin.nc, kv)
 		if err != nil {
 			return err
@@ -327,7 +328,7 @@ func TestTLS(t *testing.T) {
 		"--tls-cert", f("server.pem"), "--tls-key", f("server.key"), "--tls-ca", f("ca.pem"))
 	withCert := []string{"--nats", url, "--tls-ca", f("ca.pem"), "--tls-cert", f("client.pem"), "--tls-key", f("client.key")}
 	var out []byte
-	eventually(t, 60*time.Second, "shardctl status over TLS", func() error {
+	natstest.Eventually(t, 60*time.Second, "shardctl status over TLS", func() error {
 		cmd := exec.Command(filepath.Join(binDir, "shardctl"), append(withCert, "request", "e-1", `{"op":"get"}`)...)
 		var err error
 		out, err = cmd.CombinedOutput()
@@ -428,7 +429,7 @@ func dialAs(t *testing.T, url, creds string) *authConn {
 		default:
 		}
 	}))
-	eventually(t, 20*time.Second, "connect with "+filepath.Base(creds), func() error {
+	natstest.Eventually(t, 20*time.Second, "connect with "+filepath.Base(creds), func() error {
 		c.nc, err = nats.Connect(url, opts...)
 		return err
 	})

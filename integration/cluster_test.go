@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -89,7 +90,7 @@ func testThreeShardd(t *testing.T, url string, aArgs, args []string) {
 	before, epoch := owners(st), st.Coordinator.Epoch
 	t0 = time.Now()
 	procs[coord].kill()
-	eventually(t, 60*time.Second, "a new coordinator", func() error {
+	natstest.Eventually(t, 60*time.Second, "a new coordinator", func() error {
 		s, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -160,7 +161,7 @@ func seedEntities(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, shard
 func waitSettled(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, timeout time.Duration, live ...string) protocol.Status {
 	t.Helper()
 	var st protocol.Status
-	eventually(t, timeout, fmt.Sprintf("all shards active on %v", live), func() error {
+	natstest.Eventually(t, timeout, fmt.Sprintf("all shards active on %v", live), func() error {
 		var err error
 		if st, err = status(nc, subjects); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -162,7 +163,7 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 			}
 			break
 		}
-		eventually(t, 90*time.Second, "every shard active on a live region", func() error {
+		natstest.Eventually(t, 90*time.Second, "every shard active on a live region", func() error {
 			st, err := status(nc, subjects)
 			if err != nil {
 				return err

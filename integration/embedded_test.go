@@ -89,7 +89,7 @@ func (c *embeddedCluster) ready(i int) error {
 // answers exactly once.
 func (c *embeddedCluster) served(nc *nats.Conn, timeout time.Duration, live ...string) {
 	c.t.Helper()
-	eventually(c.t, timeout, fmt.Sprintf("every shard served once on %v", live), func() error {
+	natstest.Eventually(c.t, timeout, fmt.Sprintf("every shard served once on %v", live), func() error {
 		st, err := status(nc, c.subjects)
 		if err != nil {
 			return err
@@ -120,7 +120,7 @@ func TestEmbeddedClusterKills(t *testing.T) {
 	nc := connect(t, c.urls())
 	all := []string{"s1", "s2", "s3"}
 	c.served(nc, 4*time.Minute, all...)
-	eventually(t, 2*time.Minute, "every member ready", func() error {
+	natstest.Eventually(t, 2*time.Minute, "every member ready", func() error {
 		for i := range 3 {
 			if err := c.ready(i); err != nil {
 				return err
@@ -151,7 +151,7 @@ func TestEmbeddedClusterKills(t *testing.T) {
 		restart := time.Now()
 		c.start(i)
 		c.served(nc, 3*time.Minute, all...)
-		eventually(t, 3*time.Minute, c.name(i)+" ready again (JetStream current)", func() error { return c.ready(i) })
+		natstest.Eventually(t, 3*time.Minute, c.name(i)+" ready again (JetStream current)", func() error { return c.ready(i) })
 		t.Logf("embedded cluster: kill -9 of %s: every shard served again by %v after %s; restarted on its data directory, back with JetStream current after %s (acknowledged so far %d)",
 			c.name(i), live, servedAfter.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond), acked(load))
 	}
@@ -166,7 +166,7 @@ func TestEmbeddedClusterKills(t *testing.T) {
 	stopped := time.Since(stop)
 	c.served(nc, 3*time.Minute, "s1", "s3")
 	for _, i := range []int{0, 2} {
-		eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
+		natstest.Eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
 	}
 	t.Logf("embedded cluster: SIGTERM of s2: exited in %s, every shard served by s1 and s3 %s after the signal",
 		stopped.Round(time.Millisecond), time.Since(stop).Round(time.Millisecond))
@@ -215,7 +215,7 @@ func TestEmbeddedClusterDurable(t *testing.T) {
 	servedAfter := time.Since(kill)
 	c.start(0)
 	c.served(nc, 3*time.Minute, all...)
-	eventually(t, 3*time.Minute, "s1 ready again (JetStream current)", func() error { return c.ready(0) })
+	natstest.Eventually(t, 3*time.Minute, "s1 ready again (JetStream current)", func() error { return c.ready(0) })
 	t.Logf("embedded cluster: durable kill -9 of s1: every shard served again by s2 and s3 after %s; s1 back, current, %s after the kill",
 		servedAfter.Round(time.Millisecond), time.Since(kill).Round(time.Millisecond))
 	time.Sleep(3 * time.Second)
@@ -315,7 +315,7 @@ func TestEmbeddedClusterAppDown(t *testing.T) {
 	c.served(nc, 3*time.Minute, "s2", "s3")
 	servedAfter := time.Since(down)
 	for _, i := range []int{1, 2} {
-		eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
+		natstest.Eventually(t, time.Minute, c.name(i)+" ready", func() error { return c.ready(i) })
 	}
 	before := answered.Load()
 	time.Sleep(3 * time.Second)

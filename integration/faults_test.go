@@ -22,6 +22,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -78,7 +79,7 @@ func (d *deployment) settled(timeout time.Duration, live ...string) protocol.Sta
 func (d *deployment) serving(timeout time.Duration, live ...string) protocol.Status {
 	d.t.Helper()
 	var st protocol.Status
-	eventually(d.t, timeout, fmt.Sprintf("every shard active, unchanged and served on %v", live), func() error {
+	natstest.Eventually(d.t, timeout, fmt.Sprintf("every shard active, unchanged and served on %v", live), func() error {
 		first, err := status(d.nc, d.subjects)
 		if err != nil {
 			return err
@@ -106,7 +107,7 @@ func (d *deployment) serving(timeout time.Duration, live ...string) protocol.Sta
 func (d *deployment) coordinator(timeout time.Duration, not string, after uint64) protocol.Status {
 	d.t.Helper()
 	var st protocol.Status
-	eventually(d.t, timeout, "a new coordinator", func() error {
+	natstest.Eventually(d.t, timeout, "a new coordinator", func() error {
 		var err error
 		if st, err = status(d.nc, d.subjects); err != nil {
 			return err
@@ -147,7 +148,7 @@ func TestNATSServerLoss(t *testing.T) {
 		leaders := streamLeaders(t, d.nc)
 		t0 := time.Now()
 		d.nats.procs[server].kill()
-		eventually(t, 90*time.Second, "every shard served", func() error { return singleOwner(d.nc, d.subjects, st.Shards) })
+		natstest.Eventually(t, 90*time.Second, "every shard served", func() error { return singleOwner(d.nc, d.subjects, st.Shards) })
 		served := time.Since(t0)
 		st = d.serving(90*time.Second, "a", "b", "c")
 		t.Logf("kill -9 of NATS server %s (the %s %s's; stream leaders were %s): every shard served again after %s, settled on a, b and c and unchanged for 3 s after %s; coordinator %s epoch %d",
@@ -242,7 +243,7 @@ func TestRegionPartition(t *testing.T) {
 	// between registrations (a registration sent into the cut network is
 	// written again after the heal), and its moves end elsewhere: ask
 	// again until it owns shards.
-	eventually(t, 60*time.Second, "c given shards by a rebalance", func() error {
+	natstest.Eventually(t, 60*time.Second, "c given shards by a rebalance", func() error {
 		st, err := status(d.nc, d.subjects)
 		if err != nil {
 			return err
@@ -280,7 +281,7 @@ func TestCoordinatorPartition(t *testing.T) {
 	// down at 3/4 of it, before the server lets another take it.
 	d := newDeployment(t, "0.0.0.0", "--min-regions", "3", "--rebalance-interval", "0", "--lease-ttl", "4s")
 	d.startOn(h, "c")
-	eventually(t, 60*time.Second, "c coordinating", func() error {
+	natstest.Eventually(t, 60*time.Second, "c coordinating", func() error {
 		st, err := status(d.nc, d.subjects)
 		if err == nil && st.Coordinator.Region != "c" {
 			err = fmt.Errorf("coordinator is %s", st.Coordinator.Region)
@@ -566,7 +567,7 @@ func (l *incrLoad) check(t *testing.T, strict bool) {
 func (p *proc) logTime(t *testing.T, text string) time.Time {
 	t.Helper()
 	var at time.Time
-	eventually(t, 30*time.Second, fmt.Sprintf("%q in the log of %s", text, p.name), func() error {
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%q in the log of %s", text, p.name), func() error {
 		sc := bufio.NewScanner(strings.NewReader(p.log.String()))
 		for sc.Scan() {
 			line := sc.Text()
@@ -680,7 +681,7 @@ func bucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	var kv jetstream.KeyValue
-	eventually(t, 30*time.Second, "the KV bucket", func() error {
+	natstest.Eventually(t, 30*time.Second, "the KV bucket", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		kv, err = js.KeyValue(ctx, "natshard_kv")
@@ -697,7 +698,7 @@ func readTable(t *testing.T, nc *nats.Conn) map[int]protocol.ShardRecord {
 		t.Fatal(err)
 	}
 	table := map[int]protocol.ShardRecord{}
-	eventually(t, 30*time.Second, "the shard table", func() error {
+	natstest.Eventually(t, 30*time.Second, "the shard table", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		store, err := kvstate.Bind(ctx, js, "kv", kvstate.Options{})

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/examples/jobs"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -69,14 +70,21 @@ func TestJobsFullRestart(t *testing.T) {
 	}
 	// A few steps are done; then every process dies at once, and more
 	// steps fall due while they are down.
-	time.Sleep(5 * time.Second)
+	natstest.Eventually(t, 60*time.Second, "a step of every short job", func() error {
+		for _, id := range short {
+			if j, err := ask(nc, id, jobs.Request{Op: "get"}); err != nil || len(j.Done) == 0 {
+				return fmt.Errorf("%s: done %v, %v", id, j.Done, err)
+			}
+		}
+		return nil
+	})
 	for _, p := range procs {
 		p.kill()
 	}
 	server.kill()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // down while steps fall due: the fault itself, not a wait for a result
 
-	server = startProcess(t, "nats-server", "nats", natsArgs...)
+	startProcess(t, "nats-server", "nats", natsArgs...)
 	nc = connect(t, url)
 	var (
 		mu   sync.Mutex
@@ -99,7 +107,7 @@ func TestJobsFullRestart(t *testing.T) {
 	waitSettled(t, nc, subjects, 90*time.Second, "a", "b")
 
 	// The long jobs run again, though nobody sent them anything.
-	eventually(t, 60*time.Second, "every long job to run again", func() error {
+	natstest.Eventually(t, 60*time.Second, "every long job to run again", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, id := range long {
@@ -124,7 +132,7 @@ func TestJobsFullRestart(t *testing.T) {
 	for i := range want {
 		want[i] = i + 1
 	}
-	eventually(t, 90*time.Second, "every short job to finish", func() error {
+	natstest.Eventually(t, 90*time.Second, "every short job to finish", func() error {
 		for _, id := range short {
 			j, err := ask(nc, id, jobs.Request{Op: "get"})
 			if err != nil {

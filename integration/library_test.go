@@ -14,6 +14,7 @@ import (
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/examples/cart"
 	"github.com/natshard/natshard/examples/ratelimit"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -48,7 +49,7 @@ func TestLibraryExample(t *testing.T) {
 	procs["b"] = startProcess(t, "shop", "b", "-nats", url, "-region", "b")
 	procs["c"] = startProcess(t, "shop", "c", "-nats", url, "-region", "c")
 	// Rebalanced onto all three: every region holds shards of both types.
-	eventually(t, 90*time.Second, "both types spread over a, b and c", func() error {
+	natstest.Eventually(t, 90*time.Second, "both types spread over a, b and c", func() error {
 		for typ, s := range types {
 			st, err := status(nc, s)
 			if err != nil {

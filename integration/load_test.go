@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -250,7 +251,7 @@ func testLoad(t *testing.T, run loadRun) {
 	// c may have held the coordinator lease: its successor answers the
 	// admin API once it took over.
 	var st protocol.Status
-	eventually(t, 30*time.Second, "the coordinator's status", func() (err error) {
+	natstest.Eventually(t, 30*time.Second, "the coordinator's status", func() (err error) {
 		st, err = status(nc, subjects)
 		return err
 	})
@@ -277,7 +278,7 @@ func testLoad(t *testing.T, run loadRun) {
 		logf("kill -9 of region d")
 		tKill = time.Now()
 		procs["d"].kill()
-		eventually(t, 30*time.Second, "d's shards parked or re-homed", func() error {
+		natstest.Eventually(t, 30*time.Second, "d's shards parked or re-homed", func() error {
 			st, err := status(nc, subjects)
 			if err != nil {
 				return err
@@ -322,7 +323,7 @@ func testLoad(t *testing.T, run loadRun) {
 	if run.kill {
 		idleEnd = 3 * time.Second
 	}
-	eventually(t, 60*time.Second, "the last records", func() error {
+	natstest.Eventually(t, 60*time.Second, "the last records", func() error {
 		idle := time.Since(time.Unix(0, col.last.Load()))
 		if h := col.handled.Load(); h >= int64(published) && !run.kill && (run.msgIDs || idle > time.Second) {
 			return nil

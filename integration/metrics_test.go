@@ -87,7 +87,7 @@ func TestMetricsScripted(t *testing.T) {
 	nc := connect(t, url)
 	st := waitSettled(t, nc, subjects, 60*time.Second, names...)
 	for _, r := range names {
-		eventually(t, 30*time.Second, "region "+r+" ready", func() error {
+		natstest.Eventually(t, 30*time.Second, "region "+r+" ready", func() error {
 			resp, err := http.Get("http://" + addrs[r] + "/readyz")
 			if err != nil {
 				return err
@@ -206,7 +206,7 @@ func TestMetricsScripted(t *testing.T) {
 	if err != nil || !strings.Contains(string(resp.Data), `"ok":true`) {
 		t.Fatalf("move: %v %s", err, resp.Data)
 	}
-	eventually(t, 30*time.Second, "the move done", func() error {
+	natstest.Eventually(t, 30*time.Second, "the move done", func() error {
 		s, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -220,7 +220,7 @@ func TestMetricsScripted(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The region steps end a moment after the table says active.
-	eventually(t, 10*time.Second, "the steps observed", func() error {
+	natstest.Eventually(t, 10*time.Second, "the steps observed", func() error {
 		after = scrapeAll()
 		if after[to].get("natshard_handoff_duration_seconds", "step", "replay") == before[to].get("natshard_handoff_duration_seconds", "step", "replay") {
 			return fmt.Errorf("no replay observed on %s yet", to)
@@ -265,7 +265,7 @@ func TestMetricsScripted(t *testing.T) {
 	procs[victim] = nil
 	live := slices.DeleteFunc(slices.Clone(names), func(r string) bool { return r == victim })
 	waitSettled(t, nc, subjects, 60*time.Second, live...)
-	eventually(t, 10*time.Second, "the replays observed", func() error {
+	natstest.Eventually(t, 10*time.Second, "the replays observed", func() error {
 		after = scrapeAll()
 		var n float64
 		for _, r := range live {

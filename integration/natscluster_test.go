@@ -60,7 +60,7 @@ func startNATSWith(t *testing.T, listen string, setup func(*natsCluster)) *natsC
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "JetStream on the NATS cluster", func() error {
+	natstest.Eventually(t, 60*time.Second, "JetStream on the NATS cluster", func() error {
 		for i := range 3 {
 			select {
 			case <-c.procs[i].done:
@@ -179,7 +179,7 @@ func (c *natsCluster) serverOf(name string) (int, error) {
 // JetStream current with the others.
 func (c *natsCluster) waitHealthy(timeout time.Duration) {
 	c.t.Helper()
-	eventually(c.t, timeout, "every NATS server healthy", func() error {
+	natstest.Eventually(c.t, timeout, "every NATS server healthy", func() error {
 		for i := range 3 {
 			var h struct {
 				Status string `json:"status"`

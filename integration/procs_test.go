@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/natshard/natshard/internal/natstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -176,24 +176,10 @@ func freePort(t *testing.T) int {
 	return natstest.FreePorts(t, 1)[0]
 }
 
-// eventually polls f until it returns nil or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, timeout, err)
-}
-
 func connect(t *testing.T, url string) *nats.Conn {
 	t.Helper()
 	var nc *nats.Conn
-	eventually(t, 20*time.Second, "connect to NATS", func() error {
+	natstest.Eventually(t, 20*time.Second, "connect to NATS", func() error {
 		var err error
 		nc, err = nats.Connect(url, nats.MaxReconnects(-1))
 		return err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -51,7 +52,7 @@ func TestRebalanceAtHandoffSpeed(t *testing.T) {
 	leveled := func(c *cluster, live ...string) (protocol.Status, time.Time) {
 		t.Helper()
 		var st protocol.Status
-		eventually(t, 2*time.Minute, fmt.Sprintf("shards active and level on %v", live), func() error {
+		natstest.Eventually(t, 2*time.Minute, fmt.Sprintf("shards active and level on %v", live), func() error {
 			var err error
 			if st, err = status(c.nc, subjects); err != nil {
 				return err

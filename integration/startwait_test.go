@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -25,7 +26,7 @@ func TestStartTogether(t *testing.T) {
 	// The server accepts connections before the shardd start: a start
 	// waits for JetStream, not for a first connection (OPERATIONS.md,
 	// Start-up; one CI run had c exit with "no servers available").
-	eventually(t, time.Minute, "nats-server n1 accepting connections", func() error {
+	natstest.Eventually(t, time.Minute, "nats-server n1 accepting connections", func() error {
 		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.client[0]), time.Second)
 		if err == nil {
 			conn.Close()
@@ -43,7 +44,7 @@ func TestStartTogether(t *testing.T) {
 		procs[name] = startShardd(t, name, args...)
 	}
 	for name, p := range procs {
-		eventually(t, 2*time.Minute, "shardd "+name+" saying that it waits for JetStream", func() error {
+		natstest.Eventually(t, 2*time.Minute, "shardd "+name+" saying that it waits for JetStream", func() error {
 			select {
 			case <-p.done:
 				t.Fatalf("shardd %s exited while JetStream was unavailable: %v", name, p.exitErr)
@@ -73,7 +74,7 @@ func TestStartTogether(t *testing.T) {
 			t.Errorf("shardd %s did not log the end of its wait", name)
 		}
 	}
-	eventually(t, time.Minute, "/readyz of a ok", func() error {
+	natstest.Eventually(t, time.Minute, "/readyz of a ok", func() error {
 		if code, body := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort)); code != http.StatusOK {
 			return fmt.Errorf("%d %q", code, body)
 		}

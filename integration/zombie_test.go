@@ -85,7 +85,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 			sent.Store(int64(v))
 		}
 	}()
-	eventually(t, 30*time.Second, "a applies the appends", func() error {
+	natstest.Eventually(t, 30*time.Second, "a applies the appends", func() error {
 		if n := len(listOf(t, nc, subject)); n < 50 {
 			return fmt.Errorf("%d applied", n)
 		}
@@ -103,7 +103,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 	}
 	// The forced reallocation, then b serving what the coordinator diverted.
 	var tookOver int64
-	eventually(t, 30*time.Second, "the shard active on b", func() error {
+	natstest.Eventually(t, 30*time.Second, "the shard active on b", func() error {
 		st, err := status(nc, subjects)
 		if err != nil {
 			return err
@@ -115,7 +115,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 		return nil
 	})
 	want := tookOver + 200
-	eventually(t, 30*time.Second, "more appends published", func() error {
+	natstest.Eventually(t, 30*time.Second, "more appends published", func() error {
 		if sent.Load() < want {
 			return fmt.Errorf("%d published", sent.Load())
 		}
@@ -129,7 +129,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 		t.Fatalf("the move was not a forced reallocation (no %q in b's log): the test did not test it", forced)
 	}
 	contAt := sent.Load()
-	eventually(t, 30*time.Second, "more appends published after SIGCONT", func() error {
+	natstest.Eventually(t, 30*time.Second, "more appends published after SIGCONT", func() error {
 		if sent.Load() < contAt+500 {
 			return fmt.Errorf("%d published", sent.Load())
 		}
@@ -140,7 +140,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 	last := int(sent.Load())
 
 	var got []int
-	eventually(t, 30*time.Second, "the last value applied", func() error {
+	natstest.Eventually(t, 30*time.Second, "the last value applied", func() error {
 		got = listOf(t, nc, subject)
 		if len(got) == 0 || got[len(got)-1] != last {
 			return fmt.Errorf("%d applied, last %v", len(got), got[max(0, len(got)-1):])
@@ -168,7 +168,7 @@ func TestSIGSTOPSourceMidHandoff(t *testing.T) {
 	}
 	t.Logf("%d values published, %d applied, %d lost (published to the stopped a, from %d)", last, len(got), lost, stoppedAt)
 
-	eventually(t, 30*time.Second, "the woken a without the shard", func() error {
+	natstest.Eventually(t, 30*time.Second, "the woken a without the shard", func() error {
 		shards, err := heldBy(nc, subjects, "a")
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -641,20 +642,13 @@ func (e *bufEnv) testReplayCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "no consumer left after Replay returned", func() error {
 		info, err := stream.Info(testCtx(t))
-		if err != nil {
-			t.Fatal(err)
+		if err == nil && info.State.Consumers != 0 {
+			err = fmt.Errorf("%d consumers", info.State.Consumers)
 		}
-		if info.State.Consumers == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d consumers left after Replay returned", info.State.Consumers)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // testReplayConsumerLost: the server deletes a Replay's consumer (as when
@@ -700,6 +694,7 @@ func (e *bufEnv) testFlushWhileAppending(t *testing.T) {
 	ctx := testCtx(t)
 	stop := make(chan struct{})
 	appender := make(chan int)
+	var appended atomic.Int64
 	go func() {
 		n := 0
 		defer func() { appender <- n }()
@@ -711,6 +706,7 @@ func (e *bufEnv) testFlushWhileAppending(t *testing.T) {
 			default:
 			}
 			b.Append(8, &nats.Msg{Subject: s.Entity(8, "busy"), Data: []byte("busy")}, failed)
+			appended.Add(1)
 			if n++; n%500 == 0 {
 				// Bound what is outstanding: a race-instrumented R3 cluster on
 				// 2 cores acknowledges far slower than this loop appends.
@@ -721,7 +717,7 @@ func (e *bufEnv) testFlushWhileAppending(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(50 * time.Millisecond)
+	natstest.Eventually(t, 30*time.Second, "the other shard's appends under way", func() bool { return appended.Load() >= 100 })
 	want := plain(s, 3, 100, "flushed")
 	for _, m := range want {
 		b.Append(3, m, noFailure(t))

@@ -270,7 +270,7 @@ func testCoordinatorRenewAndExpiry(t *testing.T, newStore func(t *testing.T) *St
 
 	// Stop renewing: the lease expires.
 	stopped := time.Now()
-	eventually(t, ttl+3*time.Second, "coordinator lease expiry", func() bool {
+	natstest.Eventually(t, ttl+3*time.Second, "coordinator lease expiry", func() bool {
 		_, _, err := b.Coordinator(ctx)
 		return errors.Is(err, ErrNotFound)
 	})
@@ -1169,17 +1169,5 @@ func expectClosed[T any](t *testing.T, ch <-chan T) {
 		case <-timeout:
 			t.Fatal("watch channel still open 5s after its end")
 		}
-	}
-}
-
-// eventually polls cond until it holds, failing the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -153,17 +153,13 @@ func testSpaceBucket(t *testing.T, url string, replicas int) {
 			t.Fatalf("delete %s with the bucket full: %v", id, err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "an entity write after space was freed", func() error {
 		_, err := s.SaveEntity(ctx, "new", value, 0)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, kvstate.ErrNoSpace) || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, kvstate.ErrNoSpace) {
 			t.Fatalf("entity write after space was freed: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func testSpaceBuffer(t *testing.T, js jetstream.JetStream, replicas int) {
@@ -237,8 +233,7 @@ func testSpaceBuffer(t *testing.T, js jetstream.JetStream, replicas int) {
 	if err := b.Purge(testCtx(t), 0, 1<<62); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "an append after the purge", func() error {
 		errc := make(chan error, 1)
 		b.Append(0, &nats.Msg{Subject: subjects.Entity(0, "e"), Data: []byte("after")}, func(_ *nats.Msg, err error) { errc <- err })
 		if err := b.Flush(testCtx(t)); err != nil {
@@ -246,15 +241,11 @@ func testSpaceBuffer(t *testing.T, js jetstream.JetStream, replicas int) {
 		}
 		select {
 		case err := <-errc:
-			if time.Now().After(deadline) {
-				t.Fatalf("append after the purge: %v", err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			continue
+			return err
 		default:
+			return nil
 		}
-		break
-	}
+	})
 }
 
 func openSpaceStore(t *testing.T, url, typ string, opts kvstate.Options) *kvstate.Store {

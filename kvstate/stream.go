@@ -363,21 +363,16 @@ func (s *Stream) Messages(ctx context.Context) (uint64, error) {
 	return st.CachedInfo().State.Msgs, nil
 }
 
-// Publish stores m in the message stream that captures its subject (a
-// type of durable delivery) and returns its stream sequence once the
-// stream acknowledged it: stored, and replicated on a cluster. Errors:
-// ErrNoSpace when the stream is at its max bytes or the store is full
-// (the message was not stored), ErrUnavailable when JetStream did not
-// answer or has no stream leader (a new attempt with the same
-// Nats-Msg-Id stores the message once), and as translate leaves them.
-func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (uint64, error) {
-	seq, _, err := PublishOnce(ctx, js, m)
-	return seq, err
-}
-
-// PublishOnce is Publish that also reports whether the stream dropped m
-// as a duplicate: a message with its Nats-Msg-Id was stored within the
-// stream's duplicate window (seq is then that message's).
+// PublishOnce stores m in the message stream that captures its subject
+// (a type of durable delivery) and returns its stream sequence once the
+// stream acknowledged it: stored, and replicated on a cluster; and
+// whether the stream dropped m as a duplicate: a message with its
+// Nats-Msg-Id was stored within the stream's duplicate window (seq is
+// then that message's). Errors: ErrNoSpace when the stream is at its max
+// bytes or the store is full (the message was not stored),
+// ErrUnavailable when JetStream did not answer or has no stream leader (a
+// new attempt with the same Nats-Msg-Id stores the message once), and as
+// translate leaves them.
 func PublishOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (seq uint64, duplicate bool, _ error) {
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {

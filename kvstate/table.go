@@ -48,7 +48,7 @@ const MaxShardBatch = 1000
 // A one-replica stream on file stages it in a file store of its own (to
 // survive a hard kill), about 3 ms whatever the batch's size, against
 // 41 µs for a row written alone: a batch pays from about 80 rows
-// (BenchmarkPutShards; docs/BENCHMARKS.md).
+// (BenchmarkPutShards; docs/bench-log/scaling.md).
 func batchFrom(replicas int) int {
 	if replicas > 1 {
 		return 2

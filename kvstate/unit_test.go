@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,37 +106,46 @@ func TestTranslate(t *testing.T) {
 
 // TestFenceLockRenewalFirst: a renewal of the lease waiting for the fence
 // lock goes before the fenced writes queued before it, once the write in
-// flight is done.
+// flight is done. In a synctest bubble: synctest.Wait returns once every
+// goroutine waits on the lock.
 func TestFenceLockRenewalFirst(t *testing.T) {
-	var (
-		f     fenceLock
-		mu    sync.Mutex
-		order []string
-		wg    sync.WaitGroup
-	)
-	record := func(s string) {
-		mu.Lock()
-		order = append(order, s)
-		mu.Unlock()
-	}
-	f.lockFenced() // a table write in flight
-	for i := range 5 {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			f     fenceLock
+			mu    sync.Mutex
+			order []string
+			wg    sync.WaitGroup
+		)
+		record := func(s string) {
+			mu.Lock()
+			order = append(order, s)
+			mu.Unlock()
+		}
+		f.lockFenced() // a table write in flight
+		for i := range 5 {
+			wg.Go(func() {
+				f.lockFenced()
+				record(fmt.Sprint("write", i))
+				f.unlockFenced()
+			})
+		}
+		synctest.Wait() // the writes queue
 		wg.Go(func() {
-			f.lockFenced()
-			record(fmt.Sprint("write", i))
-			f.unlockFenced()
+			f.Lock()
+			record("renewal")
+			f.Unlock()
 		})
-	}
-	time.Sleep(50 * time.Millisecond) // the writes queue
-	wg.Go(func() {
-		f.Lock()
-		record("renewal")
-		f.Unlock()
+		synctest.Wait() // the renewal waits too
+		if len(order) != 0 {
+			t.Fatalf("order %v while a write held the lock", order)
+		}
+		f.unlockFenced()
+		wg.Wait()
+		if i := slices.Index(order, "renewal"); i != 0 {
+			t.Fatalf("order %v: the renewal waited for %d queued writes", order, i)
+		}
+		if len(order) != 6 {
+			t.Fatalf("order %v: want the renewal and 5 writes", order)
+		}
 	})
-	time.Sleep(50 * time.Millisecond) // the renewal waits too
-	f.unlockFenced()
-	wg.Wait()
-	if i := slices.Index(order, "renewal"); i != 0 {
-		t.Fatalf("order %v: the renewal waited for %d queued writes", order, i)
-	}
 }

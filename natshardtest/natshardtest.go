@@ -35,6 +35,7 @@ package natshardtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -45,6 +46,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -455,15 +457,14 @@ func (c *Cluster) Passivate(typ, id string) bool {
 // (and, when given, the last thing that detail says).
 func (c *Cluster) Eventually(what string, cond func() bool, detail ...func() string) {
 	c.t.Helper()
-	deadline := time.Now().Add(Timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			msg := "natshardtest: timed out waiting for " + what
-			for _, d := range detail {
-				msg += ": " + d()
-			}
-			c.t.Fatal(msg)
+	natstest.Eventually(c.t, Timeout, "natshardtest: "+what, func() error {
+		if cond() {
+			return nil
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		var said []string
+		for _, d := range detail {
+			said = append(said, d())
+		}
+		return errors.New(strings.Join(append([]string{"not yet"}, said...), ": "))
+	})
 }

@@ -259,17 +259,13 @@ func TestRemovedRegistrationFences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "fenced and registered again", func() error {
 		regions, _ := f.store.Regions(context.Background())
 		if len(f.agent.Held()) == 0 && len(regions) == 1 && regions[0].Info.Incarnation != f.inc {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not fenced and re-registered: held %v, regions %+v", f.agent.Held(), regions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("held %v, regions %+v", f.agent.Held(), regions)
+	})
 }
 
 func idIn(shard int) string {
@@ -317,13 +313,7 @@ func TestRefusedReasons(t *testing.T) {
 	if err := f.nc.PublishRequest(f.subjects.EntityOf(idIn(3), shards), inbox, []byte("held")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for f.agent.Stats().Held.Load() == held {
-		if time.Now().After(deadline) {
-			t.Fatal("the message to the replaying shard was not held")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	natstest.Eventually(t, 5*time.Second, "the message to the replaying shard held", func() bool { return f.agent.Stats().Held.Load() != held })
 	if r := f.send(t, protocol.Command{Kind: protocol.CmdDrop, Epoch: f.epoch, Incarnation: f.inc, Shards: []int{3}}); r.Error != "" {
 		t.Fatalf("drop: %+v", r)
 	}
@@ -441,7 +431,7 @@ func TestSuspendedHoldsAtMostMaxHeld(t *testing.T) {
 	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.MaxHeld = maxHeld })
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0)
-	waitFor(t, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
 	if _, err := f.store.PutShard(ctx, f.lease, protocol.ShardRecord{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch}); err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +440,7 @@ func TestSuspendedHoldsAtMostMaxHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Suspend("test")
-	waitFor(t, "shard 0 suspended", func() bool { return f.agent.Status().Suspended == 1 })
+	natstest.Eventually(t, 30*time.Second, "shard 0 suspended", func() bool { return f.agent.Status().Suspended == 1 })
 	for i := range sent {
 		m := nats.NewMsg(f.subjects.EntityOf(idIn(0), shards))
 		m.Reply, m.Data = answers.Subject, fmt.Appendf(nil, "%d", i)
@@ -492,7 +482,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0, 1)
-	waitFor(t, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
+	natstest.Eventually(t, 30*time.Second, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
 	for _, row := range []protocol.ShardRecord{
 		{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch},
 		{Shard: 1, Region: "r2", Incarnation: "other", State: protocol.StateBinding, Epoch: f.epoch}, // given away meanwhile
@@ -506,7 +496,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Suspend("test")
-	waitFor(t, "shards 0 and 1 suspended", func() bool { return f.agent.Status().Suspended == 2 })
+	natstest.Eventually(t, 30*time.Second, "shards 0 and 1 suspended", func() bool { return f.agent.Status().Suspended == 2 })
 	held := f.agent.Stats().Held.Load()
 	const n = 20
 	for i := range n {
@@ -518,7 +508,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "the arrivals held", func() bool { return f.agent.Stats().Held.Load() == held+2*n })
+	natstest.Eventually(t, 30*time.Second, "the arrivals held", func() bool { return f.agent.Stats().Held.Load() == held+2*n })
 	if m, err := answers.NextMsg(50 * time.Millisecond); err == nil {
 		t.Fatalf("a suspended shard answered %q", m.Data)
 	}
@@ -559,7 +549,7 @@ func TestSuspendAndConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.agent.Reconnected()
-	waitFor(t, "the fence", func() bool { return f.agent.Stats().Fenced.Load() == 1 && len(f.agent.Held()) == 0 })
+	natstest.Eventually(t, 30*time.Second, "the fence", func() bool { return f.agent.Stats().Fenced.Load() == 1 && len(f.agent.Held()) == 0 })
 	if c := f.agent.Stats().Confirmed.Load(); c != 1 {
 		t.Fatalf("confirmed %d times, want 1", c)
 	}
@@ -596,7 +586,7 @@ func TestReplaysBounded(t *testing.T) {
 		}
 		return info.State.Consumers
 	}
-	waitFor(t, fmt.Sprintf("%d replays reading", most), func() bool { return consumers() >= most })
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d replays reading", most), func() bool { return consumers() >= most })
 	for range 10 {
 		if c := consumers(); c > most {
 			t.Fatalf("%d consumers on the buffer: more replays than %d at once", c, most)
@@ -608,5 +598,5 @@ func TestReplaysBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every shard live", func() bool { return f.agent.Status().Live == n })
+	natstest.Eventually(t, 30*time.Second, "every shard live", func() bool { return f.agent.Status().Live == n })
 }

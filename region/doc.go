@@ -5,6 +5,27 @@
 // shard.<type>.<n>.> for each shard the current coordinator told it to bind,
 // and dispatches each message to its entity.
 //
+// # Core and driver
+//
+// Core (core.go; its events and actions in core_events.go, the
+// confirmation of suspended shards in core_confirm.go) decides what the
+// region does with its shards: it takes
+// events (the coordinator's commands, an epoch check's outcome, shards
+// bound, a replay caught up, entities stopped, a release done, a fence, a
+// registration, a lost connection and its confirmation, a leave, ticks)
+// and returns the actions to carry out, in order. It does no I/O and reads
+// no clock; its tests are scenarios without NATS (core_test.go).
+//
+// The driver (driver.go, Agent.run) is the one goroutine that owns the
+// core: it steps it with the events posted to it and a tick every 50 ms,
+// publishes the core's view of the held shards for Status and probes, and
+// carries the actions out, running the slow ones (an epoch check, a
+// flush, a release, stopping entities) in goroutines that post their
+// outcome back as events. The registration life cycle (register, renew,
+// fence, suspend, confirm, leave; agent.go) runs beside it and reaches the
+// core as events. The data plane (intake.go, shards.go, replay.go) serves
+// the shards' messages under each shard's lock, in the mode the core set.
+//
 // Entities are created on their first message by a Factory, handle their
 // messages one at a time in arrival order, run concurrently with each other
 // and are passivated when idle. An idle entity costs a map entry and a small

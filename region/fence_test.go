@@ -86,7 +86,7 @@ func TestZombieSourceFenced(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, "a to serve the shard", func() bool { return len(handledBy("a")) >= 20 })
+	natstest.Eventually(t, 30*time.Second, "a to serve the shard", func() bool { return len(handledBy("a")) >= 20 })
 
 	proxy.Freeze()
 	frozenAt := sent.Load()
@@ -107,7 +107,7 @@ func TestZombieSourceFenced(t *testing.T) {
 	// The handoff times out: what is published meanwhile reaches only a's
 	// (frozen) subscription. Then the coordinator fences the handoff and
 	// diverts.
-	waitFor(t, "the handoff timeout (messages only a's subscription gets)", func() bool { return sent.Load() >= frozenAt+100 })
+	natstest.Eventually(t, 30*time.Second, "the handoff timeout (messages only a's subscription gets)", func() bool { return sent.Load() >= frozenAt+100 })
 	if _, err := c.buffer.Fence(context.Background(), x, h[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestZombieSourceFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{x}, Handoffs: h})
-	waitFor(t, "b to replay what the coordinator diverts", func() bool { return len(handledBy("b")) >= 100 })
+	natstest.Eventually(t, 30*time.Second, "b to replay what the coordinator diverts", func() bool { return len(handledBy("b")) >= 100 })
 
 	proxy.Thaw()
 	thawedAt := sent.Load()
@@ -139,9 +139,9 @@ func TestZombieSourceFenced(t *testing.T) {
 	// What a appends now reaches the buffer before the coordinator's end
 	// marker: let some messages go by (the publisher is the clock).
 	answeredAt := sent.Load()
-	waitFor(t, "more messages published", func() bool { return sent.Load() >= answeredAt+200 })
+	natstest.Eventually(t, 30*time.Second, "more messages published", func() bool { return sent.Load() >= answeredAt+200 })
 	c.must("a", protocol.Command{Kind: protocol.CmdDrop, Shards: []int{x}})
-	waitFor(t, "a to drop the shard", func() bool { return !slices.Contains(a.Held(), x) })
+	natstest.Eventually(t, 30*time.Second, "a to drop the shard", func() bool { return !slices.Contains(a.Held(), x) })
 	servedByA := len(handledBy("a"))
 
 	// The coordinator ends its parking (drain), then writes the end marker.
@@ -155,7 +155,7 @@ func TestZombieSourceFenced(t *testing.T) {
 	close(stop)
 	<-published
 	last := int(sent.Load())
-	waitFor(t, "b to handle the last message", func() bool { return slices.Contains(handledBy("b"), last) })
+	natstest.Eventually(t, 30*time.Second, "b to handle the last message", func() bool { return slices.Contains(handledBy("b"), last) })
 
 	st := a.Stats()
 	got := handledBy("b")

@@ -185,17 +185,9 @@ func (c *cluster) allocate(id string, shards ...int) {
 // handOff asks region id to pause the shards until it answers Complete.
 func (c *cluster) handOff(id string, shards []int, hs []uint64) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r := c.must(id, protocol.Command{Kind: protocol.CmdHandOff, Shards: shards, Handoffs: hs})
-		if r.Complete {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("handoff of %v by %s never complete", shards, id)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.Eventually(c.t, 30*time.Second, fmt.Sprintf("the handoff of %v by %s complete", shards, id), func() bool {
+		return c.must(id, protocol.Command{Kind: protocol.CmdHandOff, Shards: shards, Handoffs: hs}).Complete
+	})
 }
 
 // move hands the shards off from one region to another, as the
@@ -228,19 +220,6 @@ func (c *cluster) logStats() {
 		c.t.Logf("region %s: delivered %d, buffered %d, buffer failed %d, replayed %d, duplicates skipped %d, held overflow %d, not owned %d",
 			id, c.agents[id].EntityCounts().Delivered, s.Buffered.Load(), s.BufferFailed.Load(), s.Replayed.Load(),
 			s.DuplicatesSkipped.Load(), s.HeldOverflow.Load(), s.NotOwned.Load())
-	}
-}
-
-// waitFor polls ok until it holds, or fails the test after a generous
-// deadline (no timing is asserted).
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -547,7 +526,7 @@ func (l *load) finish(t *testing.T) {
 	for _, e := range l.errs {
 		t.Error(e)
 	}
-	waitFor(t, "every message handled", func() bool {
+	natstest.Eventually(t, 30*time.Second, "every message handled", func() bool {
 		for id, n := range l.sent {
 			if distinctMax(l.c.rec.seqs(t, id)) < n {
 				return false
@@ -609,14 +588,14 @@ func runHandoffUnderLoad(t *testing.T, key keying) {
 	moves := 0
 	for _, step := range [][2]string{{"a", "b"}, {"b", "a"}, {"a", "b"}} {
 		before := c.rec.handled.Load()
-		waitFor(t, "traffic", func() bool { return c.rec.handled.Load() > before+5_000 })
+		natstest.Eventually(t, 30*time.Second, "traffic", func() bool { return c.rec.handled.Load() > before+5_000 })
 		began := time.Now()
 		c.move(moving, step[0], step[1])
 		moves++
 		t.Logf("moved %v %s -> %s in %v", moving, step[0], step[1], time.Since(began).Round(time.Millisecond))
 	}
 	before := c.rec.handled.Load()
-	waitFor(t, "traffic after the last move", func() bool {
+	natstest.Eventually(t, 30*time.Second, "traffic after the last move", func() bool {
 		return c.rec.handled.Load() > before+5_000 && time.Since(l.began) > 3*time.Second
 	})
 	t.Logf("load ran %v", time.Since(l.began).Round(time.Millisecond))
@@ -758,7 +737,7 @@ func TestHandoffCommandsIdempotentAndRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "10 buffered", func() bool { return a.Stats().Buffered.Load() == 10 })
+	natstest.Eventually(t, 30*time.Second, "10 buffered", func() bool { return a.Stats().Buffered.Load() == 10 })
 	bind2 := protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: h2}
 	c.must("b", bind2)
 	c.must("b", bind2)
@@ -843,7 +822,7 @@ func TestLeave(t *testing.T) {
 	go func() { done <- a.Leave(context.Background()) }()
 	// The flag survives renewals: wait for a few writes of the key.
 	revs := map[uint64]bool{}
-	waitFor(t, "three renewals", func() bool {
+	natstest.Eventually(t, 30*time.Second, "three renewals", func() bool {
 		regions, err := c.store.Regions(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -907,7 +886,7 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 		t.Fatalf("request: %v", err)
 	}
 	// The marker is purged once a is live: the buffer is empty.
-	waitFor(t, "purged buffer", func() bool {
+	natstest.Eventually(t, 30*time.Second, "purged buffer", func() bool {
 		n, err := c.buffer.Len(context.Background(), s)
 		return err == nil && n == 0
 	})
@@ -917,7 +896,7 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "5 buffered", func() bool {
+	natstest.Eventually(t, 30*time.Second, "5 buffered", func() bool {
 		n, err := c.buffer.Len(context.Background(), s)
 		return err == nil && n == 5
 	})
@@ -989,7 +968,7 @@ func TestLateCopyOfReplayedMessageSkipped(t *testing.T) {
 	}
 	handled := func(want ...int) {
 		t.Helper()
-		waitFor(t, fmt.Sprintf("entity %s to handle %v", id, want), func() bool { return len(c.rec.seqs(t, id)) >= len(want) })
+		natstest.Eventually(t, 30*time.Second, fmt.Sprintf("entity %s to handle %v", id, want), func() bool { return len(c.rec.seqs(t, id)) >= len(want) })
 		if got := c.rec.seqs(t, id); !slices.Equal(got, want) {
 			t.Fatalf("entity %s handled %v, want %v", id, got, want)
 		}
@@ -1008,10 +987,10 @@ func TestLateCopyOfReplayedMessageSkipped(t *testing.T) {
 	// applied its key (an idempotency key) already and answers it from
 	// the entity's window of answers without handling it again
 	// (answers.go).
-	time.Sleep(grace + 100*time.Millisecond)
+	time.Sleep(grace + 100*time.Millisecond) // the region's clock passes the grace: no result is waited for
 	before := a.EntityCounts().Handled
 	publish(6, 1)
-	waitFor(t, "6 and the late copy of 1 done", func() bool { return a.EntityCounts().Handled >= before+2 })
+	natstest.Eventually(t, 30*time.Second, "6 and the late copy of 1 done", func() bool { return a.EntityCounts().Handled >= before+2 })
 	handled(1, 2, 3, 4, 5, 6)
 	if n := a.Stats().DuplicatesSkipped.Load(); n != 2 {
 		t.Errorf("%d duplicates skipped by the shard, want 2: the late copy of 1 reached the entity's region", n)
@@ -1043,7 +1022,7 @@ func TestHeldDuringDivertingGap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "a to hold 5 arrivals", func() bool { return a.Stats().Held.Load() == 5 })
+	natstest.Eventually(t, 30*time.Second, "a to hold 5 arrivals", func() bool { return a.Stats().Held.Load() == 5 })
 	for _, seq := range []int{2, 4, 5} {
 		c.buffer.Append(s, msg(seq), appendFailed)
 	}
@@ -1052,7 +1031,7 @@ func TestHeldDuringDivertingGap(t *testing.T) {
 	}
 	// The held copies of 2, 4 and 5 and the second 3 are skipped; the
 	// count is taken when the shard goes live.
-	waitFor(t, "the shard to go live", func() bool { return a.Stats().DuplicatesSkipped.Load() == 4 })
+	natstest.Eventually(t, 30*time.Second, "the shard to go live", func() bool { return a.Stats().DuplicatesSkipped.Load() == 4 })
 	if got, want := c.rec.seqs(t, id), []int{1, 2, 3, 4, 5}; !slices.Equal(got, want) {
 		t.Fatalf("entity %s handled %v, want %v", id, got, want)
 	}

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/natshard/natshard/internal/natstest"
-	"github.com/natshard/natshard/internal/passivation"
 	"io"
 	"log/slog"
 	"runtime"
@@ -20,6 +18,8 @@ import (
 	"unsafe"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -88,18 +88,6 @@ func req(id, data string) *nats.Msg {
 
 func pub(id, data string) *nats.Msg {
 	return &nats.Msg{Subject: "shard.t.0." + id, Data: []byte(data)}
-}
-
-// eventually polls cond until it holds or 5s passed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // quiet reports whether no cell of h has a goroutine or a pending stop.
@@ -304,15 +292,15 @@ func TestHostWorkersExit(t *testing.T) {
 		for range n {
 			rec.next(t)
 		}
-		deadline := time.Now().Add(20 * idleKeep)
 		most := 0 // workers parked at once
-		for p := parked(); p > 0 || runtime.NumGoroutine() > baseline; p = parked() {
+		natstest.Eventually(t, 20*idleKeep, fmt.Sprintf("burst %d: no worker parked, the goroutines as at the start", burst), func() error {
+			p := parked()
 			most = max(most, p)
-			if time.Now().After(deadline) {
-				t.Fatalf("burst %d: %v after it, %d workers parked, %d goroutines (%d at the start)", burst, 20*idleKeep, p, runtime.NumGoroutine(), baseline)
+			if n := runtime.NumGoroutine(); p > 0 || n > baseline {
+				return fmt.Errorf("%d workers parked, %d goroutines (%d at the start)", p, n, baseline)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 		// A worker stays parked for idleKeep at least: the sampling saw
 		// them, never more than the bound.
 		if most == 0 || most > maxIdleWorkers {
@@ -346,7 +334,7 @@ func TestHostPublishErrorNotReplied(t *testing.T) {
 	h := newTestHost(t, f.factory, rec, nil)
 	h.deliver(0, "a", pub("a", ""))
 	<-done
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	rec.none(t)
 
 	h.deliver(0, "a", req("a", ""))
@@ -371,7 +359,7 @@ func TestHostPassivation(t *testing.T) {
 	if r := rec.next(t); string(r.data) != "1" {
 		t.Fatalf("reply %q, want incarnation 1", r.data)
 	}
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 
 	clock.Advance(59 * time.Second)
 	if n := h.passivateIdle(); n != 0 {
@@ -381,7 +369,7 @@ func TestHostPassivation(t *testing.T) {
 	if n := h.passivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d, want 1", n)
 	}
-	eventually(t, "entity removed", func() bool { return h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.active() == 0 })
 	if s := stops.Load(); s != 1 {
 		t.Fatalf("Stop called %d times, want 1", s)
 	}
@@ -438,14 +426,14 @@ func TestHostPassivationSkipsBusyEntity(t *testing.T) {
 	rec.next(t)
 	// The answer goes before the worker marks the cell idle: wait for
 	// that, or passivateIdle may find it still running.
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	h.deliver(0, "busy", req("busy", ""))
 	<-entered
 	clock.Advance(time.Hour)
 	if n := h.passivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d, want 1 (only the idle entity)", n)
 	}
-	eventually(t, "idle entity removed", func() bool { return h.active() == 1 })
+	natstest.Eventually(t, 5*time.Second, "idle entity removed", func() bool { return h.active() == 1 })
 	if ids := h.shardEntities(0); !slices.Equal(ids, []string{"busy"}) {
 		t.Fatalf("entities = %v", ids)
 	}
@@ -491,7 +479,7 @@ func TestHostMessageDuringStop(t *testing.T) {
 	})
 	h.deliver(0, "a", req("a", "m1"))
 	rec.next(t)
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	clock.Advance(time.Minute)
 	if n := h.passivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d", n)
@@ -528,7 +516,7 @@ func TestHostPassivationCancelledByDelivery(t *testing.T) {
 	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute })
 	h.deliver(0, "a", req("a", ""))
 	rec.next(t)
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 
 	// Queue a passivation by hand, as passivateIdle does, but deliver a
 	// message before its Stop begins.
@@ -543,7 +531,7 @@ func TestHostPassivationCancelledByDelivery(t *testing.T) {
 	if r := rec.next(t); string(r.data) != "1" {
 		t.Fatalf("reply by incarnation %s, want 1 (passivation cancelled)", r.data)
 	}
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	if s := stops.Load(); s != 0 {
 		t.Fatalf("Stop called %d times, want 0", s)
 	}
@@ -575,9 +563,9 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
 	h.deliver(3, "idle", pub("idle", "x")) // incarnation 1, idle when the stop begins
-	eventually(t, "idle entity", func() bool { return quiet(h) && h.active() == 1 })
+	natstest.Eventually(t, 5*time.Second, "idle entity", func() bool { return quiet(h) && h.active() == 1 })
 	h.deliver(5, "other", pub("other", "x")) // another shard: not stopped
-	eventually(t, "other entity", func() bool { return quiet(h) && h.active() == 2 })
+	natstest.Eventually(t, 5*time.Second, "other entity", func() bool { return quiet(h) && h.active() == 2 })
 
 	h.deliver(3, "a", pub("a", "m1")) // incarnation 3
 	<-entered
@@ -586,7 +574,7 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- h.stopShard(context.Background(), 3) }()
-	eventually(t, "shard closing", func() bool {
+	natstest.Eventually(t, 5*time.Second, "shard closing", func() bool {
 		se := h.lookup(3)
 		se.mu.Lock()
 		defer se.mu.Unlock()
@@ -644,7 +632,7 @@ func TestHostStopShardEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.deliver(9, "a", pub("a", ""))
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	if err := h.stopShard(context.Background(), 9); err != nil {
 		t.Fatal(err)
 	}
@@ -678,7 +666,7 @@ func TestHostStopTimeoutAbandonsHook(t *testing.T) {
 	f := &testFactory{stop: func(int) error { <-hang; return nil }}
 	h := newTestHost(t, f.factory, newRecorder(), func(c *hostConfig) { c.StopTimeout = 20 * time.Millisecond })
 	h.deliver(0, "a", pub("a", ""))
-	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 1 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := h.stopShard(ctx, 0); err != nil {
@@ -694,7 +682,7 @@ func TestHostStopAll(t *testing.T) {
 		id := "e" + strconv.Itoa(i)
 		h.deliver(i%7, id, pub(id, ""))
 	}
-	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 50 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 50 })
 	if err := h.stopAll(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -710,7 +698,7 @@ func TestHostShardEntitiesSorted(t *testing.T) {
 		h.deliver(2, id, pub(id, ""))
 	}
 	h.deliver(1, "z", pub("z", ""))
-	eventually(t, "idle", func() bool { return quiet(h) && h.active() == 4 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 4 })
 	if ids := h.shardEntities(2); !slices.Equal(ids, []string{"a", "b", "c"}) {
 		t.Fatalf("shardEntities(2) = %v", ids)
 	}
@@ -736,7 +724,7 @@ func TestHostFactoryErrorRetried(t *testing.T) {
 	if want := "create entity: state unavailable"; r.err.Error() != want {
 		t.Fatalf("error %q, want %q", r.err, want)
 	}
-	eventually(t, "failed cell removed", func() bool { return quiet(h) && h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "failed cell removed", func() bool { return quiet(h) && h.active() == 0 })
 
 	h.deliver(0, "a", req("a", "two"))
 	if r := rec.next(t); r.err != nil || string(r.data) != "two" {
@@ -802,7 +790,7 @@ func TestHostPanicRecovered(t *testing.T) {
 	}
 	// A panicking publish is not answered, and the entity is dropped.
 	h.deliver(0, "a", pub("a", "boom"))
-	eventually(t, "panicked entity dropped", func() bool { return quiet(h) && h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "panicked entity dropped", func() bool { return quiet(h) && h.active() == 0 })
 	rec.none(t)
 	if s := logs.String(); !bytes.Contains([]byte(s), []byte("level=ERROR")) || !bytes.Contains([]byte(s), []byte("kaboom")) {
 		t.Fatalf("panic not logged at error: %s", s)
@@ -833,12 +821,12 @@ func TestHostFactoryAndStopPanicRecovered(t *testing.T) {
 	if r := rec.next(t); r.err != nil || string(r.data) != "ok" {
 		t.Fatalf("after the factory panic: %+v", r)
 	}
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	clock.Advance(time.Second)
 	if n := h.passivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d", n)
 	}
-	eventually(t, "passivated despite the Stop panic", func() bool { return h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "passivated despite the Stop panic", func() bool { return h.active() == 0 })
 	h.deliver(0, "a", req("a", "again"))
 	if r := rec.next(t); r.err != nil {
 		t.Fatalf("after the Stop panic: %+v", r)
@@ -956,7 +944,7 @@ func TestHostStress(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	eventually(t, "all answered", func() bool { return replies.Load() == senders*msgs })
+	natstest.Eventually(t, 5*time.Second, "all answered", func() bool { return replies.Load() == senders*msgs })
 	close(done)
 	sweeper.Wait()
 	if err := h.stopAll(context.Background()); err != nil {
@@ -1016,7 +1004,7 @@ func TestHostMemoryPerIdleEntity(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	eventually(t, "all idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "all idle", func() bool { return quiet(h) })
 	after := measure()
 	if a := h.active(); a != n {
 		t.Fatalf("active = %d, want %d", a, n)
@@ -1060,12 +1048,12 @@ func TestHostEntityContext(t *testing.T) {
 		got[s.shard] = s.ctx
 	}
 	h.deliver(0, "0", pub("0", "block"))
-	eventually(t, "shard 0 busy", func() bool { return !quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "shard 0 busy", func() bool { return !quiet(h) })
 
 	// A handoff's stop: the context lives while an entity still works.
 	stopped := make(chan error, 1)
 	go func() { stopped <- h.stopShard(context.Background(), 0) }()
-	eventually(t, "shard 0 closing", func() bool {
+	natstest.Eventually(t, 5*time.Second, "shard 0 closing", func() bool {
 		se := h.lookup(0)
 		se.mu.Lock()
 		defer se.mu.Unlock()
@@ -1154,9 +1142,13 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	mu.Unlock()
 
 	// Unavailable until the shard leaves: neither answered nor done.
-	f.handle = func(int, *Message) ([]byte, error) { return nil, fmt.Errorf("save: %w", ErrUnavailable) }
+	var tries atomic.Int32
+	f.handle = func(int, *Message) ([]byte, error) {
+		tries.Add(1)
+		return nil, fmt.Errorf("save: %w", ErrUnavailable)
+	}
 	h.deliverDurable(1, "b", req("b", "stuck"), durable("stuck", 3))
-	time.Sleep(300 * time.Millisecond)
+	natstest.Eventually(t, 10*time.Second, "the stuck message given 3 times", func() bool { return tries.Load() >= 3 })
 	h.abortShard(1)
 	if err := h.stopShard(context.Background(), 1); err != nil {
 		t.Fatal(err)
@@ -1207,8 +1199,8 @@ func TestHostActiveLimitLRU(t *testing.T) {
 	clock.Advance(time.Second)
 	h.deliver(1, "e1", req("e1", ""))
 	rec.next(t)
-	eventually(t, "idle", func() bool { return h.active() == 6 && f.calls.Load() == 6 })
-	eventually(t, "only busy runs", func() bool {
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return h.active() == 6 && f.calls.Load() == 6 })
+	natstest.Eventually(t, 5*time.Second, "only busy runs", func() bool {
 		n := 0
 		for se := range h.table.each() {
 			se.mu.Lock()
@@ -1227,7 +1219,7 @@ func TestHostActiveLimitLRU(t *testing.T) {
 	if n := h.passivateOverLimit(); n != 3 {
 		t.Fatalf("passivateOverLimit = %d, want 3", n)
 	}
-	eventually(t, "three stopped", func() bool { return h.active() == 3 })
+	natstest.Eventually(t, 5*time.Second, "three stopped", func() bool { return h.active() == 3 })
 	got := append(h.shardEntities(0), h.shardEntities(1)...)
 	slices.Sort(got)
 	if want := []string{"busy", "e1", "e5"}; !slices.Equal(got, want) {
@@ -1281,7 +1273,7 @@ func testLimitCountsNextIncarnation(t *testing.T, checkDuringStop bool) {
 		h.deliver(0, id, req(id, ""))
 		rec.next(t)
 	}
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	if n := h.passivateOverLimit(); n != 1 {
 		t.Fatalf("passivateOverLimit = %d, want 1", n)
 	}
@@ -1298,12 +1290,12 @@ func testLimitCountsNextIncarnation(t *testing.T, checkDuringStop bool) {
 	}
 	close(release)
 	rec.next(t)
-	eventually(t, "a's next incarnation idle", func() bool { return quiet(h) && h.active() == 2 })
+	natstest.Eventually(t, 5*time.Second, "a's next incarnation idle", func() bool { return quiet(h) && h.active() == 2 })
 	for range 3 { // messages whose touches wait for the next check
 		h.deliver(0, "a", req("a", "more"))
 		rec.next(t)
 	}
-	eventually(t, "idle again", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "idle again", func() bool { return quiet(h) })
 	if n := h.passivateOverLimit(); n != 1 {
 		t.Fatalf("over the limit again: passivateOverLimit = %d, want 1", n)
 	}
@@ -1359,11 +1351,11 @@ func TestHostActiveLimitWTinyLFU(t *testing.T) {
 			}
 			for i := range 30 {
 				send(i%2, fmt.Sprintf("scan%d", i))
-				eventually(t, "idle", func() bool { return quiet(h) })
+				natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 				if n := h.passivateOverLimit(); n != 1 {
 					t.Fatalf("scan %d: passivateOverLimit = %d, want 1", i, n)
 				}
-				eventually(t, "at the limit", func() bool { return h.active() == 10 && quiet(h) })
+				natstest.Eventually(t, 5*time.Second, "at the limit", func() bool { return h.active() == 10 && quiet(h) })
 			}
 			if kept := slices.Contains(h.shardEntities(0), "hot"); kept != tc.hotKept {
 				t.Fatalf("hot entity active after the scan: %v, want %v (shard 0 holds %v)", kept, tc.hotKept, h.shardEntities(0))

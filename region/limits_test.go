@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
 )
@@ -33,17 +34,13 @@ func TestAnswerTooLarge(t *testing.T) {
 	big := make([]byte, nc.MaxPayload()/2+1)
 	var reply []byte
 	var hdr string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "an answer to a request whose answer is too large", func() error {
 		msg, err := nc.Request(subject, big, 2*time.Second)
 		if err == nil {
 			reply, hdr = msg.Data, msg.Header.Get(protocol.HeaderError)
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer to a request whose answer is too large: %v", err)
-		}
-	}
+		return err
+	})
 	if !strings.Contains(hdr, "exceeds the NATS max_payload") || !strings.Contains(string(reply), `"ok":false`) {
 		t.Fatalf("answer %q with error header %q, want one saying it exceeds max_payload", reply, hdr)
 	}

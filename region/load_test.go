@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -28,8 +29,7 @@ func TestProbeReportsLoad(t *testing.T) {
 	f := newFixture(t)
 	f.bind(t, f.epoch, 1, 3)
 	ids := idsOf(1, 3)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	natstest.Eventually(t, 10*time.Second, "a measured load in a probe answer", func() bool {
 		for _, id := range ids {
 			if _, err := f.nc.Request(f.subjects.Entity(1, id), []byte("x"), 2*time.Second); err != nil {
 				t.Fatal(err)
@@ -47,17 +47,14 @@ func TestProbeReportsLoad(t *testing.T) {
 				t.Fatalf("load of a shard not held: %+v", r.Load)
 			}
 		}
-		if one != nil && one.Rate > 0 {
-			if one.Entities != 3 || three == nil || three.Rate != 0 || three.Entities != 0 {
-				t.Fatalf("load %+v", r.Load)
-			}
-			return
+		if one == nil || one.Rate == 0 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no measured load in probe answers: %+v", r)
+		if one.Entities != 3 || three == nil || three.Rate != 0 || three.Entities != 0 {
+			t.Fatalf("load %+v", r.Load)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return true
+	})
 }
 
 // TestQuery: a region answers queries about its shards and entities on
@@ -87,20 +84,18 @@ func TestQuery(t *testing.T) {
 	}
 	// The shards go live once their replays reach the markers.
 	var ans protocol.QueryAnswer
-	deadline := time.Now().Add(10 * time.Second)
-	for live := 0; live < 3; {
-		if time.Now().After(deadline) {
-			t.Fatalf("shards not all live: %+v", ans)
-		}
+	natstest.Eventually(t, 10*time.Second, "every shard live", func() error {
 		ans, _ = ask(``)
-		live = 0
 		for _, s := range ans.Shards {
-			if s.Mode == "live" {
-				live++
+			if s.Mode != "live" {
+				return fmt.Errorf("%+v", ans)
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		if len(ans.Shards) < 3 {
+			return fmt.Errorf("%+v", ans)
+		}
+		return nil
+	})
 	if ans.Region != "r1" || ans.Incarnation != f.inc || len(ans.Shards) != 3 {
 		t.Fatalf("all shards: %+v", ans)
 	}

@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -60,7 +61,7 @@ func leaderOff(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream, serv
 		}
 		return info.Cluster.Leader
 	}
-	waitFor(t, "a leader of "+stream+" elsewhere", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a leader of "+stream+" elsewhere", func() bool {
 		switch leader() {
 		case "":
 			return false
@@ -103,7 +104,7 @@ func (p *parker) unpark(shard int, handoff uint64) {
 	if err := p.sub.Drain(); err != nil {
 		c.t.Fatal(err)
 	}
-	waitFor(c.t, "the parker's subscription drained", func() bool { return !p.sub.IsValid() })
+	natstest.Eventually(c.t, 30*time.Second, "the parker's subscription drained", func() bool { return !p.sub.IsValid() })
 	if err := c.buffer.Flush(context.Background()); err != nil {
 		c.t.Fatal(err)
 	}
@@ -141,11 +142,8 @@ func (c *cluster) publishSeqs(ids []string, from, to int) {
 // each handled exactly 1..n, once each and in order.
 func (c *cluster) expectSeqs(ids []string, n int) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	for _, id := range ids {
-		for len(c.rec.seqs(c.t, id)) < n && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		natstest.Eventually(c.t, 30*time.Second, fmt.Sprintf("entity %s to handle %d values", id, n), func() bool { return len(c.rec.seqs(c.t, id)) >= n })
 	}
 	want := make([]int, n)
 	for i := range want {
@@ -220,14 +218,14 @@ func TestServerLossWhileReplaying(t *testing.T) {
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateParked, Handoff: 1})
 	c.handoff = 1
 	c.publishSeqs(ids, 1, 50)
-	waitFor(t, "1..50 buffered", func() bool {
+	natstest.Eventually(t, 30*time.Second, "1..50 buffered", func() bool {
 		n, err := c.buffer.Len(ctx, shard)
 		return err == nil && n == uint64(50*len(ids))
 	})
 	// Bound to a, which replays them; the marker is not written yet.
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "a", Incarnation: c.incs["a"], Handoff: 1})
 	c.must("a", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: []uint64{1}})
-	waitFor(t, "a to replay 1..50", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a to replay 1..50", func() bool {
 		for _, id := range ids {
 			if len(c.rec.seqs(t, id)) < 50 {
 				return false
@@ -242,7 +240,7 @@ func TestServerLossWhileReplaying(t *testing.T) {
 	leaderOff(t, c.nc, js, kvstate.BufferStream("kv"), servers[0].Name())
 	natstest.Shutdown(servers[0])
 	c.publishSeqs(ids, 51, 60) // buffered by the parker, held by a once it has resubscribed
-	waitFor(t, "a to renew its registration and confirm its shards", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a to renew its registration and confirm its shards", func() bool {
 		return a.Stats().Confirmed.Load() == 1 || a.Stats().Fenced.Load() > 0
 	})
 	if f := a.Stats().Fenced.Load(); f != 0 {
@@ -266,7 +264,7 @@ func TestServerLossWhileReplaying(t *testing.T) {
 		p.unpark(shard, 2)
 		c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateActive, Region: "a", Incarnation: c.incs["a"], Order: 2})
 	}
-	waitFor(t, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.publishSeqs(ids, 71, 90)
 	c.expectSeqs(ids, 90)
 	c.logStats()
@@ -290,9 +288,9 @@ func TestSuspendedShardWrittenHandoff(t *testing.T) {
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "a", Incarnation: c.incs["a"], Handoff: c.handoff + 1})
 	c.allocate("a", shard)
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateActive, Region: "a", Incarnation: c.incs["a"], Order: c.handoff})
-	waitFor(t, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.publishSeqs(ids, 1, 10)
-	waitFor(t, "a to handle 1..10", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a to handle 1..10", func() bool {
 		for _, id := range ids {
 			if len(c.rec.seqs(t, id)) < 10 {
 				return false
@@ -306,7 +304,7 @@ func TestSuspendedShardWrittenHandoff(t *testing.T) {
 	a.Suspend("test")
 	held := a.Stats().Held.Load()
 	c.publishSeqs(ids, 11, 30)
-	waitFor(t, "a to hold 11..30", func() bool { return a.Stats().Held.Load() == held+uint64(20*len(ids)) })
+	natstest.Eventually(t, 30*time.Second, "a to hold 11..30", func() bool { return a.Stats().Held.Load() == held+uint64(20*len(ids)) })
 	hs := c.newHandoffs(1)
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateHandoff, Region: "a", Incarnation: c.incs["a"], Source: "a", SourceIncarnation: c.incs["a"], Handoff: hs[0]})
 	if r := c.command("a", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{shard}, Handoffs: hs}); r.Error == "" {
@@ -314,13 +312,13 @@ func TestSuspendedShardWrittenHandoff(t *testing.T) {
 	}
 
 	a.Reconnected()
-	waitFor(t, "a to confirm its shards", func() bool { return a.Stats().Confirmed.Load() == 1 })
+	natstest.Eventually(t, 30*time.Second, "a to confirm its shards", func() bool { return a.Stats().Confirmed.Load() == 1 })
 	// The coordinator asks again until complete, binds b, releases a.
 	c.handOff("a", []int{shard}, hs)
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "b", Incarnation: c.incs["b"], Source: "a", SourceIncarnation: c.incs["a"], Handoff: hs[0]})
 	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: hs})
 	c.must("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{shard}, Handoffs: hs})
-	waitFor(t, "the shard live on b", func() bool { return c.agents["b"].Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on b", func() bool { return c.agents["b"].Status().Live == 1 })
 	c.publishSeqs(ids, 31, 40)
 	c.expectSeqs(ids, 40)
 	if n := a.Stats().NotOwned.Load(); n != 0 {
@@ -342,9 +340,9 @@ func TestPausedSourceRidesThroughDisconnect(t *testing.T) {
 	const shard = 6
 	ids := idsIn("paused-source", 4, []int{shard})
 	c.allocate("a", shard)
-	waitFor(t, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.publishSeqs(ids, 1, 10)
-	waitFor(t, "a to handle 1..10", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a to handle 1..10", func() bool {
 		for _, id := range ids {
 			if len(c.rec.seqs(t, id)) < 10 {
 				return false
@@ -359,9 +357,9 @@ func TestPausedSourceRidesThroughDisconnect(t *testing.T) {
 	a.Suspend("test")
 	buffered := a.Stats().Buffered.Load()
 	c.publishSeqs(ids, 11, 30)
-	waitFor(t, "a to divert 11..30", func() bool { return a.Stats().Buffered.Load() == buffered+uint64(20*len(ids)) })
+	natstest.Eventually(t, 30*time.Second, "a to divert 11..30", func() bool { return a.Stats().Buffered.Load() == buffered+uint64(20*len(ids)) })
 	a.Reconnected()
-	waitFor(t, "a to confirm its shards", func() bool { return a.Stats().Confirmed.Load() == 1 })
+	natstest.Eventually(t, 30*time.Second, "a to confirm its shards", func() bool { return a.Stats().Confirmed.Load() == 1 })
 	if h := a.Held(); !slices.Equal(h, []int{shard}) {
 		t.Fatalf("a holds %v after the confirmation", h)
 	}
@@ -369,7 +367,7 @@ func TestPausedSourceRidesThroughDisconnect(t *testing.T) {
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "b", Incarnation: c.incs["b"], Source: "a", SourceIncarnation: c.incs["a"], Handoff: hs[0]})
 	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: hs})
 	c.must("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{shard}, Handoffs: hs})
-	waitFor(t, "the shard live on b", func() bool { return c.agents["b"].Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on b", func() bool { return c.agents["b"].Status().Live == 1 })
 	c.publishSeqs(ids, 31, 40)
 	c.expectSeqs(ids, 40)
 	c.logStats()
@@ -399,7 +397,7 @@ func TestReplayWaitsWhileSuspended(t *testing.T) {
 	hs := c.newHandoffs(1)
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "a", Incarnation: c.incs["a"], Handoff: hs[0]})
 	c.must("a", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: hs})
-	waitFor(t, "a to replay 1..10", func() bool { return a.Stats().Replayed.Load() == uint64(10*len(ids)) })
+	natstest.Eventually(t, 30*time.Second, "a to replay 1..10", func() bool { return a.Stats().Replayed.Load() == uint64(10*len(ids)) })
 
 	a.Suspend("test")
 	appendSeqs(11, 20)
@@ -414,7 +412,7 @@ func TestReplayWaitsWhileSuspended(t *testing.T) {
 		t.Fatalf("a suspended region replayed %d messages (want %d) and has %d shards live", n, 10*len(ids), a.Status().Live)
 	}
 	a.Reconnected()
-	waitFor(t, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.publishSeqs(ids, 21, 30)
 	c.expectSeqs(ids, 30)
 }
@@ -431,7 +429,7 @@ func TestRenewalStoredLate(t *testing.T) {
 	f := newFixtureConfig(t, func(cfg *region.Config) { cfg.LeaseTTL = 8 * time.Second })
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0)
-	waitFor(t, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
+	natstest.Eventually(t, 30*time.Second, "shard 0 live", func() bool { return f.agent.Status().Live == 1 })
 	// The late renewal: the agent's registration, as it was, naming
 	// another connection, written at its current revision.
 	info, rev, err := f.store.Region(ctx, "r1")
@@ -444,7 +442,7 @@ func TestRenewalStoredLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	renewed := f.agent.Stats().RenewalsFailed.Load()
-	waitFor(t, "a renewal after the late one", func() bool {
+	natstest.Eventually(t, 30*time.Second, "a renewal after the late one", func() bool {
 		_, now, err := f.store.Region(ctx, "r1")
 		return err == nil && now > late.Revision || f.agent.Stats().Fenced.Load() > 0
 	})

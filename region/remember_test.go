@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 )
 
@@ -109,7 +110,7 @@ func TestHostRemembers(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the entity that passivated itself was not stopped")
 	}
-	eventually(t, "the forget", func() bool { return len(store.log()) == 2 })
+	natstest.Eventually(t, 5*time.Second, "the forget", func() bool { return len(store.log()) == 2 })
 	if got := store.log(); !slices.Equal(got, []kvstate.EntityRecord{{ID: "a"}, {ID: "a", Forget: true}}) {
 		t.Fatalf("writes %+v", got)
 	}
@@ -153,7 +154,7 @@ func TestHostStartsRemembered(t *testing.T) {
 	if !h.start(0, "a") {
 		t.Fatal("start of a new entity did nothing")
 	}
-	eventually(t, "the start", func() bool { return f.calls.Load() == 1 && quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "the start", func() bool { return f.calls.Load() == 1 && quiet(h) })
 	if h.start(0, "a") {
 		t.Fatal("an active entity was started again")
 	}
@@ -174,7 +175,7 @@ func TestHostStartsRemembered(t *testing.T) {
 	h.deliver(1, "x", req("x", "block"))
 	stopped := make(chan error, 1)
 	go func() { stopped <- h.stopShard(context.Background(), 1) }()
-	eventually(t, "the stop to begin", func() bool {
+	natstest.Eventually(t, 5*time.Second, "the stop to begin", func() bool {
 		se := h.shardFor(1)
 		se.mu.Lock()
 		defer se.mu.Unlock()

@@ -127,13 +127,6 @@ type shardState struct {
 	bound    time.Time // when the shard was bound (for Config.OnStep)
 }
 
-// currentMode reads the shard's mode.
-func (st *shardState) currentMode() mode {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.mode
-}
-
 // lateCopy reports whether m, arriving at a live shard, is a copy of a
 // message the replay delivered, and forgets the replayed keys once the
 // window for such copies has closed; st.mu is held.

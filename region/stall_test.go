@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -23,7 +24,7 @@ func TestStallSuspendsUntilConfirmed(t *testing.T) {
 	f := newFixture(t) // stall limit: a minute
 	ctx := context.Background()
 	f.bind(t, f.epoch, 0, 1)
-	waitFor(t, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
+	natstest.Eventually(t, 30*time.Second, "shards 0 and 1 live", func() bool { return f.agent.Status().Live == 2 })
 	for _, row := range []protocol.ShardRecord{
 		{Shard: 0, Region: "r1", Incarnation: f.inc, State: protocol.StateActive, Epoch: f.epoch},
 		{Shard: 1, Region: "r2", Incarnation: "other", State: protocol.StateBinding, Epoch: f.epoch}, // given away meanwhile

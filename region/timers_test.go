@@ -6,7 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/natshard/natshard/internal/natstest"
 )
 
 // timerLog records the timer messages an entity handled.
@@ -85,7 +88,7 @@ func TestTimerInTurn(t *testing.T) {
 			time.Sleep(200 * time.Microsecond)
 		}
 	}
-	eventually(t, "20 ticks", func() bool { return ticked.Load() >= 20 })
+	natstest.Eventually(t, 5*time.Second, "20 ticks", func() bool { return ticked.Load() >= 20 })
 	if n := overlaps.Load(); n != 0 {
 		t.Fatalf("Handle ran %d times while another Handle ran", n)
 	}
@@ -135,11 +138,11 @@ func TestTimerReset(t *testing.T) {
 		t.Fatal("timer not active")
 	}
 	h.deliver(0, "a", req("a", "short"))
-	eventually(t, "the old timer's message queued", func() bool { return queued(h, 0, "a") == 1 })
+	natstest.Eventually(t, 5*time.Second, "the old timer's message queued", func() bool { return queued(h, 0, "a") == 1 })
 	close(release)
 	rec.next(t)
-	eventually(t, "a timer message", func() bool { return len(log.list()) > 0 })
-	eventually(t, "idle", func() bool { return quiet(h) })
+	natstest.Eventually(t, 5*time.Second, "a timer message", func() bool { return len(log.list()) > 0 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	if got := log.list(); len(got) != 1 || got[0] != "t=new" {
 		t.Fatalf("timer messages %q, want only t=new", got)
 	}
@@ -152,153 +155,165 @@ func TestTimerReset(t *testing.T) {
 // message queued) end with its activation: no timer message reaches
 // Handle after it stopped, and none activates a new incarnation.
 func TestTimerCancelledByPassivation(t *testing.T) {
-	var (
-		h     *host
-		log   timerLog
-		stops atomic.Int32
-	)
-	f := &testFactory{
-		handle: func(_ int, m *Message) ([]byte, error) {
-			if m.Timer() != "" {
-				log.add(m)
+	inBubble(t, func(t *testing.T) {
+		var (
+			h     *host
+			log   timerLog
+			stops atomic.Int32
+		)
+		f := &testFactory{
+			handle: func(_ int, m *Message) ([]byte, error) {
+				if m.Timer() != "" {
+					log.add(m)
+					return nil, nil
+				}
+				if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, false, nil); err != nil {
+					return nil, err
+				}
+				if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
+					return nil, err
+				}
+				// Keep the turn until the second timer's message is queued,
+				// then passivate: the entity stops once this message is done.
+				for queued(h, m.Shard, m.EntityID) == 0 {
+					time.Sleep(100 * time.Microsecond)
+				}
+				h.passivate(m.Shard, m.EntityID)
 				return nil, nil
-			}
-			if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, false, nil); err != nil {
-				return nil, err
-			}
-			if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
-				return nil, err
-			}
-			// Keep the turn until the second timer's message is queued,
-			// then passivate: the entity stops once this message is done.
-			for queued(h, m.Shard, m.EntityID) == 0 {
-				time.Sleep(100 * time.Microsecond)
-			}
-			h.passivate(m.Shard, m.EntityID)
-			return nil, nil
-		},
-		stop: func(int) error { stops.Add(1); return nil },
-	}
-	rec := newRecorder()
-	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "go"))
-	rec.next(t)
-	eventually(t, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.active() == 0 })
-	time.Sleep(100 * time.Millisecond) // past the armed timer's due time
-	if got := log.list(); len(got) != 0 {
-		t.Fatalf("timer messages after passivation: %q", got)
-	}
-	if n := f.calls.Load(); n != 1 {
-		t.Fatalf("factory called %d times, want 1 (a cancelled timer activated the entity)", n)
-	}
-	if err := h.startTimer(0, "a", "x", time.Millisecond, false, nil); !errors.Is(err, ErrNotActive) {
-		t.Fatalf("startTimer of an inactive entity: %v, want ErrNotActive", err)
-	}
+			},
+			stop: func(int) error { stops.Add(1); return nil },
+		}
+		rec := newRecorder()
+		h = newTestHost(t, f.factory, rec, nil)
+		h.deliver(0, "a", req("a", "go"))
+		rec.next(t)
+		natstest.Eventually(t, 5*time.Second, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.active() == 0 })
+		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
+		synctest.Wait()
+		if got := log.list(); len(got) != 0 {
+			t.Fatalf("timer messages after passivation: %q", got)
+		}
+		if n := f.calls.Load(); n != 1 {
+			t.Fatalf("factory called %d times, want 1 (a cancelled timer activated the entity)", n)
+		}
+		if err := h.startTimer(0, "a", "x", time.Millisecond, false, nil); !errors.Is(err, ErrNotActive) {
+			t.Fatalf("startTimer of an inactive entity: %v, want ErrNotActive", err)
+		}
+	})
 }
 
 // TestTimerCancelledByShardStop: a shard that leaves the region (the
 // stop of a handoff) cancels its entities' timers, armed or queued, and a
 // timer message queued before the stop never reaches Handle.
 func TestTimerCancelledByShardStop(t *testing.T) {
-	var (
-		h       *host
-		log     timerLog
-		release = make(chan struct{})
-	)
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
-		if m.Timer() != "" {
-			log.add(m)
+	inBubble(t, func(t *testing.T) {
+		var (
+			h       *host
+			log     timerLog
+			release = make(chan struct{})
+		)
+		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+			if m.Timer() != "" {
+				log.add(m)
+				return nil, nil
+			}
+			if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, true, nil); err != nil {
+				return nil, err
+			}
+			if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
+				return nil, err
+			}
+			<-release
 			return nil, nil
+		}}
+		rec := newRecorder()
+		h = newTestHost(t, f.factory, rec, nil)
+		h.deliver(3, "a", pub("a", "go"))
+		natstest.Eventually(t, 5*time.Second, "timer message queued", func() bool { return queued(h, 3, "a") == 1 })
+		done := make(chan error, 1)
+		go func() { done <- h.stopShard(t.Context(), 3) }()
+		natstest.Eventually(t, 5*time.Second, "shard closing", func() bool {
+			se := h.lookup(3)
+			se.mu.Lock()
+			defer se.mu.Unlock()
+			return se.closing
+		})
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
-		if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, true, nil); err != nil {
-			return nil, err
+		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
+		synctest.Wait()
+		if got := log.list(); len(got) != 0 {
+			t.Fatalf("timer messages after the shard stopped: %q", got)
 		}
-		if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
-			return nil, err
+		if n := h.active(); n != 0 {
+			t.Fatalf("%d entities active after the shard stopped", n)
 		}
-		<-release
-		return nil, nil
-	}}
-	rec := newRecorder()
-	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(3, "a", pub("a", "go"))
-	eventually(t, "timer message queued", func() bool { return queued(h, 3, "a") == 1 })
-	done := make(chan error, 1)
-	go func() { done <- h.stopShard(t.Context(), 3) }()
-	eventually(t, "shard closing", func() bool {
-		se := h.lookup(3)
-		se.mu.Lock()
-		defer se.mu.Unlock()
-		return se.closing
 	})
-	close(release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond) // past the armed timer's due time
-	if got := log.list(); len(got) != 0 {
-		t.Fatalf("timer messages after the shard stopped: %q", got)
-	}
-	if n := h.active(); n != 0 {
-		t.Fatalf("%d entities active after the shard stopped", n)
-	}
 }
 
 // TestTimerCancelledByAbort: a shard dropped or fenced (abortShard)
 // cancels its timers at once.
 func TestTimerCancelledByAbort(t *testing.T) {
-	var (
-		h   *host
-		log timerLog
-	)
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
-		if m.Timer() != "" {
-			log.add(m)
-			return nil, nil
+	inBubble(t, func(t *testing.T) {
+		var (
+			h   *host
+			log timerLog
+		)
+		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+			if m.Timer() != "" {
+				log.add(m)
+				return nil, nil
+			}
+			return nil, h.startTimer(m.Shard, m.EntityID, "t", 30*time.Millisecond, false, nil)
+		}}
+		rec := newRecorder()
+		h = newTestHost(t, f.factory, rec, nil)
+		h.deliver(1, "a", req("a", "go"))
+		rec.next(t)
+		h.abortShard(1)
+		if h.timerActive(1, "a", "t") {
+			t.Fatal("timer active after abortShard")
 		}
-		return nil, h.startTimer(m.Shard, m.EntityID, "t", 30*time.Millisecond, false, nil)
-	}}
-	rec := newRecorder()
-	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(1, "a", req("a", "go"))
-	rec.next(t)
-	h.abortShard(1)
-	if h.timerActive(1, "a", "t") {
-		t.Fatal("timer active after abortShard")
-	}
-	time.Sleep(100 * time.Millisecond)
-	if got := log.list(); len(got) != 0 {
-		t.Fatalf("timer messages after abortShard: %q", got)
-	}
+		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
+		synctest.Wait()
+		if got := log.list(); len(got) != 0 {
+			t.Fatalf("timer messages after abortShard: %q", got)
+		}
+	})
 }
 
 // TestTimerPanicEndsTimers: a panic in Handle drops the incarnation and
 // its timers.
 func TestTimerPanicEndsTimers(t *testing.T) {
-	var (
-		h   *host
-		log timerLog
-	)
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
-		if m.Timer() != "" {
-			log.add(m)
-			return nil, nil
+	inBubble(t, func(t *testing.T) {
+		var (
+			h   *host
+			log timerLog
+		)
+		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+			if m.Timer() != "" {
+				log.add(m)
+				return nil, nil
+			}
+			if err := h.startTimer(m.Shard, m.EntityID, "t", 20*time.Millisecond, false, nil); err != nil {
+				return nil, err
+			}
+			panic("boom")
+		}}
+		rec := newRecorder()
+		h = newTestHost(t, f.factory, rec, nil)
+		h.deliver(0, "a", req("a", "go"))
+		if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
+			t.Fatalf("reply error %v, want errEntityPanicked", r.err)
 		}
-		if err := h.startTimer(m.Shard, m.EntityID, "t", 20*time.Millisecond, false, nil); err != nil {
-			return nil, err
+		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
+		synctest.Wait()
+		if got := log.list(); len(got) != 0 {
+			t.Fatalf("timer messages after a panic: %q", got)
 		}
-		panic("boom")
-	}}
-	rec := newRecorder()
-	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "go"))
-	if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
-		t.Fatalf("reply error %v, want errEntityPanicked", r.err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if got := log.list(); len(got) != 0 {
-		t.Fatalf("timer messages after a panic: %q", got)
-	}
+	})
 }
 
 // TestTimerNoCostWithout: an entity that never armed a timer leaves the
@@ -344,7 +359,7 @@ func TestTimerRefusedInStop(t *testing.T) {
 		func() { // idle
 			h.deliver(0, "a", req("a", "x"))
 			rec.next(t)
-			eventually(t, "idle", func() bool { return quiet(h) })
+			natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 			clock.Advance(time.Hour)
 			h.passivateIdle()
 		},
@@ -359,6 +374,17 @@ func TestTimerRefusedInStop(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("no Stop")
 		}
-		eventually(t, "entity removed", func() bool { return h.active() == 0 })
+		natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.active() == 0 })
 	}
+}
+
+// inBubble runs f in a synctest bubble: time is fake, so that f sleeps
+// past a timer's due time at once, and synctest.Wait returns once every
+// goroutine of the test's host waits. The host's parked workers are
+// reaped (after idleKeep, fake) before the bubble ends.
+func inBubble(t *testing.T, f func(t *testing.T)) {
+	synctest.Test(t, func(t *testing.T) {
+		f(t)
+		time.Sleep(3 * idleKeep)
+	})
 }

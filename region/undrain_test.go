@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -42,7 +43,7 @@ func TestUndrain(t *testing.T) {
 	// to go. Undrain is refused, and changes nothing.
 	done := make(chan error, 1)
 	go func() { done <- b.Leave(context.Background()) }()
-	waitFor(t, "b leaving", func() bool { info, _ := c.registration("b"); return info.Leaving })
+	natstest.Eventually(t, 30*time.Second, "b leaving", func() bool { info, _ := c.registration("b"); return info.Leaving })
 	r = c.command("b", protocol.Command{Kind: protocol.CmdUndrain})
 	if !strings.Contains(r.Error, "undrain refused") {
 		t.Fatalf("undrain of a stopping region: %+v", r)

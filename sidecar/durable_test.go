@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -72,7 +73,7 @@ func TestDurableExactlyOnce(t *testing.T) {
 	start("a", natstest.Connect(t, url))
 	ncB := natstest.Connect(t, url)
 	b := start("b", ncB)
-	waitFor(t, "b holds shards", func() bool { st, _ := b.Stats("count"); return len(st.Shards) > 0 })
+	natstest.Eventually(t, 30*time.Second, "b holds shards", func() bool { st, _ := b.Stats("count"); return len(st.Shards) > 0 })
 
 	js := natstest.JetStream(t, natstest.Connect(t, url))
 	subjects := protocol.MustSubjects("", "", "count")
@@ -89,25 +90,38 @@ func TestDurableExactlyOnce(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
-	ncB.Close() // b dies
+	natstest.Eventually(t, 30*time.Second, "b to handle messages", func() bool { st, _ := b.Stats("count"); return st.Delivered > 0 })
+	ncB.Close() // b dies while messages flow
 	<-done
 	store, err := kvstate.Bind(context.Background(), js, "count", kvstate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range entities {
-		waitFor(t, fmt.Sprintf("entity c%d counted %d", i, rounds), func() bool {
+		natstest.Eventually(t, 30*time.Second, fmt.Sprintf("entity c%d counted %d", i, rounds), func() bool {
 			data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i))
 			return err == nil && string(data) == strconv.Itoa(rounds)
 		})
 	}
-	// And no more come: what was given again was not applied again.
-	time.Sleep(500 * time.Millisecond)
+	// And no more come: what was given again was not applied again. A
+	// last message to each, after the others: a copy still to come came
+	// before it.
 	for i := range entities {
-		if data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i)); err != nil || string(data) != strconv.Itoa(rounds) {
-			t.Fatalf("entity c%d: %s, %v; want %d", i, data, err, rounds)
+		if _, err := js.Publish(context.Background(), subjects.EntityOf(fmt.Sprint("c", i), 4), nil); err != nil {
+			t.Fatal(err)
 		}
+	}
+	for i := range entities {
+		natstest.Eventually(t, 30*time.Second, fmt.Sprintf("entity c%d's last message counted", i), func() error {
+			data, _, err := store.LoadEntity(context.Background(), fmt.Sprint("c", i))
+			if err == nil && string(data) == strconv.Itoa(rounds) {
+				return errors.New("not yet")
+			}
+			if err != nil || string(data) != strconv.Itoa(rounds+1) {
+				t.Fatalf("entity c%d: %s, %v; want %d", i, data, err, rounds+1)
+			}
+			return nil
+		})
 	}
 }
 
@@ -171,12 +185,12 @@ func TestRememberAndPassivate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "y to stop", func() bool { _, stops := app.counts("y"); return stops == 1 })
+	natstest.Eventually(t, 30*time.Second, "y to stop", func() bool { _, stops := app.counts("y"); return stops == 1 })
 	b := start("b")
 	if err := a.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "x to be activated on b", func() bool { acts, _ := app.counts("x"); return acts == 2 })
+	natstest.Eventually(t, 30*time.Second, "x to be activated on b", func() bool { acts, _ := app.counts("x"); return acts == 2 })
 	if st, _ := b.Stats("rem"); st.Restarted != 1 {
 		t.Errorf("b restarted %d entities, want 1 (x)", st.Restarted)
 	}

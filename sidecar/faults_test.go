@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -225,7 +226,7 @@ func TestAppFaults(t *testing.T) {
 	if _, err := client.Request(ctx, "faults", "badstop-1", nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "badstop-1 passivated", func() bool { return fa.stops.Load() == 1 })
+	natstest.Eventually(t, 30*time.Second, "badstop-1 passivated", func() bool { return fa.stops.Load() == 1 })
 	if _, err := client.Request(ctx, "faults", "badstop-1", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -248,17 +249,13 @@ func TestAppFaults(t *testing.T) {
 	}
 	garbage.Close()
 	cut.Close()
-	waitFor(t, "the fault app's connections closed", func() bool { return conns.Load() == 0 })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n, stacks := ours()
-		if n <= goroutines && sockets() <= socks {
-			t.Logf("after: %d goroutines (%d before, the NATS server's not counted), %d open sockets (%d before)", n, goroutines, sockets(), socks)
-			return
+	natstest.Eventually(t, 30*time.Second, "the fault app's connections closed", func() bool { return conns.Load() == 0 })
+	natstest.Eventually(t, 10*time.Second, "no goroutine or socket left (a leak)", func() error {
+		if n, stacks := ours(); n > goroutines || sockets() > socks {
+			return fmt.Errorf("%d goroutines (%d before), %d open sockets (%d before)\n%s", n, goroutines, sockets(), socks, stacks)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leak: %d goroutines (%d before), %d open sockets (%d before)\n%s", n, goroutines, sockets(), socks, stacks)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	n, _ := ours()
+	t.Logf("after: %d goroutines (%d before, the NATS server's not counted), %d open sockets (%d before)", n, goroutines, sockets(), socks)
 }

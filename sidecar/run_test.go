@@ -110,10 +110,18 @@ func startLoad(client *natshard.Client, typ string) *load {
 	return l
 }
 
-// end stops the load and fails the test if a request failed.
+// more waits until n more requests were answered.
+func (l *load) more(t *testing.T, n int64) {
+	t.Helper()
+	from := l.answered.Load()
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("%d more requests answered", n), func() bool { return l.answered.Load() >= from+n })
+}
+
+// end stops the load, once more requests were answered after what the
+// test did, and fails the test if a request failed.
 func (l *load) end(t *testing.T, during string) {
 	t.Helper()
-	time.Sleep(200 * time.Millisecond)
+	l.more(t, 50)
 	l.stop.Store(true)
 	l.wg.Wait()
 	if len(l.failed) > 0 {
@@ -171,26 +179,26 @@ func TestRunReadinessAndDown(t *testing.T) {
 	appA := &echoApp{}
 	appA.healthy.Store(true)
 	doneA := run(ctx, "a", appA)
-	waitFor(t, "a holds every shard", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard", holds(map[string]bool{"a": true}))
 
 	// b waits for its app, then leaves gracefully; its app's stop
 	// callbacks never answer.
 	appB := &echoApp{hangStops: true}
 	ctxB, cancelB := context.WithCancel(ctx)
 	doneB := run(ctxB, "b", appB)
-	waitFor(t, "b's app asked for its health 5 times", func() bool { return appB.checks.Load() >= 5 })
+	natstest.Eventually(t, 30*time.Second, "b's app asked for its health 5 times", func() bool { return appB.checks.Load() >= 5 })
 	if r, err := regionsOf(nc, "echo"); err != nil || len(r) != 1 {
 		t.Fatalf("while b's app is not ready the coordinator knows %v (%v), want a alone", r, err)
 	}
 	appB.healthy.Store(true)
-	waitFor(t, "b registered and given shards", holds(map[string]bool{"a": true, "b": true}))
+	natstest.Eventually(t, 30*time.Second, "b registered and given shards", holds(map[string]bool{"a": true, "b": true}))
 	l := startLoad(client, "echo")
-	time.Sleep(300 * time.Millisecond)
+	l.more(t, 50)
 	cancelB()
 	if err := wait("b's graceful stop", doneB); err != nil {
 		t.Fatalf("b's Run after a graceful stop: %v", err)
 	}
-	waitFor(t, "a holds every shard again", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard again", holds(map[string]bool{"a": true}))
 	l.end(t, "b stopped, its app's stop callbacks timing out")
 	if appB.stops.Load() == 0 {
 		t.Fatal("b's app was asked no stop")
@@ -200,16 +208,16 @@ func TestRunReadinessAndDown(t *testing.T) {
 	appC := &echoApp{}
 	appC.healthy.Store(true)
 	doneC := run(ctx, "c", appC)
-	waitFor(t, "c registered and given shards", holds(map[string]bool{"a": true, "c": true}))
+	natstest.Eventually(t, 30*time.Second, "c registered and given shards", holds(map[string]bool{"a": true, "c": true}))
 	l = startLoad(client, "echo")
-	time.Sleep(300 * time.Millisecond)
+	l.more(t, 50)
 	appC.healthy.Store(false)
 	err := wait("c's app down", doneC)
 	if !errors.Is(err, sidecar.ErrAppDown) {
 		t.Fatalf("c's Run: %v, want ErrAppDown", err)
 	}
 	t.Logf("c's Run returned: %v", err)
-	waitFor(t, "a holds every shard again", holds(map[string]bool{"a": true}))
+	natstest.Eventually(t, 30*time.Second, "a holds every shard again", holds(map[string]bool{"a": true}))
 	l.end(t, "c's app went down and c left")
 
 	cancel()

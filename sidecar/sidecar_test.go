@@ -281,7 +281,7 @@ func TestTurnTakingAndOrder(t *testing.T) {
 		}
 		// Passivated: every entity stopped; the next round activates
 		// them again, from their saved state.
-		waitFor(t, "every entity passivated", func() bool {
+		natstest.Eventually(t, 30*time.Second, "every entity passivated", func() bool {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
 			return rec.stops == rec.activations && len(rec.cache) == 0
@@ -307,17 +307,6 @@ func TestTurnTakingAndOrder(t *testing.T) {
 	}
 	if len(rec.stateURLs) != 1 || rec.stateURLs[app.StateURL()].IsZero() {
 		t.Fatalf("state URLs given: %v, want %s", rec.stateURLs, app.StateURL())
-	}
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

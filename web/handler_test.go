@@ -29,18 +29,6 @@ func (echo) Stop(context.Context) error                                    { ret
 
 func newEcho(context.Context, string) (natshard.Entity, error) { return echo{}, nil }
 
-// eventually polls cond every 20 ms until it holds, for at most 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // get returns the status and body of GET url.
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -94,10 +82,10 @@ func TestProbes(t *testing.T) {
 		t.Fatal("ready before SetNode")
 	}
 	h.SetNode(node)
-	eventually(t, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
+	natstest.Eventually(t, 30*time.Second, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
 	// Ready means taken in by the coordinator (health.go), whose first
 	// command may be a probe before the shards' allocation: they follow.
-	eventually(t, "the 4 shards held", func() bool { s, _ := node.Stats("web"); return len(s.Shards) == 4 })
+	natstest.Eventually(t, 30*time.Second, "the 4 shards held", func() bool { s, _ := node.Stats("web"); return len(s.Shards) == 4 })
 	if ok, body := probe(t, ts.URL+"/healthz"); !ok || body != "ok" {
 		t.Fatalf("/healthz: %v %q", ok, body)
 	}
@@ -105,18 +93,18 @@ func TestProbes(t *testing.T) {
 	// The server goes: the region fences itself at once.
 	natstest.Shutdown(srv)
 	var why string
-	eventually(t, "not ready while fenced", func() bool { ok, body := probe(t, ts.URL+"/readyz"); why = body; return !ok })
+	natstest.Eventually(t, 30*time.Second, "not ready while fenced", func() bool { ok, body := probe(t, ts.URL+"/readyz"); why = body; return !ok })
 	if !strings.Contains(why, "not connected to NATS") {
 		t.Errorf("/readyz while the server is down: %q", why)
 	}
-	eventually(t, "the region fenced", func() bool { s, _ := node.Stats("web"); return s.Fenced >= 1 && len(s.Shards) == 0 })
+	natstest.Eventually(t, 30*time.Second, "the region fenced", func() bool { s, _ := node.Stats("web"); return s.Fenced >= 1 && len(s.Shards) == 0 })
 	if ok, body := probe(t, ts.URL+"/healthz"); ok || !strings.Contains(body, "not connected") {
 		t.Errorf("/healthz while the server is down: %v %q", ok, body)
 	}
 	// It comes back on the same port and store: the region registers a
 	// new incarnation and is ready again.
 	natstest.RunServerWithOptions(t, serverOpts())
-	eventually(t, "ready again", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
+	natstest.Eventually(t, 30*time.Second, "ready again", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
 
 	code, body := get(t, ts.URL+"/metrics")
 	if code != http.StatusOK {

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -36,15 +37,13 @@ func TestProbesWhileStartWaits(t *testing.T) {
 		ch <- started{n, err}
 	}()
 	// The first attempt fails when its own timeout passes: wait generously.
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+	natstest.Eventually(t, 2*time.Minute, "/readyz to say that the start waits for the KV bucket", func() error {
 		ok, body := probe(t, ts.URL+"/readyz")
 		if !ok && strings.Contains(body, "starting: type \"web\": waiting") && strings.Contains(body, "for its KV bucket natshard_web") {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz does not say that the start waits for the KV bucket: ok=%v %q", ok, body)
-		}
-	}
+		return fmt.Errorf("ok=%v %q", ok, body)
+	})
 	if ok, body := probe(t, ts.URL+"/healthz"); !ok || !strings.Contains(body, "waiting") {
 		t.Fatalf("/healthz while the start waits: ok=%v %q", ok, body)
 	}
@@ -65,5 +64,5 @@ func TestProbesWhileStartWaits(t *testing.T) {
 		t.Fatalf("/readyz before SetNode, once the wait is over: ok=%v %q", ok, body)
 	}
 	h.SetNode(s.node)
-	eventually(t, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
+	natstest.Eventually(t, 30*time.Second, "ready once serving", func() bool { ok, _ := probe(t, ts.URL+"/readyz"); return ok })
 }

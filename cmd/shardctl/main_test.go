@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
@@ -34,6 +35,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden with the outp
 // asked (so that every shard's place is known: region i of n gets the
 // shards i, i+n, ...).
 type system struct {
+	srv       *server.Server
 	url       string
 	store     *kvstate.Store
 	shards    int
@@ -43,8 +45,9 @@ type system struct {
 
 func startSystem(t *testing.T, shards int, regions ...string) *system {
 	t.Helper()
-	url := natstest.URL(natstest.RunServer(t))
-	s := &system{url: url, shards: shards, regions: regions}
+	srv := natstest.RunServer(t)
+	url := natstest.URL(srv)
+	s := &system{srv: srv, url: url, shards: shards, regions: regions}
 	for _, id := range regions {
 		s.startNode(t, natshard.Options{Region: id, NoCoordinator: true})
 	}
@@ -100,38 +103,31 @@ func (s *system) waitLive(t *testing.T, id string) {
 	t.Helper()
 	nc := natstest.Connect(t, s.url)
 	defer nc.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "region "+id+" to serve its shards live", func() error {
 		var ans protocol.QueryAnswer
 		m, err := nc.Request(protocol.MustSubjects("", "", "kv").Query(id), nil, 2*time.Second)
-		if err == nil && json.Unmarshal(m.Data, &ans) == nil && !slices.ContainsFunc(ans.Shards, func(r protocol.ShardReport) bool { return r.Mode != "live" }) {
-			return
+		if err == nil {
+			err = json.Unmarshal(m.Data, &ans)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("region %s does not serve its shards live: %+v %v", id, ans, err)
+		if err == nil && slices.ContainsFunc(ans.Shards, func(r protocol.ShardReport) bool { return r.Mode != "live" }) {
+			err = fmt.Errorf("%+v", ans)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitTable polls the coordinator's status until cond holds.
 func (s *system) waitTable(t *testing.T, what string, cond func(protocol.Status) bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, what, func() bool {
 		out, _, err := ctl(t, s.url, "status", "--json")
 		var st statusJSON
 		if err == nil && json.Unmarshal([]byte(out), &st) == nil && st.CoordinatorAnswered {
 			full, err := status(s.url)
-			if err == nil && cond(full) {
-				return
-			}
+			return err == nil && cond(full)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func status(url string) (protocol.Status, error) {
@@ -310,18 +306,17 @@ func (tr *transcript) startWatch(args ...string) (wait func()) {
 	go func() {
 		done <- run(context.Background(), append([]string{"--nats", tr.url, "--timeout", "2s"}, args...), func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(stderr.String(), "watching") {
+	natstest.Eventually(tr.t, 10*time.Second, "watch to start", func() error {
 		select {
 		case err := <-done:
 			tr.t.Fatalf("watch %v ended before it began: %v %s", args, err, stderr.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			tr.t.Fatalf("watch did not start: %q", stderr.String())
+		if !strings.Contains(stderr.String(), "watching") {
+			return fmt.Errorf("%q", stderr.String())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	return func() {
 		tr.t.Helper()
 		select {
@@ -463,12 +458,25 @@ func TestChangeDuringHandover(t *testing.T) {
 	go func() {
 		done <- run(context.Background(), []string{"--nats", s.url, "--timeout", "20s", "pin", "1", "r1"}, func(string) string { return "" }, strings.NewReader(""), &out, io.Discard)
 	}()
-	time.Sleep(500 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("pin without a coordinator ended at once: %v", err)
-	default:
-	}
+	// It asks again and again: its connection sent 10 messages (binding
+	// the type takes 5), and it runs still.
+	natstest.Eventually(t, 20*time.Second, "pin to ask the coordinator 5 times", func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("pin without a coordinator ended at once: %v", err)
+		default:
+		}
+		cz, err := s.srv.Connz(&server.ConnzOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range cz.Conns {
+			if c.Name == "shardctl" && c.InMsgs >= 10 {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
 	s.startCoordinator(t)
 	select {
 	case err := <-done:

@@ -182,32 +182,20 @@ func TestRunEmbedded(t *testing.T) {
 		}
 	}()
 	var nc *nats.Conn
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	natstest.Eventually(t, 20*time.Second, "the embedded server up", func() error {
 		var err error
-		if nc, err = nats.Connect("nats://" + addr); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("embedded server never came up: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		nc, err = nats.Connect("nats://" + addr)
+		return err
+	})
 	defer nc.Close()
 	subject := protocol.MustSubjects("", "", "kv").EntityOf("order-42", 8)
-	for {
+	natstest.Eventually(t, 20*time.Second, "an answer of the entity", func() error {
 		m, err := nc.Request(subject, []byte(`{"op":"set","key":"k","value":1}`), time.Second)
-		if err == nil {
-			if string(m.Data) != `{"ok":true,"value":1}` {
-				t.Fatalf("answer %q", m.Data)
-			}
-			return
+		if err == nil && string(m.Data) != `{"ok":true,"value":1}` {
+			t.Fatalf("answer %q", m.Data)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("entity never answered: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // TestRunStrategyStoredPerType: a process that disagrees with the
@@ -351,13 +339,16 @@ func TestRunSidecar(t *testing.T) {
 	nc := natstest.Connect(t, url)
 	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer rcancel()
-	var got []byte
-	for got, err = nil, natshard.ErrUnknownType; errors.Is(err, natshard.ErrUnknownType) && rctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
-		got, err = natshard.NewClient(nc).Request(rctx, "up", "alice", []byte("hi")) // once shardd made the type
-	}
-	if err != nil || string(got) != "up/alice says hi" {
-		t.Fatalf("answer %q, %v", got, err)
-	}
+	natstest.Eventually(t, 30*time.Second, "an answer once shardd made the type", func() error {
+		got, err := natshard.NewClient(nc).Request(rctx, "up", "alice", []byte("hi"))
+		if errors.Is(err, natshard.ErrUnknownType) {
+			return err
+		}
+		if err != nil || string(got) != "up/alice says hi" {
+			t.Fatalf("answer %q, %v", got, err)
+		}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v", err)
@@ -440,20 +431,16 @@ func TestRunHTTP(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	natstest.Eventually(t, 30*time.Second, "/readyz ready", func() error {
 		code, body := get("/readyz")
-		if code == http.StatusOK {
-			break
-		}
-		if code != 0 && code != http.StatusServiceUnavailable {
+		if code != 0 && code != http.StatusOK && code != http.StatusServiceUnavailable {
 			t.Fatalf("/readyz: %d %s", code, body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %d %s", code, body)
+		if code != http.StatusOK {
+			return fmt.Errorf("%d %s", code, body)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
@@ -461,7 +448,7 @@ func TestRunHTTP(t *testing.T) {
 	// not have given it all eight shards yet, so /metrics is read until
 	// they are live.
 	wants := []string{`natshard_region_shards{mode="live",region="solo",type="kv"} 8`, `natshard_coordinator_leader{region="solo",type="kv"} 1`, "go_goroutines ", "process_resident_memory_bytes ", "go_build_info{"}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	natstest.Eventually(t, 30*time.Second, "every line wanted in /metrics", func() error {
 		code, body := get("/metrics")
 		if code != http.StatusOK {
 			t.Fatalf("/metrics: %d", code)
@@ -472,13 +459,11 @@ func TestRunHTTP(t *testing.T) {
 				missing = append(missing, want)
 			}
 		}
-		if len(missing) == 0 {
-			break
+		if len(missing) > 0 {
+			return fmt.Errorf("lacks %q", missing)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/metrics lacks %q", missing)
-		}
-	}
+		return nil
+	})
 	if code, body := get("/ui/"); code != http.StatusOK || !strings.Contains(body, "<title>natshard shard map</title>") {
 		t.Errorf("/ui/: %d %.200s", code, body)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/sidecar"
 )
 
@@ -68,19 +69,17 @@ func testExample(t *testing.T, interpreter, file string) {
 		}
 	})
 
-	client := natshard.NewClient(natstest.Connect(t, url))
-	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
+	nc := natstest.Connect(t, url)
+	client := natshard.NewClient(nc)
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer rcancel()
-	for { // until the node made the type (once the app answered its health check)
-		_, err := client.Request(rctx, "counter", "probe", []byte("0"))
-		if err == nil {
-			break
-		}
-		if rctx.Err() != nil {
-			t.Fatalf("the counter type never answered: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Once the node made the type (once the app answered its health check).
+	natstest.Eventually(t, time.Minute, "an answer of the counter type", func() error {
+		ctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+		defer cancel()
+		_, err := client.Request(ctx, "counter", "probe", []byte("0"))
+		return err
+	})
 	const counters, increments = 20, 5
 	send := func(round int) {
 		t.Helper()
@@ -105,7 +104,26 @@ func testExample(t *testing.T, interpreter, file string) {
 		}
 	}
 	send(0)
-	time.Sleep(time.Second) // idle beyond the idle timeout: the counters passivate
+	// Idle beyond the idle timeout: the counters passivate.
+	subjects := protocol.MustSubjects("", "", "counter")
+	natstest.Eventually(t, time.Minute, "every counter passivated", func() error {
+		m, err := nc.Request(subjects.Query("a"), []byte("{}"), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		var ans protocol.QueryAnswer
+		if err := json.Unmarshal(m.Data, &ans); err != nil {
+			return err
+		}
+		active := 0
+		for _, s := range ans.Shards {
+			active += s.Entities
+		}
+		if active != 0 {
+			return fmt.Errorf("%d active", active)
+		}
+		return nil
+	})
 	send(1)
 	// What the app saved, through the state API, as docs/SIDECAR.md's curl.
 	resp, err := http.Get(stateURL + "/state/counter/user.7")

@@ -5,5 +5,9 @@
 // order of creation, so connections made with Connect close before the
 // servers they point at shut down.
 //
+// Eventually is the one wait of natshard's tests: it polls a condition
+// until it holds, failing the test after a generous bound; a test waits on
+// conditions, never on a clock.
+//
 // The servers log nothing. Set NATSTEST_LOG=1 to see their logs.
 package natstest

@@ -73,7 +73,7 @@ func RunServerWithOptions(t testing.TB, opts *server.Options) *server.Server {
 		t.Fatalf("natstest: server %s not ready for connections after %v", opts.ServerName, startTimeout)
 	}
 	if opts.JetStream && opts.Cluster.Port == 0 {
-		waitFor(t, "JetStream enabled", func() bool { return s.JetStreamEnabled() })
+		Eventually(t, startTimeout, "JetStream enabled", func() bool { return s.JetStreamEnabled() })
 	}
 	return s
 }
@@ -150,7 +150,7 @@ func ClusterOptions(t testing.TB, n int) []*server.Options {
 // sees them all.
 func WaitMetaLeader(t testing.TB, servers []*server.Server) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("JetStream meta leader with %d peers", len(servers)), func() bool {
+	Eventually(t, startTimeout, fmt.Sprintf("JetStream meta leader with %d peers", len(servers)), func() bool {
 		l := MetaLeader(servers)
 		return l != nil && len(l.JetStreamClusterPeers()) == len(servers)
 	})
@@ -238,14 +238,3 @@ func FreePorts(t testing.TB, n int) []int {
 
 // The range FreePorts picks from.
 const portsFrom, portsTo = 20_000, 32_000
-
-func waitFor(t testing.TB, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(startTimeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("natstest: no %s after %v", what, startTimeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

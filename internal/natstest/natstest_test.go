@@ -49,17 +49,12 @@ func TestRunCluster(t *testing.T) {
 			natstest.Shutdown(s)
 		}
 	}
-	for {
+	natstest.Eventually(t, 30*time.Second, "a publish after the stream leader "+info.Cluster.Leader+" shut down", func() error {
 		// Each attempt has its own short bound: one sent into the dying
 		// connection must not use up the whole budget.
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		defer acancel()
 		_, err := js.Publish(actx, "s.2", nil)
-		acancel()
-		if err == nil {
-			break
-		} else if ctx.Err() != nil {
-			t.Fatalf("no publish after the stream leader %s shut down: %v", info.Cluster.Leader, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
