@@ -105,6 +105,219 @@ func NewCore(cfg CoreConfig, incarnation string) *Core {
 	return &Core{cfg: cfg, registered: true, incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
 }
 
+// Event is an input of Core.Step.
+type Event interface{ isEvent() }
+
+// CommandIn: a command of the coordinator arrived; Err says why it could
+// not be decoded or is invalid. ID names the answer.
+type CommandIn struct {
+	ID  uint64
+	Cmd protocol.Command
+	Err error
+}
+
+// EpochChecked: the outcome of a CheckEpoch.
+type EpochChecked struct {
+	Epoch uint64
+	Err   error
+}
+
+// Bound: the subscriptions of a BindShards are flushed (the server knows
+// them); Failed lists the shards that could not be bound, Err says why.
+type Bound struct {
+	ID     uint64
+	Failed []int
+	Err    error
+}
+
+// CaughtUp: the shard's replay reached its end marker and its buffer was
+// purged: it can go live.
+type CaughtUp struct {
+	Shard int
+	Life  uint64
+}
+
+// EntitiesStopped: the entities of the shard's life have all stopped.
+type EntitiesStopped struct {
+	Shard int
+	Life  uint64
+}
+
+// ReleaseDone: a Release action ended.
+type ReleaseDone struct {
+	Token uint64
+	Err   error
+}
+
+// RegistrationWritten: a WriteRegistration action ended.
+type RegistrationWritten struct {
+	ID  uint64
+	Err error
+}
+
+// Fenced: the region must stop serving every shard at once (its
+// connection dropped, its registration was lost or not renewed in time).
+// Incarnation is the one fenced: a fence of an earlier incarnation (one
+// that came after the next registration) changes nothing.
+type Fenced struct {
+	Reason      string
+	Incarnation string
+}
+
+// SourceFenced: the shard's buffer is fenced on the handoff the shard is
+// paused for (kvstate.Buffer.Clear): the coordinator took the shard from
+// this region without its consent (the handoff timed out while the region
+// was stalled). The shard is dropped; Life is its life here.
+type SourceFenced struct {
+	Shard int
+	Life  uint64
+}
+
+// Registered: the region registered a new incarnation (after a fence).
+type Registered struct{ Incarnation string }
+
+// Suspended: the region's connection to NATS dropped. Every held shard
+// rides it through rather than being dropped: a live one is suspended
+// (arrivals held), a replaying one stops delivering where it is (its
+// place in the buffer and the keys it delivered are kept) and holds
+// arrivals, a paused one keeps diverting. Incarnation is the one
+// suspended.
+type Suspended struct{ Incarnation string }
+
+// Confirmed: back on NATS, the region renewed its registration (so the
+// coordinator had not removed it) and then read the shard table, Rows
+// (every row, from the stream leader, after the renewal). Each suspended
+// shard is kept, paused or dropped as its row says (see Core.confirmed).
+type Confirmed struct {
+	Incarnation string
+	Rows        []protocol.ShardRecord
+}
+
+// Leaving: the process is stopping (Agent.Leave): the region marks itself
+// leaving, for good. (Agent.Leave writes the registration itself, then.)
+// Done, when not nil, is closed once the event was taken.
+type Leaving struct{ Done chan struct{} }
+
+// Closing: the region closes.
+type Closing struct{}
+
+func (CommandIn) isEvent()           {}
+func (EpochChecked) isEvent()        {}
+func (Bound) isEvent()               {}
+func (CaughtUp) isEvent()            {}
+func (EntitiesStopped) isEvent()     {}
+func (ReleaseDone) isEvent()         {}
+func (RegistrationWritten) isEvent() {}
+func (Fenced) isEvent()              {}
+func (SourceFenced) isEvent()        {}
+func (Registered) isEvent()          {}
+func (Suspended) isEvent()           {}
+func (Confirmed) isEvent()           {}
+func (Leaving) isEvent()             {}
+func (Closing) isEvent()             {}
+
+// Action is an output of Core: something the driver must do, in order.
+type Action interface{ isAction() }
+
+// Answer: send the reply to command ID. Refused: the command was refused
+// (malformed, stale, for another incarnation...), counted as such. Probe:
+// add the shards' load.
+type Answer struct {
+	ID      uint64
+	Reply   protocol.Reply
+	Refused bool
+	Probe   bool
+}
+
+// CheckEpoch: read the coordinator lease and report whether Epoch is its
+// epoch (EpochChecked).
+type CheckEpoch struct{ Epoch uint64 }
+
+// BindShards: subscribe to each shard and start replaying its buffer up
+// to the end marker Handoffs[i] (holding what arrives), flush, and report
+// Bound; each replay reports CaughtUp when it reached its marker.
+type BindShards struct {
+	ID       uint64
+	Shards   []int
+	Handoffs []uint64
+	Lives    []uint64
+}
+
+// GoLive: deliver what the shard held, in order, and serve it live.
+type GoLive struct {
+	Shard int
+	Life  uint64
+}
+
+// Pause: divert the shard's arrivals to its buffer and stop its entities;
+// report EntitiesStopped.
+type Pause struct {
+	Shard   int
+	Handoff uint64
+	Life    uint64
+}
+
+// Suspend: hold the live shard's arrivals (a durable shard stops
+// pulling) until Resume or Unbind; a replaying shard stops delivering
+// what it replays, where it is, until Resume or Unbind (it holds its
+// arrivals already).
+type Suspend struct {
+	Shard int
+	Life  uint64
+}
+
+// Resume: deliver what the suspended shard held, in order, and serve it
+// live again; a replaying shard goes on replaying from where it stopped.
+type Resume struct {
+	Shard int
+	Life  uint64
+}
+
+// Unbind: stop serving the shard at once, in whatever mode: unsubscribe,
+// end its replay, refuse what it held, end its entities' context and stop
+// them; no end marker.
+type Unbind struct {
+	Shard int
+	Life  uint64
+	Why   string
+}
+
+// Release: the source's last step of a handoff (docs/PROTOCOL.md,
+// "Handoff", step 5): when Held, keep diverting for the release grace,
+// then drain the subscription (what it received is buffered) and forget
+// the shard; then, held or not, append the end marker Handoff to the
+// shard's buffer.
+// Report ReleaseDone with Token.
+type Release struct {
+	Token   uint64
+	Shard   int
+	Handoff uint64
+	Held    bool
+}
+
+// WriteRegistration: write the registration (with the leaving mark as it
+// is now) at once; report RegistrationWritten with ID (0: nobody waits).
+type WriteRegistration struct{ ID uint64 }
+
+// Log: say it.
+type Log struct {
+	Level slog.Level
+	Msg   string
+	Args  []any
+}
+
+func (Answer) isAction()            {}
+func (CheckEpoch) isAction()        {}
+func (BindShards) isAction()        {}
+func (GoLive) isAction()            {}
+func (Suspend) isAction()           {}
+func (Resume) isAction()            {}
+func (Pause) isAction()             {}
+func (Unbind) isAction()            {}
+func (Release) isAction()           {}
+func (WriteRegistration) isAction() {}
+func (Log) isAction()               {}
+
 // Step takes one event and returns the actions it causes.
 func (c *Core) Step(ev Event) []Action {
 	c.out = nil
@@ -336,6 +549,151 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 	default:
 		answer(fmt.Errorf("unknown command %s", cmd.Kind))
 	}
+}
+
+// errSuspended refuses a command while the region confirms its shards
+// after a reconnect; the coordinator sends it again.
+var errSuspended = errors.New("region suspended: reconnected to NATS, confirming its shards")
+
+// suspend: the connection dropped. No shard is dropped: nothing crashed,
+// and a shard dropped in the middle of a move made the region lose its
+// place (PROTOCOL.md, Riding through a lost connection). Live shards are
+// suspended; replaying ones stop delivering where they are; paused ones
+// go on diverting (nats.go subscribes them again on reconnect). The
+// commands waiting fail (the coordinator sends them again).
+func (c *Core) suspend(ev Suspended) {
+	if !c.registered || c.closed || c.suspended || ev.Incarnation != c.incarnation {
+		return
+	}
+	c.suspended = true
+	var live, moving []int
+	for _, n := range c.held() {
+		s := c.shards[n]
+		switch s.mode {
+		case modeLive:
+			s.mode = modeSuspended
+			c.emit(Suspend{Shard: n, Life: s.life})
+			live = append(live, n)
+		case modeHold:
+			s.suspended = true
+			c.emit(Suspend{Shard: n, Life: s.life})
+			moving = append(moving, n)
+		case modeDivert:
+			s.suspended = true
+			moving = append(moving, n)
+		}
+	}
+	c.failWaiting(errSuspended)
+	c.log(slog.LevelWarn, "disconnected from NATS: shards suspended until the region confirms them", "suspended", len(live), "moving", moving)
+}
+
+// verdict is what a confirmation does with a suspended shard.
+type verdict uint8
+
+const (
+	keepShard  verdict = iota // as it was: live again, replaying again, or still diverting
+	pauseShard                // paused for the row's handoff, as the handoff command would have
+	dropShard                 // not this region's any more: dropped, what it held refused
+)
+
+// confirmVerdict decides what becomes of suspended shard s once the region
+// has read its row (the zero row when the table has none). The table
+// "gives" a shard to this region as its owner (Region and Incarnation:
+// binding there, active there, or handoff from there) or as the source of
+// a move (Source and SourceIncarnation: handoff or binding). The cases
+// (PROTOCOL.md, Riding through a lost connection, has the table and why):
+//
+//   - live (suspended): owner of an active or binding row: live again.
+//     Source of a handoff or binding row: the coordinator started a move
+//     while the region was away and asks again; the shard pauses for the
+//     row's handoff, what it held goes to the buffer first, in order.
+//     Otherwise dropped.
+//   - replaying: owner of a binding, active or handoff row: replays on
+//     where it stopped (a handoff of a replaying shard waits until it is
+//     live). Otherwise dropped.
+//   - paused: source of a handoff or binding row, or a release under
+//     way (the coordinator's own command): diverts on. Otherwise dropped.
+//
+// A row that names neither (parked, or bound, active or handing off
+// elsewhere) means the coordinator took the shard without the region:
+// a forced reallocation after a handoff timeout, or a removal, which the
+// renewal before the read excludes.
+func (c *Core) confirmVerdict(s *coreShard, r protocol.ShardRecord) verdict {
+	mine := func(region, inc string) bool {
+		return inc == c.incarnation && (c.cfg.Region == "" || region == c.cfg.Region)
+	}
+	owner, source := mine(r.Region, r.Incarnation), mine(r.Source, r.SourceIncarnation)
+	switch s.mode {
+	case modeSuspended:
+		switch {
+		case owner && (r.State == protocol.StateActive || r.State == protocol.StateBinding):
+			return keepShard
+		case source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding):
+			return pauseShard
+		}
+	case modeHold:
+		if owner && (r.State == protocol.StateBinding || r.State == protocol.StateActive || r.State == protocol.StateHandoff) {
+			return keepShard
+		}
+	case modeDivert:
+		if s.releasing != 0 || source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding) {
+			return keepShard
+		}
+	}
+	return dropShard
+}
+
+// confirmed ends a suspension: each suspended shard is kept, paused or
+// dropped as its row in ev.Rows says (confirmVerdict).
+func (c *Core) confirmed(ev Confirmed) {
+	if !c.suspended || ev.Incarnation != c.incarnation {
+		return
+	}
+	c.suspended = false
+	rows := make(map[int]protocol.ShardRecord, len(ev.Rows))
+	for _, r := range ev.Rows {
+		rows[r.Shard] = r
+	}
+	var resumed, replaying, diverting, paused, dropped []int
+	for _, n := range c.held() {
+		s := c.shards[n]
+		if s.mode != modeSuspended && !s.suspended {
+			continue // not held through the suspension (none is: binds were refused)
+		}
+		r := rows[n]
+		switch c.confirmVerdict(s, r) {
+		case keepShard:
+			s.suspended = false
+			switch s.mode {
+			case modeSuspended:
+				s.mode = modeLive
+				c.emit(Resume{Shard: n, Life: s.life})
+				resumed = append(resumed, n)
+			case modeHold:
+				c.emit(Resume{Shard: n, Life: s.life})
+				if s.caughtUp {
+					s.mode, s.caughtUp = modeLive, false
+					c.emit(GoLive{Shard: n, Life: s.life})
+				}
+				replaying = append(replaying, n)
+			case modeDivert:
+				if s.releasing == 0 && r.Handoff != 0 && r.Handoff != s.handoff {
+					c.log(slog.LevelInfo, "shard already paused under another handoff id", "shard", n, "was", s.handoff, "now", r.Handoff)
+					s.handoff = r.Handoff
+				}
+				diverting = append(diverting, n)
+			}
+		case pauseShard:
+			// Where the handoff command, refused while suspended, would
+			// have put it: the coordinator's next one finds it paused.
+			s.mode, s.handoff, s.stopped = modeDivert, r.Handoff, false
+			c.emit(Pause{Shard: n, Handoff: s.handoff, Life: s.life})
+			paused = append(paused, n)
+		case dropShard:
+			dropped = append(dropped, c.unbind([]int{n}, fmt.Sprintf("the table gives it elsewhere after the reconnect (%s, region %q)", r.State, r.Region))...)
+		}
+	}
+	c.log(slog.LevelInfo, "shards confirmed after the reconnect", "resumed", len(resumed), "replaying", replaying, "diverting", diverting, "paused", paused, "dropped", dropped)
 }
 
 // bind binds the command's shards that are not held yet, each to be

@@ -7,9 +7,7 @@
 //
 // # Core and driver
 //
-// Core (core.go; its events and actions in core_events.go, the
-// confirmation of suspended shards in core_confirm.go) decides what the
-// region does with its shards: it takes
+// Core (core.go) decides what the region does with its shards: it takes
 // events (the coordinator's commands, an epoch check's outcome, shards
 // bound, a replay caught up, entities stopped, a release done, a fence, a
 // registration, a lost connection and its confirmation, a leave, ticks)
