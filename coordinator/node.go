@@ -2,8 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -298,4 +302,744 @@ func (n *Node) stopParking(why string) {
 	if shards := n.parker.stop(); len(shards) > 0 {
 		n.log.Info("stopped parking shards: the term that parked them ended", "shards", shards, "why", why)
 	}
+}
+
+// leader is one term of leadership: from taking the lease to losing or
+// releasing it. Only its run goroutine touches core and lease.
+type leader struct {
+	*Node
+	info      protocol.CoordinatorInfo
+	lease     kvstate.Lease
+	renewedAt time.Time        // when the last successful renewal was sent
+	clock     func() time.Time // tests: the time renewIfDue sees, when set
+	core      *Core
+	events    chan Event // command outcomes, unparks and marks, from other goroutines
+	admin     chan *nats.Msg
+	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
+	removed   map[string]bool                // regions whose registration this leader removed (found dead), until announced gone
+	roundAt   time.Time                      // when the current rebalance round was planned
+	track     *moveTracker
+}
+
+var errStepDown = errors.New("coordinator: stepping down")
+
+func (l *leader) run(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	err := l.lead(ctx)
+	if parent.Err() == nil {
+		l.log.Warn("lost or gave up the coordinator lease", "epoch", l.info.Epoch, "err", err)
+	}
+	// Release the lease if it is still ours, so that another candidate
+	// takes over at once instead of after the TTL.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Second)
+	defer rcancel()
+	if err := l.cfg.Store.Release(rctx, l.lease); err == nil {
+		l.log.Info("released the coordinator lease", "epoch", l.info.Epoch)
+	}
+}
+
+func (l *leader) lead(ctx context.Context) error {
+	epoch := l.info.Epoch
+	renew := time.NewTimer(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, time.Now()))
+	defer renew.Stop()
+	start, err := l.readStart(ctx, renew)
+	if err != nil {
+		return err
+	}
+	table, regions, pins := start.table, start.regions, start.pins
+	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
+	rebalance, settle := -1, -1
+	if l.cfg.RebalanceInterval > 0 {
+		rebalance = ticks(l.cfg.RebalanceInterval)
+	}
+	if l.cfg.Settle > 0 {
+		settle = ticks(l.cfg.Settle)
+	}
+	core, acts := NewCore(CoreConfig{
+		Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
+		ProbeEvery: ticks(l.cfg.ProbeInterval), Retry: ticks(time.Second),
+		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, Settle: settle, MaxMoves: l.cfg.MaxMoves,
+		Pins: pins, Stats: l.cfg.Stats,
+	}, l.cfg.Region, epoch, table, regions)
+	l.core = core
+	l.track = newMoveTracker(l.cfg.Stats, l.cfg.OnMove, l.cfg.Shards, table)
+	defer l.track.stop()
+	l.events = make(chan Event, 1024)
+	l.admin = make(chan *nats.Msg, 16)
+	ids := make([]string, len(regions))
+	for i, r := range regions {
+		ids[i] = r.Info.ID
+	}
+	l.log.Info("leading", "epoch", epoch, "regions", ids, "rows", len(table), "pins", len(pins))
+	l.seen, l.removed = map[string]protocol.RegionInfo{}, map[string]bool{}
+	for _, r := range core.Regions() {
+		l.seen[r.Info.ID] = r.Info
+	}
+	l.publish(protocol.Event{Kind: protocol.EventCoordinator, Region: l.cfg.Region})
+
+	adminSub, err := l.cfg.Conn.ChanSubscribe(l.cfg.Subjects.AdminAll(), l.admin)
+	if err != nil {
+		return fmt.Errorf("subscribe admin API: %w", err)
+	}
+	defer adminSub.Unsubscribe()
+
+	if err := l.execute(ctx, acts); err != nil {
+		return err
+	}
+	// The parkings of this candidate's previous term that this one has
+	// not adopted: once every region has answered its first probe (or
+	// failed to), those of shards found without owner are adopted; the
+	// others go. (Parkings are the term's by its epoch.)
+	adopt := time.NewTimer(l.cfg.CommandTimeout + l.cfg.Tick)
+	defer adopt.Stop()
+	watch := l.watchRegions(ctx)
+	tick := time.NewTicker(l.cfg.Tick)
+	defer tick.Stop()
+	reconnects := l.cfg.Conn.Stats().Reconnects
+	for {
+		var acts []Action
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-renew.C:
+			if err := l.renewOn(ctx, renew); err != nil {
+				return err
+			}
+		case ev, ok := <-watch:
+			if !ok {
+				watch = l.watchRegions(ctx)
+				continue
+			}
+			acts = core.Step(ev)
+		case ev := <-l.events:
+			acts = core.Step(ev)
+			acts = l.stepQueued(core, acts)
+		case <-adopt.C:
+			if shards := l.parker.releaseOthers(epoch); len(shards) > 0 {
+				l.log.Info("stopped parking shards that a previous term parked and this one found owned", "shards", shards)
+			}
+		case <-tick.C:
+			if r := l.cfg.Conn.Stats().Reconnects; r != reconnects {
+				// Back from a reconnect: if a candidate deposed this
+				// coordinator meanwhile (its probes found no responders),
+				// learn it now rather than at the next renewal.
+				reconnects = r
+				renew.Reset(0)
+			}
+			acts = core.Tick()
+		case c := <-l.closed:
+			acts = core.Step(ConnClosed(c))
+		case m := <-l.admin:
+			if err := l.answerAdmin(ctx, m); err != nil {
+				return err
+			}
+		}
+		l.announceRegions(acts) // before the moves that a change of regions starts
+		if err := l.execute(ctx, acts); err != nil {
+			return err
+		}
+	}
+}
+
+// startState is what a term starts from, read from the bucket once the
+// lease is taken (so that no earlier term can change it after: the
+// table's writes are fenced by the lease).
+type startState struct {
+	table   []protocol.ShardRecord
+	regions []RegionSeen
+	pins    map[int]string
+	err     error
+}
+
+// readStart reads the term's startState, renewing the lease meanwhile
+// when renew (the term's renewal timer) fires.
+// The reads (KV snapshots of the table, the regions and the pins) took 2
+// to 5 s on a loaded machine (two fault tests beside the region's race
+// tests), longer than a 4 s lease lets its holder go without renewing (3
+// s, renewal.Deadline): each term stepped down as it began to lead, and
+// the next one read again (docs/faults-log/2026-11-28-coordinator-terms-under-load.md).
+func (l *leader) readStart(ctx context.Context, renew *time.Timer) (startState, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the reads of a term that steps down meanwhile
+	read := make(chan startState, 1)
+	go func() { read <- readState(rctx, l.cfg.Store, l.startHook) }()
+	for {
+		select {
+		case s := <-read:
+			return s, s.err
+		case <-renew.C:
+			if err := l.renewOn(ctx, renew); err != nil {
+				return startState{}, err
+			}
+		}
+	}
+}
+
+// readState reads a term's startState from store; hook, when set (by
+// tests), runs first.
+func readState(ctx context.Context, store *kvstate.Store, hook func(context.Context)) (s startState) {
+	if hook != nil {
+		hook(ctx)
+	}
+	if s.table, s.err = store.Shards(ctx); s.err != nil {
+		s.err = fmt.Errorf("read shard table: %w", s.err)
+		return s
+	}
+	entries, err := store.Regions(ctx)
+	if err != nil {
+		s.err = fmt.Errorf("read regions: %w", err)
+		return s
+	}
+	s.regions = make([]RegionSeen, len(entries))
+	for i, e := range entries {
+		s.regions[i] = RegionSeen{Info: e.Info, Revision: e.Revision}
+	}
+	if s.pins, s.err = store.Pins(ctx); s.err != nil {
+		s.err = fmt.Errorf("read pins: %w", s.err)
+	}
+	return s
+}
+
+// stepQueued steps the events queued behind the one that gave acts, up
+// to queuedSteps of them, and returns all their actions: executed
+// together, their table writes go as one batch (the activations that the
+// unparker reports one shard at a time, the bound shards a region's
+// answer names). The core decides as it would have; only the writes wait
+// for the steps.
+func (l *leader) stepQueued(core *Core, acts []Action) []Action {
+	for range queuedSteps {
+		select {
+		case ev := <-l.events:
+			acts = append(acts, core.Step(ev)...)
+		default:
+			return acts
+		}
+	}
+	return acts
+}
+
+// queuedSteps bounds the events stepped before their actions run: the
+// lease's renewal waits for them.
+const queuedSteps = 1024
+
+// renew extends the lease and reports whether it did. A lost lease ends
+// the term at once (the error); an unreachable server ends it when the
+// lease may have expired (package renewal).
+func (l *leader) renew(ctx context.Context) (bool, error) {
+	sent := time.Now()
+	stepDownAt := renewal.Deadline(l.renewedAt, l.cfg.LeaseTTL)
+	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(l.renewedAt, sent, l.cfg.LeaseTTL))
+	lease, err := l.cfg.Store.Renew(rctx, l.lease, l.info)
+	cancel()
+	if err == nil {
+		l.lease, l.renewedAt = lease, sent
+		return true, nil
+	}
+	l.cfg.Stats.RenewalsFailed.Add(1)
+	if errors.Is(err, kvstate.ErrConflict) {
+		return false, fmt.Errorf("%w: lease lost: %w", errStepDown, err)
+	}
+	if !time.Now().Before(stepDownAt) {
+		return false, fmt.Errorf("%w: cannot renew the lease in time: %w", errStepDown, err)
+	}
+	l.log.Warn("lease renewal failed; will retry", "err", err)
+	return false, nil
+}
+
+// renewOn renews the lease when the term's renewal timer t fired, and
+// sets t for the next renewal (sooner after a failed attempt).
+func (l *leader) renewOn(ctx context.Context, t *time.Timer) error {
+	renewed, err := l.renew(ctx)
+	if err == nil {
+		t.Reset(renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, !renewed, time.Now()))
+	}
+	return err
+}
+
+// renewIfDue renews the lease when its renewal is due. The loop that
+// renews also carries out the table writes, batch after batch (row
+// after row where they go one at a time: writeShards), and a
+// first allocation of many shards (3 writes each; one after another,
+// 4 096 shards took longer than the lease before the batches) can take
+// longer than the lease: without this its writes would be refused as
+// fenced halfway, and the next term would start over
+// (docs/bench-log/scaling.md, the coordinator).
+func (l *leader) renewIfDue(ctx context.Context) error {
+	now := time.Now()
+	if l.clock != nil {
+		now = l.clock()
+	}
+	if renewal.Wait(l.renewedAt, l.cfg.LeaseTTL, false, now) > 0 {
+		return nil
+	}
+	_, err := l.renew(ctx)
+	return err
+}
+
+// execute carries out actions in order. Table writes are synchronous and
+// fenced: a refused write ends the term. Consecutive writes go as one
+// batch (writeShards, up to kvstate.MaxShardBatch), which the next action
+// that may depend on them waits for (waitsForWrites). Commands run
+// concurrently and report back through l.results.
+func (l *leader) execute(ctx context.Context, acts []Action) error {
+	var unparks []Unpark
+	var writes []protocol.ShardRecord // not written yet
+	// Fences are logged once per call at INFO, each shard's at DEBUG: a
+	// takeover or a dead source can fence dozens of shards at once.
+	var fenced, fencing []int
+	defer func() {
+		if len(fenced) > 0 {
+			l.log.Info("fenced handoffs' sources in their shards' buffers: what they append from now on is not replayed", "shards", fenced)
+		}
+		if len(fencing) > 0 {
+			l.log.Info("fencing the handoffs of sources that died in their shards' buffers, then writing their end markers", "shards", fencing)
+		}
+	}()
+	flush := func() error {
+		err := l.writeShards(ctx, writes)
+		writes = writes[:0]
+		return err
+	}
+	for _, a := range acts {
+		if w, ok := a.(WriteShard); ok {
+			// A full batch goes at once: it is as large as one can be,
+			// and waitsForWrites looks through what is held.
+			if len(writes) == kvstate.MaxShardBatch {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			writes = append(writes, w.Record)
+			continue
+		}
+		if waitsForWrites(a, writes) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		switch a := a.(type) {
+		case WritePin:
+			ev := protocol.Event{Kind: protocol.EventPin, Shard: &a.Shard, Region: a.Region}
+			var err error
+			if a.Region != "" {
+				_, err = l.cfg.Store.PutPin(ctx, l.lease, a.Shard, a.Region)
+			} else {
+				err = l.cfg.Store.DeletePin(ctx, l.lease, a.Shard)
+				ev.Kind = protocol.EventUnpin
+			}
+			if err != nil {
+				return fmt.Errorf("%w: write pin of shard %d: %w", errStepDown, a.Shard, err)
+			}
+			l.log.Info(ev.Kind, "shard", a.Shard, "region", a.Region)
+			l.publish(ev)
+		case Send:
+			go l.send(ctx, a)
+		case RemoveRegion:
+			switch err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); {
+			case err == nil:
+				l.removed[a.ID] = true
+			case errors.Is(err, kvstate.ErrConflict):
+				l.log.Debug("a silent region's registration changed since its silence began (renewed, or removed already): not removed", "region", a.ID)
+			default:
+				l.log.Warn("cannot remove dead region's registration", "region", a.ID, "err", err)
+			}
+		case StepDown:
+			return fmt.Errorf("%w: %s", errStepDown, a.Reason)
+		case Park:
+			if l.cfg.Durable {
+				continue // the stream keeps the shard's messages
+			}
+			if a.Fence != 0 {
+				// Before the parking's first append, and bounded: the
+				// leader's loop waits for it. A fence that cannot be
+				// written ends the term rather than let the parking's
+				// messages precede a zombie's in the buffer; the next
+				// term finds the move where this one left it.
+				fctx, cancel := context.WithTimeout(ctx, l.cfg.CommandTimeout)
+				_, err := l.cfg.Buffer.Fence(fctx, a.Shard, a.Fence)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("%w: fence handoff %d of shard %d: %w", errStepDown, a.Fence, a.Shard, err)
+				}
+				l.log.Debug("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", a.Shard, "handoff", a.Fence)
+				fenced = append(fenced, a.Shard)
+			}
+			if err := l.parker.park(a.Shard, a.Handoff, l.info.Epoch); err != nil {
+				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
+			}
+		case Unpark:
+			if l.cfg.Durable {
+				go l.post(ctx, Unparked{Shard: a.Shard, Handoff: a.Handoff}) // no end marker: the new owner waits for none
+				continue
+			}
+			unparks = append(unparks, a)
+		case Mark:
+			if l.cfg.Durable {
+				go l.post(ctx, Marked{Shard: a.Shard, Handoff: a.Handoff})
+				continue
+			}
+			if a.Fence {
+				fencing = append(fencing, a.Shard)
+			}
+			go l.mark(ctx, a)
+		case Warn:
+			l.log.Warn(a.Msg)
+		case RoundPlanned:
+			l.roundAt = time.Now()
+			l.log.Info("rebalance round", "round", a.Round, "moves", len(a.Moves), "from_to", movesSummary(a.Moves), "regions", countsSummary(a.Regions))
+			l.log.Debug("rebalance round's moves", "round", a.Round, "shards", shardsOf(a.Moves))
+		case RoundDone:
+			args := []any{"round", a.Round, "moved", a.Moved, "took", duration(time.Since(l.roundAt))}
+			if a.Dropped > 0 {
+				args = append(args, "dropped", a.Dropped, "why", a.Reason)
+			}
+			l.log.Info("rebalance round done", args...)
+		case NoRound:
+			level := slog.LevelInfo
+			if a.Settling {
+				level = slog.LevelDebug
+			}
+			l.log.Log(ctx, level, "no rebalance round", "reason", a.Reason)
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if len(unparks) > 0 {
+		go l.unpark(ctx, unparks)
+	}
+	return nil
+}
+
+// waitsForWrites reports whether action a must wait for the table writes
+// before it: all but log lines, the Park of another shard (a Park starts
+// diverting a shard's messages, whatever the other rows say) and an
+// Unpark (execute gathers them and starts them after its last writes) do.
+func waitsForWrites(a Action, writes []protocol.ShardRecord) bool {
+	switch a := a.(type) {
+	case Warn, RoundPlanned, RoundDone, NoRound, Unpark:
+		return false
+	case Park:
+		return slices.ContainsFunc(writes, func(r protocol.ShardRecord) bool { return r.Shard == a.Shard })
+	}
+	return true
+}
+
+// writeShards writes rows of the table (at most kvstate.MaxShardBatch):
+// as one batch where the store has them go as one (kvstate.Store.Batches)
+// and the server takes it, else one row after another. Before the batch,
+// and before each row, it renews the lease when that is due: under load
+// a row alone took a quarter of a second, and 22 of them outlasted a 4 s
+// lease that nothing renewed meanwhile (the server expired it; the rest
+// were refused as fenced, and the term ended).
+func (l *leader) writeShards(ctx context.Context, recs []protocol.ShardRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	if l.cfg.Store.Batches(len(recs)) {
+		if err := l.renewIfDue(ctx); err != nil {
+			return err
+		}
+		err := l.cfg.Store.PutShards(ctx, l.lease, recs)
+		if err == nil {
+			l.written(recs)
+			return nil
+		}
+		if !errors.Is(err, kvstate.ErrBatchRefused) {
+			return fmt.Errorf("%w: write %d shards from shard %d: %w", errStepDown, len(recs), recs[0].Shard, err)
+		}
+		l.log.Debug("the table's rows go one at a time", "rows", len(recs), "why", err)
+	}
+	for i := range recs {
+		if err := l.renewIfDue(ctx); err != nil {
+			return err
+		}
+		if _, err := l.cfg.Store.PutShard(ctx, l.lease, recs[i]); err != nil {
+			return fmt.Errorf("%w: write shard %d: %w", errStepDown, recs[i].Shard, err)
+		}
+		l.written(recs[i : i+1])
+	}
+	return nil
+}
+
+// written records rows of the table just written: for the moves' timing,
+// the log and the event stream.
+func (l *leader) written(recs []protocol.ShardRecord) {
+	now := time.Now()
+	for _, rec := range recs {
+		l.track.written(rec, now)
+		l.log.Debug("shard", "shard", rec.Shard, "region", rec.Region, "state", rec.State)
+		l.publish(protocol.Event{Kind: protocol.EventShard, Shard: &rec.Shard, State: string(rec.State), Region: rec.Region, Source: rec.Source})
+	}
+}
+
+// unpark ends the parking of shards whose new owner is replaying their
+// buffer: after the grace period (so that the owner's subscription is known
+// to every server of a cluster), it unsubscribes and appends the end
+// markers, then reports each shard Unparked. The buffer of a shard whose
+// owner was live already (Unpark.Live) is purged instead. (Ending 32
+// shards at a time made no difference that three runs of
+// BenchmarkRegions could see: docs/bench-log/scaling.md.)
+func (l *leader) unpark(ctx context.Context, us []Unpark) {
+	if !wait.Sleep(ctx, l.cfg.ReleaseGrace) {
+		return // the term ended: the next one parks the shards again, or stops parking them
+	}
+	for _, u := range us {
+		l.parker.unsubscribe(u.Shard, u.Handoff, l.info.Epoch)
+	}
+	for _, u := range us {
+		done := false
+		if u.Live {
+			done = l.purgeRetrying(ctx, u.Shard)
+		} else {
+			done = l.markRetrying(ctx, u.Shard, u.Handoff)
+		}
+		if done {
+			l.post(ctx, Unparked{Shard: u.Shard, Handoff: u.Handoff})
+		}
+	}
+}
+
+// purgeRetrying empties a shard's buffer once the appends of its parking
+// are acknowledged: everything in it is a copy of what its live owner
+// handled (the owner purged up to its own end marker before it went live).
+func (l *leader) purgeRetrying(ctx context.Context, shard int) bool {
+	for ctx.Err() == nil {
+		err := l.cfg.Buffer.Flush(ctx)
+		if err == nil {
+			err = l.cfg.Buffer.Purge(ctx, shard, math.MaxUint64)
+		}
+		if err == nil {
+			l.log.Info("purged a parked shard's buffer: its owner was live already", "shard", shard)
+			return true
+		}
+		l.log.Warn("cannot purge a parked shard's buffer; retrying", "shard", shard, "err", err)
+		wait.Sleep(ctx, 500*time.Millisecond)
+	}
+	return false
+}
+
+// mark appends an end marker for a source that died.
+func (l *leader) mark(ctx context.Context, m Mark) {
+	if m.Fence && !l.fenceRetrying(ctx, m.Shard, m.Handoff) {
+		return
+	}
+	if l.markRetrying(ctx, m.Shard, m.Handoff) {
+		l.post(ctx, Marked{Shard: m.Shard, Handoff: m.Handoff})
+	}
+}
+
+func (l *leader) markRetrying(ctx context.Context, shard int, handoff uint64) bool {
+	for ctx.Err() == nil {
+		if _, err := l.cfg.Buffer.Mark(ctx, shard, handoff); err == nil {
+			return true
+		} else {
+			l.log.Warn("cannot write an end marker; retrying", "shard", shard, "handoff", handoff, "err", err)
+		}
+		wait.Sleep(ctx, 500*time.Millisecond)
+	}
+	return false
+}
+
+// fenceRetrying fences handoff in shard's buffer (kvstate.Buffer.Fence),
+// retrying until it is written or ctx ends.
+func (l *leader) fenceRetrying(ctx context.Context, shard int, handoff uint64) bool {
+	for ctx.Err() == nil {
+		if _, err := l.cfg.Buffer.Fence(ctx, shard, handoff); err == nil {
+			l.log.Debug("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", shard, "handoff", handoff)
+			return true
+		} else {
+			l.log.Warn("cannot fence a handoff's source in the shard's buffer; retrying", "shard", shard, "handoff", handoff, "err", err)
+		}
+		wait.Sleep(ctx, 500*time.Millisecond)
+	}
+	return false
+}
+
+func (l *leader) post(ctx context.Context, ev Event) {
+	select {
+	case l.events <- ev:
+	case <-ctx.Done():
+	}
+}
+
+func (l *leader) send(ctx context.Context, s Send) {
+	done := CommandDone{Send: s, Outcome: Failed}
+	data, err := protocol.Encode(s.Command)
+	if err == nil {
+		var m *nats.Msg
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.CommandTimeout)
+		m, err = l.cfg.Conn.RequestWithContext(rctx, l.cfg.Subjects.Region(s.Region), data)
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			done.Outcome = NoResponders
+		case err != nil:
+		case protocol.Decode(m.Data, &done.Reply) != nil:
+			err = errors.New("undecodable reply")
+		case done.Reply.Error != "":
+			done.Outcome = Refused
+		default:
+			done.Outcome = OK
+		}
+	}
+	if err != nil || done.Outcome == Refused {
+		l.log.Debug("command", "kind", s.Command.Kind, "region", s.Region, "outcome", done.Outcome, "err", err, "refusal", done.Reply.Error)
+	}
+	l.post(ctx, done)
+}
+
+// watchRegions turns registry changes into core events. The returned
+// channel closes when the watch is lost; the caller watches again.
+func (l *leader) watchRegions(ctx context.Context) <-chan Event {
+	out := make(chan Event)
+	go func() {
+		defer close(out)
+		var events <-chan kvstate.RegionEvent
+		for ctx.Err() == nil {
+			var err error
+			if events, err = l.cfg.Store.WatchRegions(ctx); err == nil {
+				break
+			}
+			l.log.Warn("cannot watch regions; retrying", "err", err)
+			wait.Sleep(ctx, time.Second)
+		}
+		if events == nil {
+			return // ctx ended before a watch began (ranging over nil would block for ever)
+		}
+		var ids []string
+		synced := false
+		for ev := range events {
+			var e Event
+			switch {
+			case ev.Synced:
+				synced = true
+				e = RegionsSynced{IDs: ids}
+			case ev.Info == nil:
+				e = RegionGone{ID: ev.ID}
+			default:
+				if !synced {
+					ids = append(ids, ev.ID)
+				}
+				e = RegionUp{RegionSeen{Info: *ev.Info, Revision: ev.Revision}}
+			}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// answerAdmin answers an admin API request. The actions a request starts
+// (table and pin writes, commands) are carried out before the answer, so
+// that an answer of success means they were accepted; an error carrying
+// them out ends the term, like any failed write.
+func (l *leader) answerAdmin(ctx context.Context, m *nats.Msg) error {
+	var (
+		body any
+		acts []Action
+		err  error
+	)
+	if verb := m.Subject[len(l.cfg.Subjects.Admin("")):]; verb == protocol.AdminStatus {
+		body = l.status()
+	} else {
+		body, acts, err = l.core.AdminRequest(verb, m.Data)
+	}
+	var failed error
+	if err == nil {
+		failed = l.execute(ctx, acts)
+		err = failed
+	}
+	if err != nil {
+		body = protocol.AdminError{Error: err.Error()}
+	}
+	data, _ := json.Marshal(body)
+	if m.Reply != "" {
+		_ = m.Respond(data)
+	}
+	return failed
+}
+
+// publish announces ev on the events subject (core NATS: nobody may be
+// listening, and a slow watcher may miss events).
+func (l *leader) publish(ev protocol.Event) {
+	ev.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	ev.Epoch = l.core.Epoch()
+	data, err := json.Marshal(ev)
+	if err == nil {
+		err = l.cfg.Conn.Publish(l.cfg.Subjects.Events(), data)
+	}
+	if err != nil {
+		l.log.Debug("cannot publish an event", "kind", ev.Kind, "err", err)
+	}
+}
+
+// announceRegions logs and publishes the regions that registered, started
+// leaving or are gone since the last call; acts are the actions of the
+// step that changed them.
+func (l *leader) announceRegions(acts []Action) {
+	now := map[string]protocol.RegionInfo{}
+	for _, r := range l.core.Regions() {
+		now[r.Info.ID] = r.Info
+		old, ok := l.seen[r.Info.ID]
+		switch {
+		case ok && old.Incarnation != r.Info.Incarnation:
+			// The process behind the id restarted, or the region fenced
+			// itself and registered again, empty.
+			l.log.Info("region registered as a new incarnation: the old one's shards are re-homed", "region", r.Info.ID, "incarnation", r.Info.Incarnation, "was", old.Incarnation)
+			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: r.Info.ID})
+			l.publish(protocol.Event{Kind: protocol.EventRegionUp, Region: r.Info.ID})
+			if r.Info.Leaving {
+				l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+			}
+		case !ok:
+			l.log.Info("region joined", "region", r.Info.ID, "incarnation", r.Info.Incarnation, "version", r.Info.Version, "leaving", r.Info.Leaving)
+			l.publish(protocol.Event{Kind: protocol.EventRegionUp, Region: r.Info.ID})
+			if r.Info.Leaving {
+				l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+			}
+		case r.Info.Leaving && !old.Leaving:
+			l.log.Info("region leaving: its shards are handed off", "region", r.Info.ID)
+			l.publish(protocol.Event{Kind: protocol.EventLeaving, Region: r.Info.ID})
+		case !r.Info.Leaving && old.Leaving:
+			l.log.Info("region undrained: it takes shards again", "region", r.Info.ID)
+			l.publish(protocol.Event{Kind: protocol.EventUndrained, Region: r.Info.ID})
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(l.seen)) {
+		if _, ok := now[id]; !ok {
+			why := "its registration expired or was deleted"
+			if l.removed[id] {
+				why = "found dead: no responders on its command subject"
+				delete(l.removed, id)
+			}
+			l.log.Info("region gone: its shards are re-homed", "region", id, "why", why)
+			l.publish(protocol.Event{Kind: protocol.EventRegionGone, Region: id})
+		}
+	}
+	l.seen = now
+}
+
+func (l *leader) status() protocol.Status {
+	st := protocol.Status{
+		Type:        l.cfg.Subjects.Type(),
+		Shards:      l.cfg.Shards,
+		Coordinator: protocol.CoordinatorView{Region: l.cfg.Region, Epoch: l.core.Epoch()},
+	}
+	count := map[string]int{}
+	pins := l.core.Pins()
+	for _, r := range l.core.Table() {
+		st.Table = append(st.Table, protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source, Pin: pins[r.Shard]})
+		count[r.Region]++
+	}
+	for _, r := range l.core.Regions() {
+		st.Regions = append(st.Regions, protocol.RegionView{
+			ID: r.Info.ID, Incarnation: r.Info.Incarnation, Version: r.Info.Version, Leaving: r.Info.Leaving, Shards: count[r.Info.ID],
+		})
+	}
+	return st
 }
