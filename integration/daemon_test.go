@@ -135,7 +135,7 @@ func TestDaemonWorkersOnceAcrossProcesses(t *testing.T) {
 	}
 	settled := func(what string, n int, regions ...string) {
 		t.Helper()
-		eventually(t, 90*time.Second, what, func() error {
+		natstest.Eventually(t, 90*time.Second, what, func() error {
 			where, ok := recs.exactly(n)
 			if !ok {
 				return fmt.Errorf("workers: %s", recs)

@@ -2,7 +2,9 @@ package region_test
 
 import (
 	"testing"
+	"time"
 
+	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -42,7 +44,7 @@ func TestServing(t *testing.T) {
 	if _, err := c.buffer.Mark(t.Context(), shard, hs[0]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the shard served by a once live", func() bool { ok, _ := a.Serving(shard); return ok })
+	natstest.Eventually(t, 30*time.Second, "the shard served by a once live", func() bool { ok, _ := a.Serving(shard); return ok })
 	if !closed(changed) {
 		t.Error("the shard went live without closing Serving's channel")
 	}
@@ -56,7 +58,7 @@ func TestServing(t *testing.T) {
 	}
 	_, changed = a.Serving(shard)
 	a.Reconnected()
-	waitFor(t, "the shard served by a again once confirmed", func() bool { ok, _ := a.Serving(shard); return ok })
+	natstest.Eventually(t, 30*time.Second, "the shard served by a again once confirmed", func() bool { ok, _ := a.Serving(shard); return ok })
 	if !closed(changed) {
 		t.Error("the confirmation did not close Serving's channel")
 	}
@@ -70,7 +72,7 @@ func TestServing(t *testing.T) {
 	}
 	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: hs})
 	c.must("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{shard}, Handoffs: hs})
-	waitFor(t, "the shard served by b", func() bool { ok, _ := b.Serving(shard); return ok })
+	natstest.Eventually(t, 30*time.Second, "the shard served by b", func() bool { ok, _ := b.Serving(shard); return ok })
 
 	// A fence: nothing served.
 	_, changed = b.Serving(shard)
