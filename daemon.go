@@ -130,6 +130,7 @@ func (s *daemonSpec) validate(t Type) []error {
 		errs = append(errs, fmt.Errorf("Daemon.Workers: %d is out of range 0..%d (0: the stored count)", s.workers, MaxWorkers))
 	}
 	if !t.Remember {
+		//lint:ignore ST1005 a Validate error begins with the name of the field at fault, as its others do
 		errs = append(errs, errors.New("Remember: a daemon's workers are remembered entities; keep the Type that Daemon.Type returns"))
 	}
 	return errs
