@@ -104,6 +104,9 @@ type AdminOK struct {
 // AdminError is the answer to an admin request or a query that failed.
 type AdminError struct {
 	Error string `json:"error"`
+	// Retry: the request may be taken later as it is (reshard, while
+	// shards are moving).
+	Retry bool `json:"retry,omitempty"`
 }
 
 // Status is the coordinator's answer to AdminStatus.
