@@ -33,6 +33,8 @@ type Stats struct {
 	// Rounds: rebalance rounds (periodic or asked for) that started
 	// moves; RoundMoves: the moves they started.
 	Rounds, RoundMoves atomic.Uint64
+	// Splits: splits of the type this candidate recorded (Reshard).
+	Splits atomic.Uint64
 
 	// ParkedMessages: messages of parked shards the leader diverted to the
 	// buffer; ParkRefused: of those, the ones the buffer refused (full, or
