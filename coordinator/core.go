@@ -19,7 +19,7 @@ type CoreConfig struct {
 	// layout (earlier counts, a split under way) and what a split writes
 	// back. Zero: a type of Shards shards, never split.
 	TypeConfig protocol.TypeConfig
-	Strategy strategies.Strategy // where shards go, which to rebalance
+	Strategy   strategies.Strategy // where shards go, which to rebalance
 	// MinRegions: no shard is allocated until this many regions are
 	// registered (Akka's min-nr-of-members). 0 or 1 allocates at once.
 	MinRegions int
