@@ -124,6 +124,15 @@ func newMoveTracker(stats *Stats, onMove func(Move), shards int, table []protoco
 	return t
 }
 
+// grow extends the tracked table to n shards (a split): the new rows are
+// counted unowned until their writes come.
+func (t *moveTracker) grow(n int) {
+	for sh := len(t.rows); sh < n; sh++ {
+		t.rows = append(t.rows, protocol.ShardRecord{Shard: sh, State: protocol.StateUnowned})
+		t.stats.shards[stateIndex(protocol.StateUnowned)].Add(1)
+	}
+}
+
 // written notes a table write accepted at now.
 func (t *moveTracker) written(rec protocol.ShardRecord, now time.Time) {
 	if rec.Shard < 0 || rec.Shard >= len(t.rows) {
