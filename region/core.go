@@ -46,7 +46,10 @@ type Core struct {
 
 	checking uint64                    // the epoch being checked; 0: none
 	queued   []CommandIn               // commands waiting for the check
-	binds    map[uint64]protocol.Reply // bind answers waiting for Bound
+	binds    map[uint64]protocol.Reply // bind (and split) answers waiting for Bound
+	// splitting: split commands waiting for their check against the
+	// stored configuration (split.go).
+	splitting map[uint64]protocol.Reply
 	handoffs []*handoffAnswer
 	releases []*releaseAnswer
 	token    uint64 // counts Release actions
@@ -328,6 +331,8 @@ func (c *Core) Step(ev Event) []Action {
 		c.epochChecked(ev)
 	case Bound:
 		c.bound(ev)
+	case SplitChecked:
+		c.splitChecked(ev)
 	case CaughtUp:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
 			if s.suspended {
@@ -533,6 +538,8 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 		}
 		c.leaving = true
 		c.emit(WriteRegistration{ID: ev.ID})
+	case protocol.CmdSplit:
+		c.splitCommand(ev.ID, cmd, &reply, answer)
 	case protocol.CmdUndrain:
 		switch {
 		case c.going:

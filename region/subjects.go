@@ -78,12 +78,19 @@ func (a *Agent) onSubject(ss *subjectSub, m *nats.Msg) {
 }
 
 // subscribeShard registers st on each subject its shard listens on under
-// layout, subscribing the subjects the region has no subscription to yet,
-// and gives every subscription of the region the layout. The caller
-// flushes the connection. (The subjects of st are set once, here.)
+// layout, subscribing the subjects the region has no subscription to yet.
+// The caller flushes the connection. (The subjects of st are set once,
+// here.)
 func (a *Agent) subscribeShard(st *shardState, layout protocol.Layout) error {
 	a.subsMu.Lock()
 	defer a.subsMu.Unlock()
+	return a.subscribeLocked(st, layout)
+}
+
+// subscribeLocked is subscribeShard, a.subsMu held. A subscription the
+// region has already keeps routing by its layout (a split changes them
+// all at once: relayout); a new one routes by layout.
+func (a *Agent) subscribeLocked(st *shardState, layout protocol.Layout) error {
 	var subs []*subjectSub
 	for _, t := range layout.Tokens(st.n) {
 		ss, err := a.subjectLocked(t, layout)
@@ -93,7 +100,7 @@ func (a *Agent) subscribeShard(st *shardState, layout protocol.Layout) error {
 			}
 			return fmt.Errorf("subscribe shard %d: %w", st.n, err)
 		}
-		ss.route(layout, st, true)
+		ss.route(st, true)
 		subs = append(subs, ss)
 	}
 	st.subs = subs
@@ -117,8 +124,8 @@ func (a *Agent) subjectLocked(token int, layout protocol.Layout) (*subjectSub, e
 	return ss, nil
 }
 
-// route adds st to ss's shards (or removes it), with layout.
-func (ss *subjectSub) route(layout protocol.Layout, st *shardState, add bool) {
+// route adds st to ss's shards (or removes it).
+func (ss *subjectSub) route(st *shardState, add bool) {
 	old := ss.routes.Load()
 	shards := maps.Clone(old.shards)
 	if shards == nil {
@@ -129,14 +136,19 @@ func (ss *subjectSub) route(layout protocol.Layout, st *shardState, add bool) {
 	} else if shards[st.n] == st {
 		delete(shards, st.n)
 	}
-	ss.routes.Store(&routeSet{layout: layout, shards: shards})
+	ss.routes.Store(&routeSet{layout: old.layout, shards: shards})
+}
+
+// relayout makes ss route by layout (a split).
+func (ss *subjectSub) relayout(layout protocol.Layout) {
+	ss.routes.Store(&routeSet{layout: layout, shards: ss.routes.Load().shards})
 }
 
 // unrouteLocked removes st from ss, and ends the subscription when no
 // shard listens on it any more (what it still held is discarded: the
 // shards it was for are gone); a.subsMu is held.
 func (a *Agent) unrouteLocked(ss *subjectSub, st *shardState) {
-	ss.route(ss.routes.Load().layout, st, false)
+	ss.route(st, false)
 	if len(ss.routes.Load().shards) == 0 && a.subs[ss.token] == ss {
 		delete(a.subs, ss.token)
 		_ = ss.sub.Unsubscribe()
