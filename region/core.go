@@ -50,11 +50,11 @@ type Core struct {
 	// splitting: split commands waiting for their check against the
 	// stored configuration (split.go).
 	splitting map[uint64]protocol.Reply
-	handoffs []*handoffAnswer
-	releases []*releaseAnswer
-	token    uint64 // counts Release actions
-	tick     int
-	out      []Action
+	handoffs  []*handoffAnswer
+	releases  []*releaseAnswer
+	token     uint64 // counts Release actions
+	tick      int
+	out       []Action
 }
 
 // CoreConfig configures a Core.
