@@ -359,8 +359,14 @@ func (a *Agent) ID() string { return a.cfg.ID }
 // last is the type's count; it changes when the region splits).
 func (a *Agent) Layout() protocol.Layout { return a.layoutNow() }
 
-// layoutNow is the layout the region routes by now.
-func (a *Agent) layoutNow() protocol.Layout { return *a.layout.Load() }
+// layoutNow is the layout the region routes by now (the Config's, for an
+// Agent made without Open: tests).
+func (a *Agent) layoutNow() protocol.Layout {
+	if l := a.layout.Load(); l != nil {
+		return *l
+	}
+	return protocol.MustLayout(max(a.cfg.Shards, 1))
+}
 
 // Held returns the shards the region holds (serving, replaying or
 // handing off), ascending.
