@@ -95,7 +95,10 @@ type hosted struct {
 	buffer   *kvstate.Buffer
 	stream   *kvstate.Stream // durable delivery; nil in core
 	agent    *region.Agent
-	tracer   trace.Tracer // the node's
+	// config is the type's stored configuration when the node started
+	// hosting it (its counts: the region follows the splits after).
+	config protocol.TypeConfig
+	tracer trace.Tracer // the node's
 	// coordStats counts the coordinator candidate's decisions; nil without one.
 	coordStats *coordinator.Stats
 	// settled: Ready found the region taken in by a coordinator and done
@@ -387,7 +390,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	}
 	store := h.store
 	err = h.untilAvailable(ctx, "its stored configuration in "+kvstate.BucketName(t.Name), func(ctx context.Context) (err error) {
-		h.t, err = t.ensureConfig(ctx, store)
+		h.t, h.config, err = t.ensureConfig(ctx, store, log)
 		return err
 	})
 	if err != nil {
@@ -416,11 +419,15 @@ func (n *Node) host(ctx context.Context, t Type) error {
 		}
 	}
 	stream := h.stream
+	layout, err := h.config.Layout()
+	if err != nil {
+		return fmt.Errorf("natshard: type %q: its stored shard counts: %w", t.Name, err)
+	}
 	observed := n.metrics != nil || n.tracer != nil
 	n.client.Learn(subjects, t.Shards, string(t.Delivery))
 	if !n.opts.NoRegion {
 		cfg := region.Config{
-			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards,
+			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards, Layout: layout,
 			ID: n.opts.Region, Version: n.opts.Version, Factory: h.factory,
 			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, PassivationPolicy: t.PassivationPolicy, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
 			MaxHeld: t.BufferSize, Logger: log, Trace: h.traceMessage,
@@ -502,11 +509,20 @@ func spaceHint(err error, field string, bytes int64) string {
 func (h *hosted) factory(ctx context.Context, id string) (Entity, error) {
 	n := h.node
 	env := &Env{
-		Type: h.t.Name, ID: id, Shard: protocol.ShardOf(id, h.t.Shards), Region: n.opts.Region, Delivery: h.t.Delivery,
+		Type: h.t.Name, ID: id, Shard: h.shardOf(id), Region: n.opts.Region, Delivery: h.t.Delivery,
 		Store: h.store, Conn: n.nc, Client: n.client, log: h.log, h: h,
 	}
 	ent, err := h.t.Entity(withEnv(ctx, env), id)
 	return env.keeper(ent), err
+}
+
+// shardOf is entity id's shard, by the counts the region routes by now
+// (they change when the type is resharded).
+func (h *hosted) shardOf(id string) int {
+	if h.agent != nil {
+		return h.agent.Layout().ShardOf(id)
+	}
+	return protocol.ShardOf(id, h.t.Shards)
 }
 
 // Stop stops the node gracefully: every type's region leaves (its shards

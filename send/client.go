@@ -46,8 +46,12 @@ const attemptTimeout = 5 * time.Second
 
 // Client sends messages to entities of any type: it needs nothing but a
 // NATS connection, and no process it talks to needs to know it. It learns
-// each type's shard count from the type's KV bucket once and keeps it (a
-// type's shard count never changes). It is safe for concurrent use. The
+// each type's shard count from the type's KV bucket, and follows it: when
+// the type is resharded (docs/PROTOCOL.md, Resharding), a watch of the
+// type's configuration tells it the new count once every region serves it,
+// and it sends by that count from then on (messages sent by the old count
+// still reach their entities). The watch lasts as long as the connection.
+// It is safe for concurrent use. The
 // core requests of every Client of a connection wait for their answers on
 // one subscription of the connection (a wildcard on a new inbox;
 // nats.CustomInboxPrefix applies), made at the first core request and
@@ -98,6 +102,8 @@ type Client struct {
 	// mu) when a type is learnt, read without a lock by every call.
 	mu    sync.Mutex
 	types atomic.Pointer[map[string]clientType]
+	// watched: the types whose configuration the client watches (under mu).
+	watched map[string]bool
 
 	// ids makes the messages' default Nats-Msg-Id: "~", a NUID of the
 	// client's, then a count (nuid.Next takes a lock shared by the
@@ -534,8 +540,62 @@ func (c *Client) Learn(subjects protocol.Subjects, shards int, delivery string) 
 	}
 	types[subjects.Type()] = t
 	c.types.Store(&types)
+	watch := !c.watched[subjects.Type()]
+	if watch {
+		if c.watched == nil {
+			c.watched = map[string]bool{}
+		}
+		c.watched[subjects.Type()] = true
+	}
 	c.mu.Unlock()
+	if watch {
+		go c.follow(subjects.Type())
+	}
 	return t
+}
+
+// follow watches type typ's configuration for as long as the connection
+// lives, and sends by the count it announces (a split's: every region
+// serves the new shards by then).
+func (c *Client) follow(typ string) {
+	for wait := time.Duration(0); !c.nc.IsClosed(); wait = min(2*wait+100*time.Millisecond, 5*time.Second) {
+		time.Sleep(wait)
+		if c.jetStream() != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
+		store, err := kvstate.Bind(ctx, c.js, typ, kvstate.Options{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		configs, err := store.WatchConfig(context.Background()) // ends with the connection
+		if err != nil {
+			continue
+		}
+		for cfg := range configs {
+			c.setShards(typ, cfg.Shards)
+			wait = 0
+		}
+	}
+}
+
+// setShards makes the client send to type typ by shards.
+func (c *Client) setShards(typ string, shards int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.types.Load()
+	if old == nil {
+		return
+	}
+	t, ok := (*old)[typ]
+	if !ok || t.shards == shards || shards < 1 || shards > protocol.MaxShards {
+		return
+	}
+	t.shards = shards
+	types := maps.Clone(*old)
+	types[typ] = t
+	c.types.Store(&types)
 }
 
 // deadline is when a call with ctx ends: ctx's deadline, or else the

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
 
-	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard"
 )
 
 // reshardResult is what reshard prints with --json.
@@ -20,62 +19,28 @@ type reshardResult struct {
 	TookMS int64 `json:"took_ms"`
 }
 
-// cmdReshard asks the coordinator to split the type to --shards shards,
-// again while it answers that shards are moving, then waits, on a watch
-// of the type's configuration, until the split is announced.
+// cmdReshard splits the type to --shards shards (natshard.Reshard: the
+// coordinator is asked again while shards move, and the split is followed
+// until it is announced), and prints what it took.
 func cmdReshard(ctx context.Context, c *client, _ []string, out io.Writer) error {
-	want := c.opts.Shards
-	watch, err := c.store.WatchConfig(ctx)
-	if err != nil {
-		return c.jetStreamErr(err, "watch the type's configuration")
-	}
-	var cfg protocol.TypeConfig
-	select {
-	case cfg = <-watch:
-	case <-ctx.Done():
-		return fmt.Errorf("reshard: cannot read the type's configuration: %w", ctx.Err())
-	}
-	res := reshardResult{Type: c.opts.Type, From: cfg.Shards, To: want}
-	if cfg.Shards == want && cfg.To == 0 {
-		if c.opts.JSON {
-			return writeJSON(out, res)
-		}
-		say(out, "type %s has %d shards already\n", c.opts.Type, want)
-		return nil
-	}
 	start := time.Now()
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-		err = c.admin(ctx, protocol.AdminReshard, protocol.ReshardRequest{Shards: want}, nil)
-		var r *refusal
-		if err == nil || !errors.As(err, &r) || !r.Retry {
-			break
-		}
-		fmt.Fprintf(c.stderr, "%s; asking again\n", r.AdminError.Error)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (gave up after --timeout %v)", err, c.opts.Timeout)
-		case <-time.After(backoff):
-		}
-	}
+	from, err := natshard.Reshard(ctx, c.nc, c.opts.Type, c.opts.Shards,
+		natshard.ReshardControlPrefix(c.opts.ControlPrefix),
+		natshard.ReshardProgress(func(line string) { fmt.Fprintln(c.stderr, line) }))
 	if err != nil {
+		if d := c.deniedAfterFlush(); d != nil {
+			return d
+		}
 		return err
 	}
-	fmt.Fprintf(c.stderr, "split from %d to %d shards recorded; waiting for every region to split\n", res.From, want)
-	for cfg.Shards != want || cfg.To != 0 {
-		var ok bool
-		select {
-		case cfg, ok = <-watch:
-			if !ok {
-				return errors.New("reshard: the watch of the type's configuration ended (connection lost); the split goes on: shardctl status shows it")
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("reshard: the split to %d shards is recorded but not announced after %v: a region has not split yet (shardctl regions; the coordinator's log names it); it goes on", want, c.opts.Timeout)
-		}
-	}
-	res.TookMS = time.Since(start).Milliseconds()
+	res := reshardResult{Type: c.opts.Type, From: from, To: c.opts.Shards, TookMS: time.Since(start).Milliseconds()}
 	if c.opts.JSON {
 		return writeJSON(out, res)
 	}
-	say(out, "type %s resharded from %d to %d shards in %v\n", c.opts.Type, res.From, want, time.Since(start).Round(time.Millisecond))
+	if from == c.opts.Shards {
+		say(out, "type %s has %d shards already\n", c.opts.Type, from)
+		return nil
+	}
+	say(out, "type %s resharded from %d to %d shards in %v\n", c.opts.Type, from, c.opts.Shards, time.Since(start).Round(time.Millisecond))
 	return nil
 }
