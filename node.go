@@ -731,6 +731,9 @@ type Stats struct {
 	Restarted       uint64 // remembered entities started again without a message (Type.Remember)
 	Fenced          uint64 // times the region fenced itself
 	RenewalsFailed  uint64 // registration renewals that failed
+	// OldSubject counts the messages taken from an ancestor's subject:
+	// published with a shard count the type had before a split.
+	OldSubject uint64
 }
 
 // Stats returns the counters of the hosted type name's region; false when
@@ -751,6 +754,7 @@ func (n *Node) Stats(name string) (Stats, bool) {
 			CommandsRefused: s.Refused.Load(), BufferFull: s.BufferFull.Load(), RefusedStopping: e.RefusedStopping,
 			Handled: e.Handled, Failed: e.Failed, Activations: e.Activations, Passivations: e.Passivations, OverLimit: e.OverLimit,
 			Restarted: s.Restarted.Load(), Fenced: s.Fenced.Load(), RenewalsFailed: s.RenewalsFailed.Load(),
+			OldSubject: s.OldSubject.Load(),
 		}, true
 	}
 	return Stats{}, false
@@ -781,12 +785,17 @@ func (n *Node) Types() []string {
 }
 
 // Type returns the hosted type name as the node applies it: the stored
-// shard count, strategy and kind, and the defaults of the fields the Type
-// left zero.
+// shard count (after a split the node's region took part in, the new
+// one), strategy and kind, and the defaults of the fields the Type left
+// zero.
 func (n *Node) Type(name string) (Type, bool) {
 	for _, h := range n.hostedTypes() {
 		if h.t.Name == name {
-			return h.t, true
+			t := h.t
+			if h.agent != nil {
+				t.Shards = h.agent.Layout().Shards() // after a split, the new count
+			}
+			return t, true
 		}
 	}
 	return Type{}, false
