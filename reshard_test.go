@@ -189,4 +189,3 @@ func handledAll(rec *counting, sent map[string]int) bool {
 	}
 	return true
 }
-
