@@ -169,8 +169,10 @@ func (a *Agent) unsubscribeShard(st *shardState) {
 // drainShard takes st off its subscriptions once each has handed it
 // everything it received before the call (a released source: what reached
 // it before the release grace ended must still be buffered; what comes
-// after, the new owner has). A subscription no other shard listens on is
-// ended the same way (drained).
+// after, the new owner has), and ends it (modeGone): a message its
+// subscriptions were handing it meanwhile is routed again, to nobody, and
+// ignored, never appended after the end marker that follows. A
+// subscription no other shard listens on is ended.
 func (a *Agent) drainShard(ctx context.Context, st *shardState) {
 	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	defer cancel()
@@ -179,7 +181,10 @@ func (a *Agent) drainShard(ctx context.Context, st *shardState) {
 			a.log.Warn("a released shard's subscription did not hand over what it held in time; cut", "shard", st.n, "subject", ss.token, "err", err)
 		}
 	}
+	st.mu.Lock()
 	a.unsubscribeShard(st)
+	st.mode = modeGone
+	st.mu.Unlock()
 }
 
 // pendingOf is how many messages st's subscriptions hold for their
