@@ -51,6 +51,11 @@ func (c *Core) Reshard(n int) (acts []Action, note string, err error) {
 		}
 		return nil, "", fmt.Errorf("%w: a split to %d shards is under way", ErrSplitBusy, c.split.to)
 	}
+	if n == c.layout.Shards() {
+		// Done already: a request sent again after its answer was lost
+		// (the coordinator that took it died), or a repeated command.
+		return nil, fmt.Sprintf("the type has %d shards already", n), nil
+	}
 	if c.typeCfg.DeliveryOf() == protocol.DeliveryDurable {
 		return nil, "", fmt.Errorf("%w: the type's delivery is durable, whose split this version cannot do (docs/PROTOCOL.md, Resharding)", ErrBadRequest)
 	}
