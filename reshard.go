@@ -82,12 +82,25 @@ func Reshard(ctx context.Context, nc *nats.Conn, typ string, shards int, opts ..
 	if cfg.Shards == shards && cfg.To == 0 {
 		return from, nil
 	}
-	if err := askReshard(ctx, nc, subjects, shards, say); err != nil {
-		return from, fmt.Errorf("natshard: reshard type %q to %d shards: %w", typ, shards, err)
-	}
-	say("split from %d to %d shards recorded; waiting for every region to split", from, shards)
+	// The request and the watch at once: a coordinator that dies after
+	// it recorded the split leaves the request unanswered, and the next
+	// one completes the split, which the watch sees.
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	asked := make(chan error, 1)
+	go func() { asked <- askReshard(actx, nc, subjects, shards, say) }()
+	recorded := false
 	for cfg.Shards != shards || cfg.To != 0 {
+		if !recorded && cfg.To == shards {
+			recorded = true
+			say("split from %d to %d shards recorded; waiting for every region to split", from, shards)
+		}
 		select {
+		case err := <-asked:
+			asked = nil
+			if err != nil {
+				return from, fmt.Errorf("natshard: reshard type %q to %d shards: %w", typ, shards, err)
+			}
 		case c, ok := <-watch:
 			if ok {
 				cfg = c
@@ -103,6 +116,9 @@ func Reshard(ctx context.Context, nc *nats.Conn, typ string, shards int, opts ..
 				watch = w
 			}
 		case <-ctx.Done():
+			if !recorded {
+				return from, fmt.Errorf("natshard: reshard type %q to %d shards: %w", typ, shards, ctx.Err())
+			}
 			return from, fmt.Errorf("natshard: reshard type %q: the split to %d shards is recorded, not announced yet (a region has not split: the coordinator's log names it); it goes on: %w", typ, shards, ctx.Err())
 		}
 	}
