@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,6 +239,15 @@ func TestReshardUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-configs // the current one
+	// Region c is stopped (SIGSTOP) for a moment, so that the split cannot
+	// be announced before the kill: the coordinator records it and waits
+	// for c's answer. The moment is shorter than anything that would
+	// count c gone (its lease, the stall limit): c answers when it runs
+	// again, and what was published to its shards meanwhile waits in its
+	// connection.
+	if err := procs["c"].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	reshard := make(chan error, 1)
 	go func() {
 		out, err := shardctl("reshard", "--shards", "256", "--timeout", "2m")
@@ -250,6 +260,18 @@ func TestReshardUnderLoad(t *testing.T) {
 			procs[first].kill()
 			break
 		}
+	}
+	if cfg, err := store.Config(t.Context()); err != nil || cfg.To != 256 {
+		t.Fatalf("the coordinator was not killed in the middle of the split: %+v, %v", cfg, err)
+	}
+	rows, err := store.Shards(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf("killed in the middle of the split: %d rows written", len(rows))
+	time.Sleep(time.Second)
+	if err := procs["c"].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 	if err := <-reshard; err != nil {
 		t.Fatalf("shardctl reshard: %v", err)
