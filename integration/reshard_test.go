@@ -318,9 +318,26 @@ func TestReshardUnderLoad(t *testing.T) {
 			total += n
 		}
 	}
+	// Every message, copies aside (handled counts those too): each
+	// publisher's sequence numbers complete per entity.
 	eventually(t, 120*time.Second, "every message handled", func() error {
 		if h := col.handled.Load(); h < int64(total) {
 			return fmt.Errorf("%d of %d handled", h, total)
+		}
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		for e, id := range ids {
+			for _, p := range pubs {
+				seen := map[int]bool{}
+				for _, r := range col.byEntity[id] {
+					if r.pub == p.name {
+						seen[r.seq] = true
+					}
+				}
+				if len(seen) < p.sent[e] {
+					return fmt.Errorf("entity %s: %d of %s's %d messages handled", id, len(seen), p.name, p.sent[e])
+				}
+			}
 		}
 		return nil
 	})
