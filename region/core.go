@@ -334,13 +334,10 @@ func (c *Core) Step(ev Event) []Action {
 	case SplitChecked:
 		c.splitChecked(ev)
 	case CaughtUp:
-		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
-			if s.suspended {
-				s.caughtUp = true // live once confirmed
-				break
-			}
-			s.mode = modeLive
-			c.emit(GoLive(ev))
+		c.caughtUp(ev)
+	case SplitLive:
+		for i, n := range ev.Shards {
+			c.caughtUp(CaughtUp{Shard: n, Life: ev.Lives[i]})
 		}
 	case EntitiesStopped:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
@@ -391,6 +388,19 @@ func (c *Core) Step(ev Event) []Action {
 		}
 	}
 	return c.out
+}
+
+// caughtUp: a shard's replay (or its split's eviction) is done: it goes
+// live, or, while the region is suspended, once confirmed.
+func (c *Core) caughtUp(ev CaughtUp) {
+	if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
+		if s.suspended {
+			s.caughtUp = true // live once confirmed
+			return
+		}
+		s.mode = modeLive
+		c.emit(GoLive(ev))
+	}
 }
 
 // Tick advances the core's clock by one tick.

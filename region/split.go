@@ -211,18 +211,11 @@ func (a *Agent) splitShards(act SplitShards) {
 	for _, p := range parents {
 		p.mu.Unlock()
 	}
+	evictions := make([]<-chan struct{}, len(parents))
 	for i, p := range parents {
-		evicted := a.host.evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
-		for _, st := range kids[i] {
-			a.goDo(func() {
-				select {
-				case <-evicted:
-					a.post(CaughtUp{Shard: st.n, Life: st.lifeN})
-				case <-st.ctx.Done():
-				}
-			})
-		}
+		evictions[i] = a.host.evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
 	}
+	a.goDo(func() { a.childrenLive(evictions, kids) })
 	a.goDo(func() {
 		err := errors.Join(errs...)
 		if ferr := a.cfg.Conn.Flush(); ferr != nil {
@@ -230,4 +223,48 @@ func (a *Agent) splitShards(act SplitShards) {
 		}
 		a.post(Bound{ID: act.ID, Err: err})
 	})
+}
+
+// SplitLive: the children of a split whose parents' leaving entities have
+// stopped: each goes live (as CaughtUp), in one step for all of them (a
+// region of 1 365 shards splits them at once: one event each made the
+// driver publish its view 1 365 times).
+type SplitLive struct {
+	Shards []int
+	Lives  []uint64
+}
+
+func (SplitLive) isEvent() {}
+
+// childrenLive waits for the evictions of a split (evictions[i] is the
+// eviction of the parent whose children are kids[i]) and reports the
+// children of those done, together, as they end.
+func (a *Agent) childrenLive(evictions []<-chan struct{}, kids [][]*shardState) {
+	left := len(evictions)
+	done := make([]bool, left)
+	for left > 0 {
+		first := slices.Index(done, false)
+		select {
+		case <-evictions[first]:
+		case <-a.ctx.Done():
+			return
+		}
+		var ev SplitLive
+		for i, ch := range evictions {
+			if done[i] {
+				continue
+			}
+			select {
+			case <-ch:
+			default:
+				continue
+			}
+			done[i] = true
+			left--
+			for _, st := range kids[i] {
+				ev.Shards, ev.Lives = append(ev.Shards, st.n), append(ev.Lives, st.lifeN)
+			}
+		}
+		a.post(ev)
+	}
 }
