@@ -102,8 +102,6 @@ type Client struct {
 	// mu) when a type is learnt, read without a lock by every call.
 	mu    sync.Mutex
 	types atomic.Pointer[map[string]clientType]
-	// watched: the types whose configuration the client watches (under mu).
-	watched map[string]bool
 
 	// ids makes the messages' default Nats-Msg-Id: "~", a NUID of the
 	// client's, then a count (nuid.Next takes a lock shared by the
@@ -115,8 +113,10 @@ type Client struct {
 
 type clientType struct {
 	subjects protocol.Subjects
-	shards   int
-	durable  bool // durable delivery: sent through the type's stream
+	// shards is the type's announced shard count, shared by the clients
+	// of the connection and kept up to date by one watch (countOf).
+	shards  *atomic.Int64
+	durable bool // durable delivery: sent through the type's stream
 }
 
 // A ClientOption configures a Client.
@@ -444,7 +444,7 @@ func (c *Client) message(ctx context.Context, until time.Time, typ, id string, d
 	if err != nil {
 		return t, nil, err
 	}
-	m := &nats.Msg{Subject: t.subjects.EntityOf(id, t.shards), Data: data}
+	m := &nats.Msg{Subject: t.subjects.EntityOf(id, int(t.shards.Load())), Data: data}
 	if len(opts) > 0 {
 		m.Header = nats.Header{}
 		for _, o := range opts {
@@ -532,7 +532,7 @@ func (c *Client) jetStream() error {
 // type knows them: the client then does not read them from the type's
 // KV bucket. A program that only sends has no need of it.
 func (c *Client) Learn(subjects protocol.Subjects, shards int, delivery string) clientType {
-	t := clientType{subjects: subjects, shards: shards, durable: delivery == protocol.DeliveryDurable}
+	t := clientType{subjects: subjects, shards: countOf(c.nc, subjects.Type(), shards), durable: delivery == protocol.DeliveryDurable}
 	c.mu.Lock()
 	types := map[string]clientType{}
 	if old := c.types.Load(); old != nil {
@@ -540,62 +540,8 @@ func (c *Client) Learn(subjects protocol.Subjects, shards int, delivery string) 
 	}
 	types[subjects.Type()] = t
 	c.types.Store(&types)
-	watch := !c.watched[subjects.Type()]
-	if watch {
-		if c.watched == nil {
-			c.watched = map[string]bool{}
-		}
-		c.watched[subjects.Type()] = true
-	}
 	c.mu.Unlock()
-	if watch {
-		go c.follow(subjects.Type())
-	}
 	return t
-}
-
-// follow watches type typ's configuration for as long as the connection
-// lives, and sends by the count it announces (a split's: every region
-// serves the new shards by then).
-func (c *Client) follow(typ string) {
-	for wait := time.Duration(0); !c.nc.IsClosed(); wait = min(2*wait+100*time.Millisecond, 5*time.Second) {
-		time.Sleep(wait)
-		if c.jetStream() != nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
-		store, err := kvstate.Bind(ctx, c.js, typ, kvstate.Options{})
-		cancel()
-		if err != nil {
-			continue
-		}
-		configs, err := store.WatchConfig(context.Background()) // ends with the connection
-		if err != nil {
-			continue
-		}
-		for cfg := range configs {
-			c.setShards(typ, cfg.Shards)
-			wait = 0
-		}
-	}
-}
-
-// setShards makes the client send to type typ by shards.
-func (c *Client) setShards(typ string, shards int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.types.Load()
-	if old == nil {
-		return
-	}
-	t, ok := (*old)[typ]
-	if !ok || t.shards == shards || shards < 1 || shards > protocol.MaxShards {
-		return
-	}
-	t.shards = shards
-	types := maps.Clone(*old)
-	types[typ] = t
-	c.types.Store(&types)
 }
 
 // deadline is when a call with ctx ends: ctx's deadline, or else the
