@@ -502,6 +502,8 @@ func (c *Client) typeOf(ctx context.Context, until time.Time, typ string) (clien
 		}
 		switch {
 		case err == nil:
+			// The watch of the count starts before the first message.
+			follow(c.nc, c.js, typ, cfg.Shards)
 			return c.Learn(subjects, cfg.Shards, cfg.DeliveryOf()), nil
 		case errors.Is(err, kvstate.ErrNotFound):
 			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
