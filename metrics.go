@@ -53,14 +53,15 @@ type metricDesc struct {
 
 // The metrics of one node; see docs/OPERATIONS.md.
 var (
-	mDelivered = metricDesc{"natshard_messages_delivered_total", "Messages handed to entities: live, replayed from the buffer, or held during a replay or a suspension.", prometheus.CounterValue, nil}
-	mRefused   = metricDesc{"natshard_messages_refused_total", "Messages no entity got, by reason: malformed (subject or shard), not_owned (the shard is not served here), buffer_full and buffer_error (a moving shard's buffer refused it), held_limit (too many held during a replay or a suspension), stopping (the shard's entities were stopping). Requests among them were answered with an error.", prometheus.CounterValue, []string{"reason"}}
-	mHandled   = metricDesc{"natshard_messages_handled_total", "Messages whose handling ended: Handle returned or panicked, or the entity could not be activated.", prometheus.CounterValue, nil}
-	mFailed    = metricDesc{"natshard_messages_failed_total", "Of the messages handled, those that ended in an error: Handle's error, a panic, a failed activation.", prometheus.CounterValue, nil}
-	mBuffered  = metricDesc{"natshard_messages_buffered_total", "Messages of shards paused for a handoff appended to the buffer by this region (refusals included).", prometheus.CounterValue, nil}
-	mReplayed  = metricDesc{"natshard_messages_replayed_total", "Buffered messages replayed to entities.", prometheus.CounterValue, nil}
-	mHeld      = metricDesc{"natshard_messages_held_total", "Messages that arrived while their shard's buffer was replayed, or while the region was suspended (reconnecting to NATS), held until then.", prometheus.CounterValue, nil}
-	mDupes     = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their key (a Nats-Msg-Id, or a reply subject marked unique) was delivered since the shard was bound.", prometheus.CounterValue, nil}
+	mDelivered  = metricDesc{"natshard_messages_delivered_total", "Messages handed to entities: live, replayed from the buffer, or held during a replay or a suspension.", prometheus.CounterValue, nil}
+	mRefused    = metricDesc{"natshard_messages_refused_total", "Messages no entity got, by reason: malformed (subject or shard), not_owned (the shard is not served here), buffer_full and buffer_error (a moving shard's buffer refused it), held_limit (too many held during a replay or a suspension), stopping (the shard's entities were stopping). Requests among them were answered with an error.", prometheus.CounterValue, []string{"reason"}}
+	mHandled    = metricDesc{"natshard_messages_handled_total", "Messages whose handling ended: Handle returned or panicked, or the entity could not be activated.", prometheus.CounterValue, nil}
+	mFailed     = metricDesc{"natshard_messages_failed_total", "Of the messages handled, those that ended in an error: Handle's error, a panic, a failed activation.", prometheus.CounterValue, nil}
+	mBuffered   = metricDesc{"natshard_messages_buffered_total", "Messages of shards paused for a handoff appended to the buffer by this region (refusals included).", prometheus.CounterValue, nil}
+	mReplayed   = metricDesc{"natshard_messages_replayed_total", "Buffered messages replayed to entities.", prometheus.CounterValue, nil}
+	mHeld       = metricDesc{"natshard_messages_held_total", "Messages that arrived while their shard's buffer was replayed, or while the region was suspended (reconnecting to NATS), held until then.", prometheus.CounterValue, nil}
+	mOldSubject = metricDesc{"natshard_region_old_subject_messages_total", "Messages taken from a shard's ancestor subject: published with a shard count the type had before a split (PROTOCOL.md, Resharding). When it stays at 0, no publisher uses an old count any more.", prometheus.CounterValue, nil}
+	mDupes      = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their key (a Nats-Msg-Id, or a reply subject marked unique) was delivered since the shard was bound.", prometheus.CounterValue, nil}
 
 	mActivations  = metricDesc{"natshard_entity_activations_total", "Entities activated (their factory returned one).", prometheus.CounterValue, nil}
 	mPassivations = metricDesc{"natshard_entity_passivations_total", "Entities passivated: idle (stopped after the idle timeout), beyond the active-entity limit (chosen by its passivation policy), or at their own request (Env.Passivate).", prometheus.CounterValue, nil}
@@ -94,7 +95,7 @@ var (
 	// Durable delivery: read from the stream's info at scrape time.
 	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message stream (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
 
-	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes,
+	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes, mOldSubject,
 		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mSuspended, mStalls, mSourceFenced, mRegionRenewFails, mCommandsRefused,
 		mStreamMsgs}
 	coordinatorMetrics = []metricDesc{mLeader, mEpoch, mTerms, mCoordRenewFails, mTable, mStarted, mCompleted, mTimedOut, mForced,
@@ -221,7 +222,7 @@ func (m *metrics) collectRegion(ch chan<- prometheus.Metric, typ string, a *regi
 	}{
 		{mDelivered, e.Delivered}, {mHandled, e.Handled}, {mFailed, e.Failed},
 		{mBuffered, s.Buffered.Load()}, {mReplayed, s.Replayed.Load()}, {mHeld, s.Held.Load()},
-		{mDupes, s.DuplicatesSkipped.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
+		{mDupes, s.DuplicatesSkipped.Load()}, {mOldSubject, s.OldSubject.Load()}, {mActivations, e.Activations}, {mPassivations, e.Passivations}, {mOverLimit, e.OverLimit},
 		{mRestarts, s.Restarted.Load()},
 		{mFenced, s.Fenced.Load()}, {mSuspended, s.Suspended.Load()}, {mStalls, s.Stalls.Load()}, {mSourceFenced, s.SourceFenced.Load()}, {mRegionRenewFails, s.RenewalsFailed.Load()}, {mCommandsRefused, s.Refused.Load()},
 	} {

@@ -80,8 +80,11 @@ type hosted struct {
 	buffer   *kvstate.Buffer
 	stream   *kvstate.Stream // durable delivery; nil in core
 	agent    *region.Agent
-	daemon   *daemonHost  // a Daemon's type; nil for others
-	tracer   trace.Tracer // the node's
+	daemon   *daemonHost // a Daemon's type; nil for others
+	// config is the type's stored configuration when the node started
+	// hosting it (its counts: the region follows the splits after).
+	config protocol.TypeConfig
+	tracer trace.Tracer // the node's
 	// coordStats counts the coordinator candidate's decisions; nil without one.
 	coordStats *coordinator.Stats
 	// settled: Ready found the region taken in by a coordinator and done
@@ -376,7 +379,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	}
 	store := h.store
 	err = h.untilAvailable(ctx, "its stored configuration in "+kvstate.BucketName(t.Name), func(ctx context.Context) (err error) {
-		h.t, err = t.ensureConfig(ctx, store)
+		h.t, h.config, err = t.ensureConfig(ctx, store, log)
 		return err
 	})
 	if err != nil {
@@ -411,11 +414,15 @@ func (n *Node) host(ctx context.Context, t Type) error {
 			return err
 		}
 	}
+	layout, err := h.config.Layout()
+	if err != nil {
+		return fmt.Errorf("natshard: type %q: its stored shard counts: %w", t.Name, err)
+	}
 	observed := n.metrics != nil || n.tracer != nil
 	n.client.Learn(subjects, t.Shards, string(t.Delivery))
 	if !n.opts.NoRegion {
 		cfg := region.Config{
-			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards,
+			Conn: n.nc, Store: store, Buffer: buffer, Stream: stream, Subjects: subjects, Shards: t.Shards, Layout: layout,
 			ID: n.opts.Region, Version: n.opts.Version, Factory: h.factory,
 			IdleTimeout: t.IdleTimeout, MaxActive: t.MaxActive, PassivationPolicy: t.PassivationPolicy, LeaseTTL: n.opts.LeaseTTL, ReleaseGrace: n.opts.ReleaseGrace,
 			MaxHeld: t.BufferSize, Logger: log, Trace: h.traceMessage,
@@ -500,11 +507,20 @@ func spaceHint(err error, field string, bytes int64) string {
 func (h *hosted) factory(ctx context.Context, id string) (Entity, error) {
 	n := h.node
 	env := &Env{
-		Type: h.t.Name, ID: id, Shard: protocol.ShardOf(id, h.t.Shards), Region: n.opts.Region, Delivery: h.t.Delivery,
+		Type: h.t.Name, ID: id, Shard: h.shardOf(id), Region: n.opts.Region, Delivery: h.t.Delivery,
 		Store: h.store, Conn: n.nc, Client: n.client, log: h.log, h: h,
 	}
 	ent, err := h.t.Entity(withEnv(ctx, env), id)
 	return env.keeper(ent), err
+}
+
+// shardOf is entity id's shard, by the counts the region routes by now
+// (they change when the type is resharded).
+func (h *hosted) shardOf(id string) int {
+	if h.agent != nil {
+		return h.agent.Layout().ShardOf(id)
+	}
+	return protocol.ShardOf(id, h.t.Shards)
 }
 
 // Stop stops the node gracefully: every type's region leaves (its shards
@@ -718,6 +734,9 @@ type Stats struct {
 	Restarted       uint64 // remembered entities started again without a message (Type.Remember)
 	Fenced          uint64 // times the region fenced itself
 	RenewalsFailed  uint64 // registration renewals that failed
+	// OldSubject counts the messages taken from an ancestor's subject:
+	// published with a shard count the type had before a split.
+	OldSubject uint64
 }
 
 // Stats returns the counters of the hosted type name's region; false when
@@ -738,6 +757,7 @@ func (n *Node) Stats(name string) (Stats, bool) {
 			CommandsRefused: s.Refused.Load(), BufferFull: s.BufferFull.Load(), RefusedStopping: e.RefusedStopping,
 			Handled: e.Handled, Failed: e.Failed, Activations: e.Activations, Passivations: e.Passivations, OverLimit: e.OverLimit,
 			Restarted: s.Restarted.Load(), Fenced: s.Fenced.Load(), RenewalsFailed: s.RenewalsFailed.Load(),
+			OldSubject: s.OldSubject.Load(),
 		}, true
 	}
 	return Stats{}, false
@@ -768,12 +788,17 @@ func (n *Node) Types() []string {
 }
 
 // Type returns the hosted type name as the node applies it: the stored
-// shard count, strategy and kind, and the defaults of the fields the Type
-// left zero.
+// shard count (after a split the node's region took part in, the new
+// one), strategy and kind, and the defaults of the fields the Type left
+// zero.
 func (n *Node) Type(name string) (Type, bool) {
 	for _, h := range n.hostedTypes() {
 		if h.t.Name == name {
-			return h.t, true
+			t := h.t
+			if h.agent != nil {
+				t.Shards = h.agent.Layout().Shards() // after a split, the new count
+			}
+			return t, true
 		}
 	}
 	return Type{}, false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/natshard/natshard/internal/passivation"
@@ -366,10 +367,11 @@ func (t *Type) validate() error {
 
 // ensureConfig agrees on the type's stored configuration: a new type
 // stores t's (with the defaults); an existing one must match what t
-// gives, and gives what t leaves zero. It returns t with the stored
-// values. A bucket just created on a cluster may still elect its leader:
+// gives, and gives what t leaves zero (a shard count the type had before
+// a split counts as the stored one: logged on log). It returns t with the
+// stored values, and the stored configuration. A bucket just created on a cluster may still elect its leader:
 // the caller retries what is only unavailable (startwait.go).
-func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store) (Type, error) {
+func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store, log *slog.Logger) (Type, protocol.TypeConfig, error) {
 	if t.Kind == "" {
 		t.Kind = t.Name
 	}
@@ -380,7 +382,7 @@ func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store) (Type, err
 		d := t.withDefaults()
 		want = protocol.TypeConfig{Shards: d.Shards, Strategy: d.Strategy, Kind: d.Kind, Delivery: string(d.Delivery), Remember: d.Remember}
 	case err != nil:
-		return t, fmt.Errorf("type %q: read its stored configuration: %w", t.Name, err)
+		return t, protocol.TypeConfig{}, fmt.Errorf("type %q: read its stored configuration: %w", t.Name, err)
 	case want.Shards == 0:
 		want.Shards = stored.Shards
 	}
@@ -388,23 +390,28 @@ func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store) (Type, err
 	if errors.Is(err, kvstate.ErrConfigMismatch) {
 		switch {
 		case got.Shards != want.Shards:
-			return t, fmt.Errorf("type %q: %d shards disagree with the %d stored for the type; the shard count of a type cannot change while it has data (%w)", t.Name, want.Shards, got.Shards, err)
+			return t, protocol.TypeConfig{}, fmt.Errorf("type %q: %d shards disagree with the %d stored for the type, which never had %d (its earlier counts: %v); a type's count changes only by a split to a multiple of it (shardctl reshard), never by a process configured otherwise (%w)", t.Name, want.Shards, got.Shards, want.Shards, got.History, err)
 		case want.Delivery != "" && got.DeliveryOf() != want.Delivery:
-			return t, fmt.Errorf("type %q: this process is configured with delivery %q, the type's is %q; every process of a type must deliver the same way (%w)", t.Name, want.Delivery, got.DeliveryOf(), err)
+			return t, protocol.TypeConfig{}, fmt.Errorf("type %q: this process is configured with delivery %q, the type's is %q; every process of a type must deliver the same way (%w)", t.Name, want.Delivery, got.DeliveryOf(), err)
 		case got.Kind != want.Kind:
-			return t, fmt.Errorf("type %q: this process hosts entity kind %q, the type's entities are of kind %q; every process of a type must host the same kind (%w)", t.Name, want.Kind, got.Kind, err)
+			return t, protocol.TypeConfig{}, fmt.Errorf("type %q: this process hosts entity kind %q, the type's entities are of kind %q; every process of a type must host the same kind (%w)", t.Name, want.Kind, got.Kind, err)
 		case want.Remember && !got.Remember:
-			return t, fmt.Errorf("type %q: this process remembers the entities (Remember), the type was made without; every process of a type must agree (%w)", t.Name, err)
+			return t, protocol.TypeConfig{}, fmt.Errorf("type %q: this process remembers the entities (Remember), the type was made without; every process of a type must agree (%w)", t.Name, err)
 		default:
-			return t, fmt.Errorf("type %q: strategy %q disagrees with the type's stored strategy %q; every process of a type must use the same strategy (%w)", t.Name, want.Strategy, got.Strategy, err)
+			return t, protocol.TypeConfig{}, fmt.Errorf("type %q: strategy %q disagrees with the type's stored strategy %q; every process of a type must use the same strategy (%w)", t.Name, want.Strategy, got.Strategy, err)
 		}
 	}
 	if err != nil {
-		return t, fmt.Errorf("type %q: store its configuration: %w", t.Name, err)
+		return t, protocol.TypeConfig{}, fmt.Errorf("type %q: store its configuration: %w", t.Name, err)
+	}
+	if want.Shards != got.Shards {
+		// A count the type had before a split (or one a split under way
+		// goes to): the stored one it is.
+		log.Info("the type was resharded: this process takes the stored shard count", "configured", want.Shards, "stored", got.Shards, "history", got.History, "splitting_to", got.To)
 	}
 	t.Shards, t.Strategy, t.Delivery, t.Remember = got.Shards, got.Strategy, Delivery(got.DeliveryOf()), got.Remember
 	if t.Strategy == "" {
 		t.Strategy = DefaultStrategy // a bucket from before strategies were stored
 	}
-	return t.withDefaults(), nil
+	return t.withDefaults(), got, nil
 }

@@ -14,8 +14,12 @@ import (
 
 // CoreConfig configures a Core. Times are counted in ticks.
 type CoreConfig struct {
-	Shards   int                 // shard count of the type
-	Strategy strategies.Strategy // where shards go, which to rebalance
+	Shards int // shard count of the type (TypeConfig's, when it has one)
+	// TypeConfig is the type's stored configuration, read at takeover: its
+	// layout (earlier counts, a split under way) and what a split writes
+	// back. Zero: a type of Shards shards, never split.
+	TypeConfig protocol.TypeConfig
+	Strategy   strategies.Strategy // where shards go, which to rebalance
 	// MinRegions: no shard is allocated until this many regions are
 	// registered (Akka's min-nr-of-members). 0 or 1 allocates at once.
 	MinRegions int
@@ -104,6 +108,12 @@ type Core struct {
 	rounds    roundState              // the current rebalance round and its plan (rebalance.go)
 	out       []Action
 	stats     *Stats // CoreConfig.Stats, or a discarded one
+	// typeCfg is the type's configuration as last written or read; layout
+	// its counts (the last is the table's length); split the split between
+	// its commit and its announce (split.go).
+	typeCfg protocol.TypeConfig
+	layout  protocol.Layout
+	split   *splitState
 }
 
 // step is the coordinator's memory of a shard's current step; it is not
@@ -145,7 +155,20 @@ var (
 // forward, every region is probed.
 func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRecord, regions []RegionSeen) (*Core, []Action) {
 	cfg.setDefaults()
+	if cfg.TypeConfig.Shards == 0 {
+		cfg.TypeConfig.Shards = cfg.Shards
+	}
+	layout, err := cfg.TypeConfig.Layout()
+	if err != nil {
+		// The driver reads a stored configuration that is a layout
+		// (kvstate checks it); a caller that gives none gets its Shards.
+		cfg.TypeConfig = protocol.TypeConfig{Shards: cfg.Shards}
+		layout = protocol.MustLayout(cfg.Shards)
+	}
+	cfg.Shards = layout.Shards()
 	c := &Core{
+		typeCfg: cfg.TypeConfig,
+		layout:  layout,
 		cfg:     cfg,
 		self:    self,
 		epoch:   epoch,
@@ -180,9 +203,13 @@ func NewCore(cfg CoreConfig, self string, epoch uint64, table []protocol.ShardRe
 		c.regions[r.Info.ID] = &regionState{RegionSeen: r}
 	}
 	c.regionsChanged()
+	if cfg.TypeConfig.To != 0 {
+		c.takeOverSplit(table)
+	}
 	for sh := range c.table {
 		c.takeOver(sh)
 	}
+	c.askSplit()
 	c.probeAll()
 	c.allocate()
 	return c, c.flush()
@@ -270,6 +297,7 @@ func (c *Core) Step(ev Event) []Action {
 	// Moves that ended make room for the next ones at once.
 	c.moveOffLeaving()
 	c.continuePlan()
+	c.askSplit()
 	return c.flush()
 }
 
@@ -306,6 +334,7 @@ func (c *Core) Tick() []Action {
 	c.moveOffLeaving()
 	c.continuePlan()
 	c.rebalance()
+	c.askSplit()
 	return c.flush()
 }
 
@@ -324,6 +353,9 @@ func (c *Core) Move(shard int, target string) ([]Action, error) {
 	rec := c.table[shard]
 	if rec.State != protocol.StateActive {
 		return nil, fmt.Errorf("%w: shard %d is %s", ErrShardBusy, shard, rec.State)
+	}
+	if c.split != nil {
+		return nil, fmt.Errorf("%w: the type splits to %d shards; shards move again once the split is announced", ErrShardBusy, c.split.to)
 	}
 	if rec.Region == target {
 		return nil, nil // already there
@@ -380,6 +412,10 @@ func (c *Core) regionGone(id string) {
 	delete(c.regions, id)
 	c.regionsChanged()
 	c.flux()
+	if c.split != nil {
+		delete(c.split.split, id)
+		delete(c.split.askedAt, id)
+	}
 	inc := r.Info.Incarnation
 	for sh, rec := range c.table {
 		isOwner := rec.Region == id && rec.Incarnation == inc
@@ -400,6 +436,7 @@ func (c *Core) regionGone(id string) {
 		}
 	}
 	c.allocate()
+	c.maybeAnnounce()
 }
 
 // connClosed probes the regions whose registration names the closed
@@ -518,9 +555,12 @@ func (c *Core) commandDone(ev CommandDone) {
 			}
 		}
 	}
-	if cmd.Kind == protocol.CmdProbe {
+	switch cmd.Kind {
+	case protocol.CmdProbe:
 		c.recordLoad(r, ev.Reply.Load)
 		c.reconcile(r, ev.Reply.Held, s.At)
+	case protocol.CmdSplit:
+		c.splitDone(r, cmd, ev.Reply)
 	}
 }
 
@@ -529,7 +569,7 @@ func (c *Core) commandDone(ev CommandDone) {
 // owner has measured it.
 func (c *Core) recordLoad(r *regionState, loads []protocol.ShardLoad) {
 	for _, l := range loads {
-		if l.Shard < 0 || l.Shard >= c.cfg.Shards {
+		if l.Shard < 0 || l.Shard >= len(c.table) {
 			continue
 		}
 		if rec := c.table[l.Shard]; rec.State == protocol.StateActive && rec.Region == r.Info.ID && rec.Incarnation == r.Info.Incarnation {
@@ -547,7 +587,7 @@ func (c *Core) reconcile(r *regionState, held []int, at int) {
 	has := make(map[int]bool, len(held))
 	var drop []int
 	for _, sh := range held {
-		if sh < 0 || sh >= c.cfg.Shards {
+		if sh < 0 || sh >= len(c.table) {
 			continue
 		}
 		has[sh] = true
@@ -562,6 +602,9 @@ func (c *Core) reconcile(r *regionState, held []int, at int) {
 		c.send(r, protocol.CmdDrop, drop, nil)
 	}
 	for _, sh := range c.rowsOf(r.Info.ID) {
+		if c.split != nil && sh >= c.split.from && !c.hasSplit(r.Info.ID) {
+			continue // a child of a shard it holds: it serves it once it split
+		}
 		if rec := c.table[sh]; rec.State == protocol.StateActive && rec.Incarnation == r.Info.Incarnation && !has[sh] && c.steps[sh].at < at {
 			c.park(sh)
 		}
@@ -712,7 +755,7 @@ func (c *Core) handOffTimedOut(sh int) {
 // exclude, in view (the strategy's view, which must leave out exclude;
 // nil: built here).
 func (c *Core) pickTargetIn(sh int, exclude string, view []strategies.Region) (string, bool) {
-	if want := c.steps[sh].want; want != "" && want != exclude {
+	if want := c.steps[sh].want; want != "" && want != exclude && c.hasSplit(want) {
 		if r, ok := c.regions[want]; ok && !r.Info.Leaving {
 			return want, true
 		}
@@ -844,8 +887,8 @@ func (c *Core) strategyView(exclude string) []strategies.Region {
 	at := make(map[string]int, len(c.regions))
 	view := make([]strategies.Region, 0, len(c.regions))
 	for _, id := range c.sortedRegionIDs() {
-		if id == exclude {
-			continue
+		if id == exclude || !c.hasSplit(id) {
+			continue // during a split, only regions that split take shards
 		}
 		r := c.regions[id]
 		at[id] = len(view)

@@ -139,6 +139,12 @@ type Mark struct {
 	Fence   bool
 }
 
+// WriteConfig: write the type's configuration, fenced on the lease: a
+// split's commit (Config.To set) or announce (docs/PROTOCOL.md,
+// Resharding). The table writes before it are written first. A failed
+// write means the coordinator must step down.
+type WriteConfig struct{ Config protocol.TypeConfig }
+
 // Warn: something an operator should see (a handoff timed out).
 type Warn struct{ Msg string }
 
@@ -186,3 +192,4 @@ func (Unpark) isAction()       {}
 func (Mark) isAction()         {}
 func (Warn) isAction()         {}
 func (WritePin) isAction()     {}
+func (WriteConfig) isAction()  {}

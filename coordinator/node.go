@@ -318,6 +318,7 @@ type leader struct {
 	seen      map[string]protocol.RegionInfo // regions as last announced on the events subject
 	removed   map[string]bool                // regions whose registration this leader removed (found dead), until announced gone
 	roundAt   time.Time                      // when the current rebalance round was planned
+	splitAt   time.Time                      // when this term recorded the split under way
 	track     *moveTracker
 }
 
@@ -348,6 +349,9 @@ func (l *leader) lead(ctx context.Context) error {
 		return err
 	}
 	table, regions, pins := start.table, start.regions, start.pins
+	if start.config.Shards == 0 {
+		start.config.Shards = l.cfg.Shards // a bucket without configuration (tests)
+	}
 	ticks := func(d time.Duration) int { return max(1, int(d/l.cfg.Tick)) }
 	rebalance, settle := -1, -1
 	if l.cfg.RebalanceInterval > 0 {
@@ -357,13 +361,14 @@ func (l *leader) lead(ctx context.Context) error {
 		settle = ticks(l.cfg.Settle)
 	}
 	core, acts := NewCore(CoreConfig{
-		Shards: l.cfg.Shards, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
+		Shards: l.cfg.Shards, TypeConfig: start.config, Strategy: l.cfg.Strategy, MinRegions: l.cfg.MinRegions,
 		ProbeEvery: ticks(l.cfg.ProbeInterval), Retry: ticks(time.Second),
 		HandOffTimeout: ticks(l.cfg.HandOffTimeout), RebalanceEvery: rebalance, Settle: settle, MaxMoves: l.cfg.MaxMoves,
 		Pins: pins, Stats: l.cfg.Stats,
 	}, l.cfg.Region, epoch, table, regions)
 	l.core = core
-	l.track = newMoveTracker(l.cfg.Stats, l.cfg.OnMove, l.cfg.Shards, table)
+	l.parker.setLayout(core.Layout())
+	l.track = newMoveTracker(l.cfg.Stats, l.cfg.OnMove, core.Layout().Shards(), table)
 	defer l.track.stop()
 	l.events = make(chan Event, 1024)
 	l.admin = make(chan *nats.Msg, 16)
@@ -371,7 +376,10 @@ func (l *leader) lead(ctx context.Context) error {
 	for i, r := range regions {
 		ids[i] = r.Info.ID
 	}
-	l.log.Info("leading", "epoch", epoch, "regions", ids, "rows", len(table), "pins", len(pins))
+	l.log.Info("leading", "epoch", epoch, "regions", ids, "rows", len(table), "pins", len(pins), "shards", core.Layout().Shards())
+	if to := core.Splitting(); to != 0 {
+		l.log.Info("a split recorded by a previous term is under way: the missing rows are written, every region is asked to split", "from", start.config.Shards, "to", to)
+	}
 	l.seen, l.removed = map[string]protocol.RegionInfo{}, map[string]bool{}
 	for _, r := range core.Regions() {
 		l.seen[r.Info.ID] = r.Info
@@ -446,6 +454,7 @@ func (l *leader) lead(ctx context.Context) error {
 // lease is taken (so that no earlier term can change it after: the
 // table's writes are fenced by the lease).
 type startState struct {
+	config  protocol.TypeConfig // zero when the bucket has none
 	table   []protocol.ShardRecord
 	regions []RegionSeen
 	pins    map[int]string
@@ -482,6 +491,14 @@ func readState(ctx context.Context, store *kvstate.Store, hook func(context.Cont
 	if hook != nil {
 		hook(ctx)
 	}
+	// The configuration before the table: a split's commit is written
+	// before its rows, so a table read after a configuration without the
+	// split holds none of them.
+	if s.config, s.err = store.Config(ctx); s.err != nil && !errors.Is(s.err, kvstate.ErrNotFound) {
+		s.err = fmt.Errorf("read the type's configuration: %w", s.err)
+		return s
+	}
+	s.err = nil
 	if s.table, s.err = store.Shards(ctx); s.err != nil {
 		s.err = fmt.Errorf("read shard table: %w", s.err)
 		return s
@@ -619,6 +636,30 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			}
 		}
 		switch a := a.(type) {
+		case WriteConfig:
+			if err := l.renewIfDue(ctx); err != nil {
+				return err
+			}
+			if _, err := l.cfg.Store.PutConfig(ctx, l.lease, a.Config); err != nil {
+				return fmt.Errorf("%w: write the type's configuration: %w", errStepDown, err)
+			}
+			layout := l.core.Layout()
+			l.parker.setLayout(layout)
+			l.track.grow(layout.Shards())
+			ev := protocol.Event{Kind: protocol.EventSplit}
+			if a.Config.To != 0 {
+				ev.State, ev.Shards = "committed", a.Config.To
+				l.splitAt = time.Now()
+				l.log.Info("split recorded: each shard's children go to its region; every region is asked to split", "from", a.Config.Shards, "to", a.Config.To)
+			} else {
+				ev.State, ev.Shards = "announced", a.Config.Shards
+				args := []any{"shards", a.Config.Shards, "history", a.Config.History}
+				if !l.splitAt.IsZero() {
+					args = append(args, "took", duration(time.Since(l.splitAt)))
+				}
+				l.log.Info("split announced: every region split; clients use the new count", args...)
+			}
+			l.publish(ev)
 		case WritePin:
 			ev := protocol.Event{Kind: protocol.EventPin, Shard: &a.Shard, Region: a.Region}
 			var err error
@@ -955,7 +996,7 @@ func (l *leader) answerAdmin(ctx context.Context, m *nats.Msg) error {
 		err = failed
 	}
 	if err != nil {
-		body = protocol.AdminError{Error: err.Error()}
+		body = protocol.AdminError{Error: err.Error(), Retry: errors.Is(err, ErrSplitBusy) && failed == nil}
 	}
 	data, _ := json.Marshal(body)
 	if m.Reply != "" {
@@ -1025,9 +1066,12 @@ func (l *leader) announceRegions(acts []Action) {
 }
 
 func (l *leader) status() protocol.Status {
+	cfg := l.core.TypeConfig()
 	st := protocol.Status{
 		Type:        l.cfg.Subjects.Type(),
-		Shards:      l.cfg.Shards,
+		Shards:      cfg.Shards,
+		History:     cfg.History,
+		SplittingTo: cfg.To,
 		Coordinator: protocol.CoordinatorView{Region: l.cfg.Region, Epoch: l.core.Epoch()},
 	}
 	count := map[string]int{}

@@ -60,8 +60,13 @@ func (c *Core) AdminRequest(verb string, data []byte) (body any, acts []Action, 
 			ans, acts = c.Rebalance(req.DryRun)
 			return ans, acts, nil
 		}
+	case protocol.AdminReshard:
+		var req protocol.ReshardRequest
+		if err = protocol.DecodeJSON(data, &req); err == nil {
+			acts, note, err = c.Reshard(req.Shards)
+		}
 	default:
-		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, undrain, pin, unpin, rebalance)", verb)
+		err = fmt.Errorf("unknown admin verb %q (verbs: status, move, drain, undrain, pin, unpin, rebalance, reshard)", verb)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -186,8 +191,8 @@ func (c *Core) Rebalance(dryRun bool) (protocol.RebalanceAnswer, []Action) {
 }
 
 func (c *Core) checkShard(shard int) error {
-	if shard < 0 || shard >= c.cfg.Shards {
-		return fmt.Errorf("%w: shard %d out of range 0..%d", ErrBadRequest, shard, c.cfg.Shards-1)
+	if shard < 0 || shard >= len(c.table) {
+		return fmt.Errorf("%w: shard %d out of range 0..%d", ErrBadRequest, shard, len(c.table)-1)
 	}
 	return nil
 }

@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/drain"
+	"github.com/natshard/natshard/internal/fanin"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -34,13 +36,19 @@ type parker struct {
 	subjects protocol.Subjects
 	log      *slog.Logger
 	stats    *Stats // nil counts nothing
+	// layout is the type's shard counts, set by the leader when it takes
+	// over and when it splits the type: a shard of a resharded type is
+	// parked on each of its subjects (docs/PROTOCOL.md, Resharding).
+	layout atomic.Pointer[protocol.Layout]
 
 	mu     sync.Mutex
 	parked map[int]*parked
 }
 
 type parked struct {
-	sub     *nats.Subscription
+	// subs are the shard's subscriptions, one per subject it listens on,
+	// oldest first (protocol.Layout.Tokens).
+	subs    []*fanin.Sub
 	handoff uint64
 	term    uint64 // the epoch of the term that parked it, or adopted it
 	// drained, set when sub starts draining (see draining), is closed
@@ -76,23 +84,52 @@ func (p *parker) park(shard int, handoff, term uint64) error {
 	return p.subscribeLocked(shard, handoff, term)
 }
 
-// subscribeLocked parks shard; p.mu is held.
+// setLayout gives the parker the type's shard counts: the parkings that
+// begin from now on listen on every subject of their shard.
+func (p *parker) setLayout(l protocol.Layout) { p.layout.Store(&l) }
+
+// subscribeLocked parks shard, on each of its subjects: a shard of a type
+// never split has one; a child of a split listens on its ancestors' too,
+// keeps only its own entities' messages there, and appends a message of a
+// newer subject only after the older subjects' subscriptions appended
+// what they had received before it (fanin: a publisher that switched to
+// the new count keeps its order). p.mu is held.
 func (p *parker) subscribeLocked(shard int, handoff, term uint64) error {
 	trace := p.log.Enabled(context.Background(), slog.LevelDebug)
-	sub, err := p.nc.Subscribe(p.subjects.Shard(shard), func(m *nats.Msg) {
-		if trace {
-			p.log.Debug("parked a message", "shard", shard, "key", protocol.MessageKey(m.Header, m.Reply))
-		}
-		if p.stats != nil {
-			p.stats.ParkedMessages.Add(1)
-		}
-		p.buffer.Append(shard, m, p.failed)
-	})
-	if err != nil {
-		return err
+	tokens, split := []int{shard}, false
+	var layout protocol.Layout
+	if l := p.layout.Load(); l != nil && l.Split() {
+		layout, split, tokens = *l, true, l.Tokens(shard)
 	}
-	_ = sub.SetPendingLimits(-1, -1)
-	p.parked[shard] = &parked{sub: sub, handoff: handoff, term: term}
+	var subs []*fanin.Sub
+	for _, tok := range tokens {
+		older := slices.Clone(subs)
+		sub, err := fanin.Subscribe(p.nc, p.subjects.Shard(tok), func(m *nats.Msg) {
+			if split {
+				if _, sh, _, err := layout.ParseEntity(p.subjects, m.Subject); err != nil || sh != shard {
+					return // another shard's (or malformed: the regions answer it)
+				}
+				for _, o := range older {
+					_ = o.CaughtUp(context.Background())
+				}
+			}
+			if trace {
+				p.log.Debug("parked a message", "shard", shard, "key", protocol.MessageKey(m.Header, m.Reply))
+			}
+			if p.stats != nil {
+				p.stats.ParkedMessages.Add(1)
+			}
+			p.buffer.Append(shard, m, p.failed)
+		})
+		if err != nil {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+			return err
+		}
+		subs = append(subs, sub)
+	}
+	p.parked[shard] = &parked{subs: subs, handoff: handoff, term: term}
 	return p.nc.Flush()
 }
 
@@ -150,8 +187,10 @@ func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 // parks the shard again for the term that asked meanwhile (pk.again).
 func (p *parker) end(shard int, pk *parked) {
 	defer close(pk.drained)
-	if err := drain.Subscription(context.Background(), pk.sub, drainTimeout); err != nil {
-		p.log.Warn("a parked shard's subscription did not drain; cut", "shard", shard, "err", err)
+	for _, s := range pk.subs {
+		if err := drain.Subscription(context.Background(), s.Subscription(), drainTimeout); err != nil {
+			p.log.Warn("a parked shard's subscription did not drain; cut", "shard", shard, "err", err)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -141,3 +141,70 @@ func TestParkerTerms(t *testing.T) {
 	}
 	want("stopped")
 }
+
+// TestParkerSplitChild: a child of a resharded type is parked on its own
+// subject and its parent's, keeps only its own entities' messages, and a
+// publisher that switched to the new count finds its messages in the
+// buffer in the order it sent them (docs/PROTOCOL.md, Resharding; the
+// order under a slow subscription is internal/fanin's test).
+func TestParkerSplitChild(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	nc, pub := natstest.Connect(t, url), natstest.Connect(t, url)
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(context.Background(), natstest.JetStream(t, nc), subjects, kvstate.BufferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newParker(nc, buffer, subjects, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	layout := protocol.MustLayout(4, 8)
+	p.setLayout(layout)
+	const child = 5 // of parent 1
+	if err := p.park(child, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	var mine, sibling []string
+	for i := 0; len(mine) < 200 || len(sibling) < 50; i++ {
+		id := fmt.Sprintf("e-%d", i)
+		switch layout.ShardOf(id) {
+		case child:
+			mine = append(mine, id)
+		case 1:
+			sibling = append(sibling, id)
+		}
+	}
+	mine = mine[:200]
+	// The first half on the parent's subject (the old count), with the
+	// sibling's messages among them, the rest on the child's.
+	var want []string
+	for i, id := range mine {
+		subject := subjects.Entity(1, id)
+		if i >= len(mine)/2 {
+			subject = subjects.Entity(child, id)
+		} else if i < len(sibling) {
+			if err := pub.Publish(subjects.Entity(1, sibling[i]), []byte("sibling")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pub.Publish(subject, []byte(id)); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	if err := pub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p.unsubscribe(child, 7, 1) // drains every subject: what they received is appended
+	if err := buffer.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := buffer.Mark(context.Background(), child, 7); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	if _, err := buffer.Replay(context.Background(), child, 7, func(m *nats.Msg) { got = append(got, string(m.Data)) }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("buffer of shard %d holds %d messages %v..., want the %d of its entities in the order sent", child, len(got), got[:min(len(got), 5)], len(want))
+	}
+}

@@ -64,6 +64,10 @@ func (c *Core) rebalance() {
 	if c.cfg.RebalanceEvery < 0 || r.open || !due {
 		return
 	}
+	if c.split != nil {
+		c.noRound(fmt.Sprintf("the type splits to %d shards", c.split.to), false)
+		return
+	}
 	if c.tick-c.lastFlux < c.cfg.Settle {
 		c.noRound("membership changed: waiting for it to settle", true)
 		return
@@ -86,7 +90,7 @@ func (c *Core) round() (moves []int, inProgress int) {
 			busy = append(busy, sh)
 		}
 	}
-	if len(c.regions) < 2 || c.rounds.open {
+	if len(c.regions) < 2 || c.rounds.open || c.split != nil {
 		return nil, len(busy)
 	}
 	planned, err := c.strategy.Rebalance(c.strategyView(""), busy)
@@ -95,7 +99,7 @@ func (c *Core) round() (moves []int, inProgress int) {
 	}
 	seen := map[int]bool{}
 	for _, sh := range planned {
-		if sh >= 0 && sh < c.cfg.Shards && c.table[sh].State == protocol.StateActive && !seen[sh] {
+		if sh >= 0 && sh < len(c.table) && c.table[sh].State == protocol.StateActive && !seen[sh] {
 			seen[sh] = true
 			moves = append(moves, sh)
 		}
@@ -211,6 +215,9 @@ func (c *Core) whyNoMoves(busy int) string {
 // moveOffLeaving starts moves of the shards of leaving regions, within the
 // bound on moves in flight.
 func (c *Core) moveOffLeaving() {
+	if c.split != nil {
+		return // after the announce
+	}
 	for _, id := range c.sortedRegionIDs() {
 		r := c.regions[id]
 		if !r.Info.Leaving {

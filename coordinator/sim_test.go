@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -23,6 +24,7 @@ type sim struct {
 	markers map[int][]uint64             // end markers written per shard
 	fences  map[int][]uint64             // handoffs fenced per shard (Park.Fence, Mark.Fence)
 	pins    map[int]string               // pins as written by WritePin actions
+	config  protocol.TypeConfig          // the configuration as written by WriteConfig actions (zero: never)
 	// hooks let a scenario intercept a command before the region answers.
 	intercept func(s Send) (CommandDone, bool)
 	warnings  []string
@@ -45,6 +47,7 @@ type simRegion struct {
 	modes   map[int]string  // shard -> live, hold, divert
 	holdFor map[int]uint64  // shard in hold -> marker it waits for
 	rates   map[int]float64 // shard -> messages/s it reports in probe answers, when live
+	count   int             // the shard count it routes by; it splits on the split command
 }
 
 func newSim(t testing.TB, cfg CoreConfig) *sim {
@@ -65,6 +68,11 @@ func newSimAt(t testing.TB, cfg CoreConfig, table []protocol.ShardRecord, region
 	}
 	c, acts := NewCore(cfg, "coord", 1, table, seen)
 	s.c = c
+	for _, r := range regions {
+		if r.count == 0 {
+			r.count = c.Layout().Shards()
+		}
+	}
 	s.run(acts)
 	return s
 }
@@ -76,6 +84,7 @@ func newSimRegion(id string, n int) *simRegion {
 
 func (s *sim) join(id string) {
 	r := newSimRegion(id, len(s.regions)+1)
+	r.count = s.c.Layout().Shards() // what it reads at its start
 	s.regions[id] = r
 	s.renew(id, false)
 }
@@ -168,6 +177,8 @@ func (s *sim) run(acts []Action) {
 			s.done = append(s.done, a)
 		case NoRound:
 			s.noRounds = append(s.noRounds, a.Reason)
+		case WriteConfig:
+			s.config = a.Config
 		case WritePin:
 			if a.Region == "" {
 				delete(s.pins, a.Shard)
@@ -213,6 +224,16 @@ func (s *sim) answer(send Send) Event {
 	if cmd.Incarnation != r.inc {
 		reply.Error = "other incarnation"
 		return CommandDone{Send: send, Outcome: Refused, Reply: reply}
+	}
+	for _, sh := range cmd.Shards {
+		if sh >= r.count {
+			// As Command.Validate refuses it.
+			reply.Error = fmt.Sprintf("shard %d out of range 0..%d", sh, r.count-1)
+			return CommandDone{Send: send, Outcome: Refused, Reply: reply}
+		}
+	}
+	if cmd.Kind == protocol.CmdSplit {
+		s.split(r, cmd.Count, &reply)
 	}
 	complete := true
 	for i, sh := range cmd.Shards {
@@ -264,13 +285,81 @@ func (s *sim) answer(send Send) Event {
 	return CommandDone{Send: send, Outcome: OK, Reply: reply}
 }
 
+// split is a region's answer to the split command (region.Core): once
+// every shard it holds is live, each gives its children to the region.
+func (s *sim) split(r *simRegion, to int, reply *protocol.Reply) {
+	if r.count == to {
+		return
+	}
+	if l, err := s.config.Layout(); s.config.Shards != 0 && (err != nil || !l.Has(to)) {
+		s.t.Fatalf("region %s told to split to %d, the stored configuration %+v does not say so", r.id, to, s.config)
+	}
+	for _, sh := range slices.Sorted(maps.Keys(r.modes)) {
+		if r.modes[sh] != "live" {
+			reply.Replaying = append(reply.Replaying, sh)
+		}
+	}
+	if len(reply.Replaying) > 0 {
+		return
+	}
+	for sh := range maps.Clone(r.modes) {
+		for c := sh + r.count; c < to; c += r.count {
+			r.modes[c] = "live"
+		}
+	}
+	r.count = to
+}
+
 // check asserts the invariants of the world as it is now.
 func (s *sim) check() {
 	s.t.Helper()
-	for sh := range s.c.cfg.Shards {
+	for sh := range len(s.c.table) {
 		s.checkShard(sh)
 	}
+	s.checkFamilies()
 	s.checkIndexes()
+}
+
+// checkFamilies asserts the single owner invariant across counts: a
+// region that routes by fewer shards than the table (it has not split)
+// serves every child of the shards it holds, so no two live regions may
+// hold shards whose entities overlap, nor may one serve what another (or
+// the coordinator) diverts.
+func (s *sim) checkFamilies() {
+	s.t.Helper()
+	n := len(s.c.table)
+	live := make([]string, n)
+	divert := make([][]string, n)
+	for _, id := range slices.Sorted(maps.Keys(s.regions)) {
+		r := s.regions[id]
+		if r.dead {
+			continue
+		}
+		for sh, mode := range r.modes {
+			if r.count > n || sh >= r.count {
+				s.t.Fatalf("region %s routes by %d shards and holds shard %d; the table has %d", id, r.count, sh, n)
+			}
+			for f := sh; f < n; f += r.count {
+				switch mode {
+				case "live":
+					if live[f] != "" {
+						s.t.Fatalf("the entities of shard %d of %d are live in %s and %s", f, n, live[f], id)
+					}
+					live[f] = id
+				case "divert":
+					divert[f] = append(divert[f], id)
+				}
+			}
+		}
+	}
+	for sh := range s.parked {
+		divert[sh] = append(divert[sh], "coordinator")
+	}
+	for f := range n {
+		if live[f] != "" && len(divert[f]) > 0 {
+			s.t.Fatalf("the entities of shard %d of %d are live in %s while %v divert them", f, n, live[f], divert[f])
+		}
+	}
 }
 
 // checkIndexes asserts that the core's counts and per-region rows are
@@ -300,7 +389,7 @@ func (s *sim) checkIndexes() {
 // checkShard asserts the invariants for shard sh.
 func (s *sim) checkShard(sh int) {
 	s.t.Helper()
-	if sh < 0 || sh >= s.c.cfg.Shards {
+	if sh < 0 || sh >= len(s.c.table) {
 		return
 	}
 	var live, divert []string

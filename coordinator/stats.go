@@ -33,6 +33,8 @@ type Stats struct {
 	// Rounds: rebalance rounds (periodic or asked for) that started
 	// moves; RoundMoves: the moves they started.
 	Rounds, RoundMoves atomic.Uint64
+	// Splits: splits of the type this candidate recorded (Reshard).
+	Splits atomic.Uint64
 
 	// ParkedMessages: messages of parked shards the leader diverted to the
 	// buffer; ParkRefused: of those, the ones the buffer refused (full, or
@@ -120,6 +122,15 @@ func newMoveTracker(stats *Stats, onMove func(Move), shards int, table []protoco
 		stats.shards[stateIndex(r.State)].Add(1)
 	}
 	return t
+}
+
+// grow extends the tracked table to n shards (a split): the new rows are
+// counted unowned until their writes come.
+func (t *moveTracker) grow(n int) {
+	for sh := len(t.rows); sh < n; sh++ {
+		t.rows = append(t.rows, protocol.ShardRecord{Shard: sh, State: protocol.StateUnowned})
+		t.stats.shards[stateIndex(protocol.StateUnowned)].Add(1)
+	}
 }
 
 // written notes a table write accepted at now.

@@ -77,6 +77,7 @@ func testConformance(t *testing.T, newStore func(t *testing.T) *Store) {
 		fn   func(t *testing.T, newStore func(t *testing.T) *Store)
 	}{
 		{"Config", testConfig},
+		{"ConfigSplit", testConfigSplit},
 		{"RememberedEntities", testRememberedEntities},
 		{"Daemon", testDaemon},
 		{"WorkerClaims", testWorkerClaims},
@@ -149,6 +150,61 @@ func testConfig(t *testing.T, newStore func(t *testing.T) *Store) {
 	}
 	if got, err := p.EnsureConfig(ctx, protocol.TypeConfig{Shards: 64, Kind: "echo"}); err != nil || got.Kind != "" {
 		t.Fatalf("EnsureConfig(kind echo) over a config without kind = %+v, %v", got, err)
+	}
+}
+
+// testConfigSplit: a split's writes of the configuration are fenced on
+// the coordinator lease, a watch sees them, and a process configured with
+// a count the type had takes the stored configuration.
+func testConfigSplit(t *testing.T, newStore func(t *testing.T) *Store) {
+	s := newStore(t)
+	ctx := t.Context()
+	if _, err := s.EnsureConfig(ctx, protocol.TypeConfig{Shards: 8, Kind: "kv"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := peer(t, s, "").WatchConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := <-w; c.Shards != 8 {
+		t.Fatalf("watch: first %+v", c)
+	}
+	lease, err := s.AcquireCoordinator(ctx, protocol.CoordinatorInfo{Region: "a", Incarnation: "i1"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := protocol.TypeConfig{Shards: 8, Kind: "kv", To: 16}
+	if _, err := s.PutConfig(ctx, Lease{Key: KeyCoordinator, Revision: lease.Revision + 1}, commit); !errors.Is(err, ErrFenced) {
+		t.Fatalf("PutConfig with a stale fence: %v, want ErrFenced", err)
+	}
+	if _, err := s.PutConfig(ctx, lease, protocol.TypeConfig{Shards: 8, To: 12}); err == nil {
+		t.Fatal("PutConfig of counts that are not a layout succeeded")
+	}
+	if _, err := s.PutConfig(ctx, lease, commit); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-w; c.To != 16 {
+		t.Fatalf("watch: after the commit %+v", c)
+	}
+	// A process started during the split with the old or the new count,
+	// or after it with the old one, takes the stored configuration.
+	for _, n := range []int{8, 16} {
+		if got, err := peer(t, s, "").EnsureConfig(ctx, protocol.TypeConfig{Shards: n}); err != nil || got.To != 16 {
+			t.Fatalf("EnsureConfig(%d) during the split = %+v, %v", n, got, err)
+		}
+	}
+	if _, err := s.PutConfig(ctx, lease, protocol.TypeConfig{Shards: 16, Kind: "kv", History: []int{8}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-w; c.Shards != 16 || c.To != 0 {
+		t.Fatalf("watch: after the announce %+v", c)
+	}
+	if got, err := peer(t, s, "").EnsureConfig(ctx, protocol.TypeConfig{Shards: 8}); err != nil || got.Shards != 16 {
+		t.Fatalf("EnsureConfig(8) after the split = %+v, %v; want the stored 16", got, err)
+	}
+	_, err = peer(t, s, "").EnsureConfig(ctx, protocol.TypeConfig{Shards: 32})
+	if !errors.Is(err, ErrConfigMismatch) || !strings.Contains(err.Error(), "16") || !strings.Contains(err.Error(), "32") {
+		t.Fatalf("EnsureConfig(32) over 16 = %v; want ErrConfigMismatch naming both", err)
 	}
 }
 

@@ -396,7 +396,8 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // EnsureConfig stores want if the bucket has no configuration yet and
 // returns the stored one. It returns ErrConfigMismatch, naming both values,
-// when the stored shard count differs from want's, or when both name a
+// when the stored shard count differs from want's and is not one the type
+// had (or a split goes to: TypeConfig.Layout), or when both name a
 // strategy and the strategies differ, or when both name an entity kind and
 // the kinds differ, or when want names a delivery mode that is not the
 // stored one (core when none is stored).
@@ -427,7 +428,11 @@ func (s *Store) EnsureConfig(ctx context.Context, want protocol.TypeConfig) (pro
 		if err != nil {
 			return protocol.TypeConfig{}, err
 		}
-		if got.Shards != want.Shards {
+		layout, err := got.Layout()
+		if err != nil {
+			return got, fmt.Errorf("%w: bucket %s stores a configuration whose shard counts are not a layout: %w", ErrConfigMismatch, s.bucket, err)
+		}
+		if got.Shards != want.Shards && !layout.Has(want.Shards) {
 			return got, fmt.Errorf("%w: bucket %s stores %d shards, this process is configured with %d",
 				ErrConfigMismatch, s.bucket, got.Shards, want.Shards)
 		}

@@ -33,6 +33,7 @@
 package natshardtest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -301,15 +302,13 @@ func (c *Cluster) shards(typ string) int {
 	c.t.Helper()
 	for _, t := range c.cfg.Types {
 		if t.Name == typ {
-			if t.Shards > 0 {
-				return t.Shards
-			}
+			shards := 0
 			for _, n := range c.running() {
 				if applied, ok := n.Type(typ); ok {
-					return applied.Shards
+					shards = max(shards, applied.Shards) // a split: the nodes that split first
 				}
 			}
-			return natshard.DefaultShards
+			return cmp.Or(shards, t.Shards, natshard.DefaultShards)
 		}
 	}
 	c.t.Fatalf("natshardtest: no type %q", typ)

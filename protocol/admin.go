@@ -23,7 +23,17 @@ const (
 	AdminPin       = "pin"       // body PinRequest
 	AdminUnpin     = "unpin"     // body UnpinRequest
 	AdminRebalance = "rebalance" // body RebalanceRequest, answer RebalanceAnswer
+	AdminReshard   = "reshard"   // body ReshardRequest
 )
+
+// ReshardRequest asks the coordinator to split every shard of the type
+// so that it has Shards shards: a larger multiple of today's count
+// (docs/PROTOCOL.md, Resharding). The answer (AdminOK) comes once the
+// split is recorded; it is done when the stored configuration's count is
+// Shards.
+type ReshardRequest struct {
+	Shards int `json:"shards"`
+}
 
 // MoveRequest asks the coordinator to move an active shard to a region.
 type MoveRequest struct {
@@ -94,12 +104,19 @@ type AdminOK struct {
 // AdminError is the answer to an admin request or a query that failed.
 type AdminError struct {
 	Error string `json:"error"`
+	// Retry: the request may be taken later as it is (reshard, while
+	// shards are moving).
+	Retry bool `json:"retry,omitempty"`
 }
 
 // Status is the coordinator's answer to AdminStatus.
 type Status struct {
-	Type        string          `json:"type"`
-	Shards      int             `json:"shards"`
+	Type   string `json:"type"`
+	Shards int    `json:"shards"`
+	// History is the type's earlier shard counts, oldest first (it was
+	// split); SplittingTo the count a split under way goes to.
+	History     []int           `json:"history,omitempty"`
+	SplittingTo int             `json:"splitting_to,omitempty"`
 	Coordinator CoordinatorView `json:"coordinator"`
 	Regions     []RegionView    `json:"regions"`
 	Table       []ShardView     `json:"table"`
@@ -183,6 +200,10 @@ const (
 	EventRegionGone  = "region-gone"
 	EventPin         = "pin"   // Shard pinned to Region
 	EventUnpin       = "unpin" // Shard's pin removed
+	// EventSplit: a split was recorded (State "committed", Shards the
+	// count it goes to) or announced (State "announced", Shards the
+	// type's count from now on).
+	EventSplit = "split"
 )
 
 // Event is what the coordinator leader publishes on the events subject,
@@ -197,6 +218,7 @@ type Event struct {
 	State  string `json:"state,omitempty"`
 	Region string `json:"region,omitempty"`
 	Source string `json:"source,omitempty"`
+	Shards int    `json:"shards,omitempty"`
 }
 
 // DecodeJSON decodes an admin request or query strictly: an empty body,

@@ -59,6 +59,12 @@ const (
 	// (a stopping process marks itself leaving too, and exits as soon as
 	// it holds no shard).
 	CmdUndrain CommandKind = 7
+	// CmdSplit tells a region that the type splits to Count shards
+	// (resharding, docs/PROTOCOL.md): once the stored configuration says
+	// so, every shard it holds gives its children to the region, which
+	// serves them. A region still replaying a shard answers it in
+	// Reply.Replaying and splits nothing; the coordinator asks again.
+	CmdSplit CommandKind = 8
 )
 
 func (k CommandKind) String() string {
@@ -77,6 +83,8 @@ func (k CommandKind) String() string {
 		return "leave"
 	case CmdUndrain:
 		return "undrain"
+	case CmdSplit:
+		return "split"
 	}
 	return fmt.Sprintf("command(%d)", uint8(k))
 }
@@ -95,6 +103,8 @@ type Command struct {
 	// of Shards (same length): the id of the end marker that closes the
 	// shard's buffer for this move.
 	Handoffs []uint64 `msgpack:"h,omitempty"`
+	// Count is, for split, the shard count the type splits to.
+	Count int `msgpack:"n,omitempty"`
 }
 
 // Validate checks a decoded command against the shard count n.
@@ -103,6 +113,13 @@ func (c *Command) Validate(n int) error {
 	case CmdProbe, CmdDrop, CmdLeave, CmdUndrain:
 		if len(c.Handoffs) != 0 {
 			return fmt.Errorf("%w: %s with handoff ids", ErrMalformed, c.Kind)
+		}
+	case CmdSplit:
+		if len(c.Handoffs) != 0 || len(c.Shards) != 0 {
+			return fmt.Errorf("%w: split with shards or handoff ids", ErrMalformed)
+		}
+		if c.Count < 1 || c.Count > MaxShards {
+			return fmt.Errorf("%w: split to %d shards, out of range 1..%d", ErrMalformed, c.Count, MaxShards)
 		}
 	case CmdBind, CmdHandOff, CmdRelease:
 		if len(c.Handoffs) != len(c.Shards) {
@@ -210,6 +227,25 @@ type TypeConfig struct {
 	// shard, and a shard's new owner starts them again (remembered
 	// entities); false in buckets written before it existed.
 	Remember bool `msgpack:"r,omitempty"`
+	// History holds the type's earlier shard counts, oldest first: it was
+	// split (resharding, docs/PROTOCOL.md). Empty for a type never split,
+	// and in buckets written before resharding existed.
+	History []int `msgpack:"h,omitempty"`
+	// To is, while a split runs, the shard count it goes to (the rows of
+	// the new shards exist, regions may serve them); Shards is then still
+	// the count publishers use. 0 when no split runs.
+	To int `msgpack:"to,omitempty"`
+}
+
+// Layout is the configuration's shard counts: History, Shards, then To
+// when a split runs. The error says what is wrong with a stored
+// configuration whose counts are not a layout.
+func (c TypeConfig) Layout() (Layout, error) {
+	counts := append(append([]int(nil), c.History...), c.Shards)
+	if c.To != 0 {
+		counts = append(counts, c.To)
+	}
+	return NewLayout(counts...)
 }
 
 // Delivery modes of a type (TypeConfig.Delivery).

@@ -48,10 +48,15 @@ type Config struct {
 	// core delivery (intake.go tells the difference).
 	Stream   *kvstate.Stream
 	Subjects protocol.Subjects
-	Shards   int    // shard count of the type, as stored in KV
-	ID       string // region id, unique per process
-	Version  string // application version (for rolling updates)
-	Factory  Factory
+	Shards   int // shard count of the type, as stored in KV
+	// Layout is the type's shard counts through its splits, as stored
+	// (protocol.TypeConfig.Layout; the last one routes); zero: Shards,
+	// never split. The region follows the splits the coordinator tells it
+	// of (split.go).
+	Layout  protocol.Layout
+	ID      string // region id, unique per process
+	Version string // application version (for rolling updates)
+	Factory Factory
 	// IdleTimeout passivates entities idle this long (default 120s;
 	// negative: never).
 	IdleTimeout time.Duration
@@ -151,6 +156,15 @@ type Agent struct {
 	pendingInc     string     // the incarnation being registered (see register)
 	pendingStarted int64
 
+	// layout is the type's shard counts as the region routes by them:
+	// changed by the driver when the region splits (split.go).
+	layout atomic.Pointer[protocol.Layout]
+	// subs are the region's subscriptions to data subjects, by shard
+	// token (subjects.go); subsMu guards the map and the changes of their
+	// routes.
+	subsMu sync.Mutex
+	subs   map[int]*subjectSub
+
 	mu          sync.Mutex            // guards what follows
 	shards      map[int]intake        // the data plane of the held shards, by the driver
 	stopping    map[int]chan struct{} // shard -> closed when its entities have stopped
@@ -214,6 +228,8 @@ type Stats struct {
 	RenewalsFailed atomic.Uint64 // registration renewals that failed
 
 	Restarted atomic.Uint64 // remembered entities started again without a message (Config.Remember)
+
+	OldSubject atomic.Uint64 // messages taken from an ancestor's subject: published with a count the type had before a split (docs/PROTOCOL.md, Resharding)
 }
 
 // Open registers the region and starts serving commands. It returns when
@@ -224,6 +240,9 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if cfg.Shards > protocol.MaxShards {
 		return nil, fmt.Errorf("region: %d shards, at most %d", cfg.Shards, protocol.MaxShards)
+	}
+	if cfg.Layout.Shards() == 0 {
+		cfg.Layout = protocol.MustLayout(cfg.Shards)
 	}
 	if err := protocol.ValidateName("region id", cfg.ID); err != nil {
 		return nil, err
@@ -254,6 +273,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		log:      cfg.Logger.With("component", "region", "region", cfg.ID),
 		instance: nuid.Next(),
 		shards:   make(map[int]intake),
+		subs:     make(map[int]*subjectSub),
 		stopping: make(map[int]chan struct{}),
 		events:   make(chan Event, 1024),
 		loopDone: make(chan struct{}),
@@ -261,6 +281,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		done:     make(chan struct{}),
 		replays:  make(chan struct{}, maxReplays),
 	}
+	a.layout.Store(&cfg.Layout)
 	a.clock.base = time.Now()
 	switch {
 	case cfg.StallLimit == 0:
@@ -303,7 +324,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		a.cancel()
 		return nil, err
 	}
-	a.core = NewCore(CoreConfig{Shards: cfg.Shards, Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
+	a.core = NewCore(CoreConfig{Shards: cfg.Layout.Shards(), Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
 		a.cancel()
@@ -340,6 +361,19 @@ func (a *Agent) ID() string { return a.cfg.ID }
 // Instance is unique per Agent: its registrations carry it
 // (protocol.RegionInfo.Instance), whatever its incarnation.
 func (a *Agent) Instance() string { return a.instance }
+
+// Layout is the type's shard counts as the region routes by them now (the
+// last is the type's count; it changes when the region splits).
+func (a *Agent) Layout() protocol.Layout { return a.layoutNow() }
+
+// layoutNow is the layout the region routes by now (the Config's, for an
+// Agent made without Open: tests).
+func (a *Agent) layoutNow() protocol.Layout {
+	if l := a.layout.Load(); l != nil {
+		return *l
+	}
+	return protocol.MustLayout(max(a.cfg.Shards, 1))
+}
 
 // Held returns the shards the region holds (serving, replaying or
 // handing off), ascending.

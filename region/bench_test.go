@@ -17,7 +17,7 @@ import (
 // Benchmarks of the region's hot path, without NATS: dispatch of a
 // message to its entity (host.deliver: the cell, its mailbox, the
 // goroutine that runs it), the whole subscription callback
-// (Agent.onMessage: subject parsing, the shard's mode, deliver), and
+// (Agent.onSubject: subject parsing, routing, the shard's mode, deliver), and
 // what an idle entity costs in memory and to passivate. Run with
 //
 //	go test -run '^$' -bench . -benchmem ./region/
@@ -140,9 +140,13 @@ func benchOnMessage(b *testing.B, watch bool) {
 		hc.Stalls = a.stallCount
 	}
 	a.host = newHost(hc)
-	states := make([]*shardState, protocol.DefaultShards)
-	for i := range states {
-		states[i] = &shardState{n: i, mode: modeLive}
+	layout := protocol.MustLayout(protocol.DefaultShards)
+	subs := make([]*subjectSub, protocol.DefaultShards)
+	for i := range subs {
+		st := &shardState{n: i, mode: modeLive}
+		subs[i] = &subjectSub{token: i}
+		subs[i].routes.Store(&routeSet{layout: layout, shards: map[int]*shardState{i: st}})
+		st.subs = []*subjectSub{subs[i]}
 	}
 	ids, shards := benchIDs(1000)
 	msgs := make([]*nats.Msg, len(ids))
@@ -154,7 +158,7 @@ func benchOnMessage(b *testing.B, watch bool) {
 	b.ResetTimer()
 	for i := range b.N {
 		j := i % len(msgs)
-		a.onMessage(states[shards[j]], msgs[j])
+		a.onSubject(subs[shards[j]], msgs[j])
 	}
 	waitHandled(b, int64(b.N))
 	if a.stats.Malformed.Load() != 0 {

@@ -12,7 +12,7 @@ func (a *Agent) onCommand(m *nats.Msg) {
 	var cmd protocol.Command
 	err := protocol.Decode(m.Data, &cmd)
 	if err == nil {
-		err = cmd.Validate(a.cfg.Shards)
+		err = cmd.Validate(a.layoutNow().Shards())
 	}
 	if err != nil {
 		a.limit.log(a.log, "bad-command", "refused a malformed command", "err", err)

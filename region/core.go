@@ -46,12 +46,15 @@ type Core struct {
 
 	checking uint64                    // the epoch being checked; 0: none
 	queued   []CommandIn               // commands waiting for the check
-	binds    map[uint64]protocol.Reply // bind answers waiting for Bound
-	handoffs []*handoffAnswer
-	releases []*releaseAnswer
-	token    uint64 // counts Release actions
-	tick     int
-	out      []Action
+	binds    map[uint64]protocol.Reply // bind (and split) answers waiting for Bound
+	// splitting: split commands waiting for their check against the
+	// stored configuration (split.go).
+	splitting map[uint64]protocol.Reply
+	handoffs  []*handoffAnswer
+	releases  []*releaseAnswer
+	token     uint64 // counts Release actions
+	tick      int
+	out       []Action
 }
 
 // CoreConfig configures a Core.
@@ -328,14 +331,13 @@ func (c *Core) Step(ev Event) []Action {
 		c.epochChecked(ev)
 	case Bound:
 		c.bound(ev)
+	case SplitChecked:
+		c.splitChecked(ev)
 	case CaughtUp:
-		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
-			if s.suspended {
-				s.caughtUp = true // live once confirmed
-				break
-			}
-			s.mode = modeLive
-			c.emit(GoLive(ev))
+		c.caughtUp(ev)
+	case SplitLive:
+		for i, n := range ev.Shards {
+			c.caughtUp(CaughtUp{Shard: n, Life: ev.Lives[i]})
 		}
 	case EntitiesStopped:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
@@ -386,6 +388,19 @@ func (c *Core) Step(ev Event) []Action {
 		}
 	}
 	return c.out
+}
+
+// caughtUp: a shard's replay (or its split's eviction) is done: it goes
+// live, or, while the region is suspended, once confirmed.
+func (c *Core) caughtUp(ev CaughtUp) {
+	if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeHold {
+		if s.suspended {
+			s.caughtUp = true // live once confirmed
+			return
+		}
+		s.mode = modeLive
+		c.emit(GoLive(ev))
+	}
 }
 
 // Tick advances the core's clock by one tick.
@@ -533,6 +548,8 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 		}
 		c.leaving = true
 		c.emit(WriteRegistration{ID: ev.ID})
+	case protocol.CmdSplit:
+		c.splitCommand(ev.ID, cmd, &reply, answer)
 	case protocol.CmdUndrain:
 		switch {
 		case c.going:

@@ -96,6 +96,13 @@ func (a *Agent) carryOut(acts []Action) {
 			a.goDo(func() { a.post(EpochChecked{Epoch: act.Epoch, Err: a.checkEpoch(act.Epoch)}) })
 		case BindShards:
 			a.bindShards(act)
+		case CheckSplit:
+			a.goDo(func() {
+				layout, err := a.checkSplit(act.Count)
+				a.post(SplitChecked{ID: act.ID, Layout: layout, Err: err})
+			})
+		case SplitShards:
+			a.splitShards(act)
 		case GoLive:
 			if st := a.shard(act.Shard, act.Life); st != nil {
 				st.goLive()

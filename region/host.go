@@ -254,6 +254,15 @@ type shardEntities struct {
 	// timers: the timers of the active entities that armed one
 	// (timers.go); nil until one did, an entry removed with its cell.
 	timers map[*cell]*entityTimers
+	// evicting: the cells evict is waiting for (nil: none).
+	evicting *eviction
+}
+
+// eviction counts the cells an evict waits for; done is closed when the
+// last is removed.
+type eviction struct {
+	left int
+	done chan struct{}
 }
 
 // Stop states of a cell.
@@ -273,6 +282,7 @@ type cell struct {
 	stop       uint8
 	passivate  bool // the entity asked to stop once its message is handled
 	remembered bool // hostConfig.Remember recorded the entity
+	evict      bool // the entity stops once its mailbox is empty, and its cell goes (evict)
 	// lim is the entity's entry in the limit's policy; nil without
 	// MaxActive. (The cell is 48 bytes with it.)
 	lim *limitEntry
@@ -559,6 +569,15 @@ func (h *host) abortShard(shard int) {
 func (h *host) removeLocked(se *shardEntities, id string, c *cell) {
 	if se.cells[id] == c {
 		delete(se.cells, id)
+	}
+	if c.evict {
+		c.evict = false
+		if ev := se.evicting; ev != nil {
+			if ev.left--; ev.left == 0 {
+				close(ev.done)
+				se.evicting = nil
+			}
+		}
 	}
 	if se.answers != nil {
 		delete(se.answers, c)
@@ -966,7 +985,7 @@ func (h *host) run(t task, w *workerState) (again bool) {
 			continue
 		}
 		if c.mailbox.len() == 0 {
-			if se.closing && ent != nil {
+			if (se.closing || c.evict) && ent != nil {
 				// Deliveries are refused now, so the mailbox stays empty.
 				// An entity that asked to stop is forgotten; the others
 				// stay remembered, for the shard's next owner.
@@ -1548,6 +1567,46 @@ func (h *host) beginStop(se *shardEntities, items []stopItem) (<-chan struct{}, 
 	h.drainedLocked(se)
 	se.mu.Unlock()
 	return drained, items
+}
+
+// evict stops the entities of shard whose id leaves says are no longer
+// its own (a split gave them to a child: docs/PROTOCOL.md, Resharding) and
+// removes their cells: an idle one at once, one with messages queued once
+// it has handled them (nothing more is delivered to them: the region
+// routes their messages to the child). Their Stop hook runs, and they stay
+// remembered (their child starts them again). It returns a channel closed
+// once all are removed. The shard's other entities are left alone. It is
+// not called again on a shard before its channel closed.
+func (h *host) evict(shard int, leaves func(id string) bool) <-chan struct{} {
+	done := make(chan struct{})
+	se := h.lookup(shard)
+	if se == nil {
+		close(done)
+		return done
+	}
+	var items []stopItem
+	ev := &eviction{done: done}
+	se.mu.Lock()
+	for id, c := range se.cells {
+		if !leaves(id) {
+			continue
+		}
+		c.evict = true
+		ev.left++
+		if !c.running {
+			c.running = true
+			c.stop = stopQueued
+			items = append(items, stopItem{se: se, id: id, c: c})
+		}
+	}
+	if ev.left == 0 {
+		close(done)
+	} else {
+		se.evicting = ev
+	}
+	se.mu.Unlock()
+	h.runStops(items)
+	return done
 }
 
 // stopShard stops every entity of shard: from now on deliveries to it are

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/natshard/natshard/internal/drain"
 	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
@@ -131,9 +130,7 @@ func (st *shardState) release(ctx context.Context, handoff uint64) error {
 	if !wait.Sleep(ctx, a.cfg.ReleaseGrace) {
 		return ErrClosed
 	}
-	if err := drain.Subscription(ctx, st.sub, drainTimeout); err != nil && ctx.Err() == nil {
-		a.log.Warn("a released shard's subscription did not drain; cut", "shard", st.n, "err", err)
-	}
+	a.drainShard(ctx, st)
 	st.forget()
 	return a.mark(ctx, st.n, handoff)
 }

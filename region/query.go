@@ -43,8 +43,8 @@ func (a *Agent) query(body []byte) (protocol.QueryAnswer, error) {
 		}
 	}
 	for _, sh := range req.Shards {
-		if sh < 0 || sh >= a.cfg.Shards {
-			return protocol.QueryAnswer{}, fmt.Errorf("bad request: shard %d out of range 0..%d", sh, a.cfg.Shards-1)
+		if n := a.layoutNow().Shards(); sh < 0 || sh >= n {
+			return protocol.QueryAnswer{}, fmt.Errorf("bad request: shard %d out of range 0..%d", sh, n-1)
 		}
 	}
 	switch {

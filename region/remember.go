@@ -90,6 +90,13 @@ func (r *entityRecorder) remember(ctx context.Context, shard int, id string) err
 // the record when it takes the shard, does not start an entity that
 // passivated itself just before the move (or the process's Close).
 func (r *entityRecorder) forget(shard int, id string) {
+	// An entity of a split child may still be recorded under an
+	// ancestor's number (from before the split): it is forgotten there
+	// too, or the child would start it again.
+	tokens := r.a.layoutNow().Tokens(shard)
+	for _, t := range tokens[:len(tokens)-1] {
+		r.push(recordReq{rec: kvstate.EntityRecord{Shard: t, ID: id, Forget: true}, done: make(chan error, 1)})
+	}
 	done := make(chan error, 1)
 	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done})
 	select {
@@ -199,7 +206,7 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 		ctx, cancel := context.WithTimeout(a.ctx, recordTimeout)
 		var err error
-		ids, err = a.cfg.Remember.RememberedEntities(ctx, n)
+		ids, err = a.remembered(ctx, n)
 		cancel()
 		if err == nil {
 			break
@@ -222,6 +229,28 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 	if len(ids) > 0 {
 		a.log.Debug("started remembered entities", "shard", n, "entities", started, "of", len(ids), "took", time.Since(began).String())
 	}
+}
+
+// remembered lists the remembered entities of shard n: those recorded
+// under its number, and, for a child of a split, those recorded under its
+// ancestors' numbers before the split; of a type that was split, only
+// those that belong to n now (a parent's keys from before the split are
+// its children's entities too: docs/PROTOCOL.md, Resharding).
+func (a *Agent) remembered(ctx context.Context, n int) ([]string, error) {
+	layout := a.layoutNow()
+	var ids []string
+	for _, t := range layout.Tokens(n) {
+		got, err := a.cfg.Remember.RememberedEntities(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range got {
+			if layout.ShardOf(id) == n { // a parent's key may be a child's entity
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, nil
 }
 
 // liveIn reports whether shard n is live here in its life life.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
+	"github.com/natshard/natshard/protocol"
 )
 
 // memoryRemember is a RememberStore in memory, with a log of its writes.
@@ -251,5 +252,58 @@ func TestHostPassivateWithQueuedMessages(t *testing.T) {
 	}
 	if st := h.passivations.Load(); st != 1 {
 		t.Fatalf("%d passivations", st)
+	}
+}
+
+// TestRememberedAcrossSplit: after a split, a shard lists the remembered
+// entities recorded under its number and under its ancestors' (from
+// before the split) that are its own now, and none of another child's;
+// forgetting an entity purges its key under each of those numbers.
+func TestRememberedAcrossSplit(t *testing.T) {
+	store := newMemoryRemember()
+	a := &Agent{log: discardLogger(), cfg: Config{Shards: 8, Remember: store}}
+	layout := protocol.MustLayout(4, 8)
+	a.layout.Store(&layout)
+	var in1, in5 []string
+	for i := 0; len(in1) < 3 || len(in5) < 3; i++ {
+		id := "e-" + strconv.Itoa(i)
+		switch layout.ShardOf(id) {
+		case 1:
+			in1 = append(in1, id)
+		case 5:
+			in5 = append(in5, id)
+		}
+	}
+	// Recorded before the split, under their parent 1; in5[2] after it.
+	var recs []kvstate.EntityRecord
+	for _, id := range append(slices.Clone(in1), in5[:2]...) {
+		recs = append(recs, kvstate.EntityRecord{Shard: 1, ID: id})
+	}
+	recs = append(recs, kvstate.EntityRecord{Shard: 5, ID: in5[2]})
+	if err := store.RecordEntities(context.Background(), recs); err != nil {
+		t.Fatal(err)
+	}
+	for shard, want := range map[int][]string{1: in1, 5: in5} {
+		got, err := a.remembered(context.Background(), shard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		want = slices.Sorted(slices.Values(want))
+		if !slices.Equal(got, want) {
+			t.Errorf("shard %d remembers %v, want %v", shard, got, want)
+		}
+	}
+	r := newEntityRecorder(a, store)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.wg.Add(1)
+	go r.run(ctx)
+	defer func() { cancel(); a.wg.Wait() }()
+	r.forget(5, in5[0])
+	if got, _ := a.remembered(context.Background(), 5); slices.Contains(got, in5[0]) {
+		t.Fatalf("forgotten entity %s still remembered by shard 5: %v", in5[0], got)
+	}
+	if got, _ := store.RememberedEntities(context.Background(), 1); slices.Contains(got, in5[0]) {
+		t.Fatalf("forgotten entity %s still under its parent's number", in5[0])
 	}
 }

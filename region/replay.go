@@ -117,7 +117,7 @@ func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
 // its connection, or stepped down before the next one parked the shard
 // again) and must keep its place before the later buffered messages.
 func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
-	shard, id, err := a.cfg.Subjects.ParseEntity(m.Subject, a.cfg.Shards)
+	_, shard, id, err := a.layoutNow().ParseEntity(a.cfg.Subjects, m.Subject)
 	if err == nil && shard != st.n {
 		err = fmt.Errorf("%w: buffered message %q of shard %d in the buffer of shard %d", protocol.ErrWrongShard, m.Subject, shard, st.n)
 	}
@@ -245,8 +245,7 @@ func (a *Agent) goLive(st *shardState) bool {
 	// after: the replayed ids are kept until the subscription delivered
 	// what it had queued now and a release grace passed (the load test on
 	// a cluster saw copies arrive 30 ms after going live).
-	queued, _, _ := st.sub.Pending()
-	st.dedupUntil = st.arrivals + uint64(max(queued, 0))
+	st.dedupUntil = st.arrivals + uint64(st.pendingOf())
 	st.dedupEnd = time.Now().Add(a.cfg.ReleaseGrace)
 	if len(st.seen) == 0 {
 		st.seen = nil

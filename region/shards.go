@@ -94,8 +94,11 @@ func (m mode) String() string {
 type shardState struct {
 	a     *Agent
 	n     int
-	lifeN uint64             // the core's life of this bind
-	sub   *nats.Subscription // set once, before the state is published
+	lifeN uint64 // the core's life of this bind
+	// subs are the region's subscriptions the shard listens on, oldest
+	// subject first, its own last (subjects.go): set once, before the
+	// state is published.
+	subs []*subjectSub
 
 	mu      sync.Mutex
 	mode    mode
@@ -149,16 +152,28 @@ type heldMsg struct {
 	m  *nats.Msg
 }
 
-// onMessage is the subscription callback of shard st. It runs on the
-// subscription's goroutine, so the shard's messages are handled one at a
-// time in arrival order, whatever the mode.
-func (a *Agent) onMessage(st *shardState, m *nats.Msg) {
-	_, id, err := a.cfg.Subjects.ParseEntity(m.Subject, a.cfg.Shards)
-	if err != nil {
-		a.malformed(m, err)
-		return
-	}
+// dispatch hands message m of entity id to held shard st, as its mode
+// says; ss is the subscription it came from, routed by r (onSubject), and
+// old says it came on one of the shard's ancestors' subjects. It runs on
+// the subscription's goroutine, so the shard's messages of one subject are
+// handled one at a time in arrival order, whatever the mode. It reports
+// false, having done nothing, when ss's routes are no longer r (the shard
+// split meanwhile): the caller routes the message again.
+func (a *Agent) dispatch(st *shardState, ss *subjectSub, r *routeSet, id string, m *nats.Msg, old bool) bool {
 	st.mu.Lock()
+	if ss != nil && ss.routes.Load() != r {
+		st.mu.Unlock()
+		return false
+	}
+	if old {
+		a.stats.OldSubject.Add(1)
+	}
+	a.dispatchLocked(st, id, m)
+	return true
+}
+
+// dispatchLocked is dispatch, st.mu held; it unlocks it.
+func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 	st.arrivals++
 	if st.mode == modeLive {
 		if now, gap, stalled := a.clock.check(); stalled {
@@ -297,13 +312,10 @@ func (r *refusal) Unwrap() error { return r.err }
 func (a *Agent) bind(n int, handoff, life uint64) error {
 	ctx, cancel := context.WithCancel(a.ctx)
 	st := &shardState{a: a, n: n, lifeN: life, mode: modeHold, handoff: handoff, seen: make(map[string]struct{}), ctx: ctx, cancel: cancel, bound: time.Now()}
-	sub, err := a.cfg.Conn.Subscribe(a.cfg.Subjects.Shard(n), func(m *nats.Msg) { a.onMessage(st, m) })
-	if err != nil {
+	if err := a.subscribeShard(st, a.layoutNow()); err != nil {
 		cancel()
-		return fmt.Errorf("subscribe shard %d: %w", n, err)
+		return err
 	}
-	_ = sub.SetPendingLimits(-1, -1) // never drop on a slow entity: the mailbox absorbs bursts
-	st.sub = sub
 	a.mu.Lock()
 	a.shards[n] = st
 	// Entities of the shard's previous life here, if any, must have
@@ -418,7 +430,7 @@ func (st *shardState) stop(why string) {
 	st.held, st.heldAt, st.seen = nil, nil, nil
 	st.mu.Unlock()
 	st.cancel()
-	_ = st.sub.Unsubscribe()
+	st.a.unsubscribeShard(st)
 	for _, h := range held {
 		a.reply(h.m, nil, refused(protocol.RefusedNotOwned, fmt.Errorf("shard %d left region %s: %s", st.n, a.cfg.ID, why)))
 	}

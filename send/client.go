@@ -46,8 +46,12 @@ const attemptTimeout = 5 * time.Second
 
 // Client sends messages to entities of any type: it needs nothing but a
 // NATS connection, and no process it talks to needs to know it. It learns
-// each type's shard count from the type's KV bucket once and keeps it (a
-// type's shard count never changes). It is safe for concurrent use. The
+// each type's shard count from the type's KV bucket, and follows it: when
+// the type is resharded (docs/PROTOCOL.md, Resharding), a watch of the
+// type's configuration tells it the new count once every region serves it,
+// and it sends by that count from then on (messages sent by the old count
+// still reach their entities). The watch lasts as long as the connection.
+// It is safe for concurrent use. The
 // core requests of every Client of a connection wait for their answers on
 // one subscription of the connection (a wildcard on a new inbox;
 // nats.CustomInboxPrefix applies), made at the first core request and
@@ -109,8 +113,10 @@ type Client struct {
 
 type clientType struct {
 	subjects protocol.Subjects
-	shards   int
-	durable  bool // durable delivery: sent through the type's stream
+	// shards is the type's announced shard count, shared by the clients
+	// of the connection and kept up to date by one watch (countOf).
+	shards  *atomic.Int64
+	durable bool // durable delivery: sent through the type's stream
 }
 
 // A ClientOption configures a Client.
@@ -438,7 +444,7 @@ func (c *Client) message(ctx context.Context, until time.Time, typ, id string, d
 	if err != nil {
 		return t, nil, err
 	}
-	m := &nats.Msg{Subject: t.subjects.EntityOf(id, t.shards), Data: data}
+	m := &nats.Msg{Subject: t.subjects.EntityOf(id, int(t.shards.Load())), Data: data}
 	if len(opts) > 0 {
 		m.Header = nats.Header{}
 		for _, o := range opts {
@@ -496,6 +502,8 @@ func (c *Client) typeOf(ctx context.Context, until time.Time, typ string) (clien
 		}
 		switch {
 		case err == nil:
+			// The watch of the count starts before the first message.
+			follow(c.nc, c.js, typ, cfg.Shards)
 			return c.Learn(subjects, cfg.Shards, cfg.DeliveryOf()), nil
 		case errors.Is(err, kvstate.ErrNotFound):
 			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
@@ -526,7 +534,7 @@ func (c *Client) jetStream() error {
 // type knows them: the client then does not read them from the type's
 // KV bucket. A program that only sends has no need of it.
 func (c *Client) Learn(subjects protocol.Subjects, shards int, delivery string) clientType {
-	t := clientType{subjects: subjects, shards: shards, durable: delivery == protocol.DeliveryDurable}
+	t := clientType{subjects: subjects, shards: countOf(c.nc, subjects.Type(), shards), durable: delivery == protocol.DeliveryDurable}
 	c.mu.Lock()
 	types := map[string]clientType{}
 	if old := c.types.Load(); old != nil {

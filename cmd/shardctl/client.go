@@ -23,9 +23,13 @@ type client struct {
 	store    *kvstate.Store
 	subjects protocol.Subjects
 	shards   int
-	durable  bool      // the type's delivery is durable: messages go through its stream
-	stderr   io.Writer // for what is not the command's output (watch's banner, --wait's progress)
-	denials  *denials
+	// history and splittingTo: the type's earlier shard counts, and the
+	// count a split under way goes to (its table has that many rows).
+	history     []int
+	splittingTo int
+	durable     bool      // the type's delivery is durable: messages go through its stream
+	stderr      io.Writer // for what is not the command's output (watch's banner, --wait's progress)
+	denials     *denials
 }
 
 func dial(ctx context.Context, o options) (*client, error) {
@@ -72,7 +76,7 @@ func dial(ctx context.Context, o options) (*client, error) {
 		nc.Close()
 		return nil, c.jetStreamErr(err, fmt.Sprintf("read the configuration of type %q", o.Type))
 	}
-	c.shards = cfg.Shards
+	c.shards, c.history, c.splittingTo = cfg.Shards, cfg.History, cfg.To
 	c.durable = cfg.DeliveryOf() == protocol.DeliveryDurable
 	return c, nil
 }
@@ -110,7 +114,8 @@ func (c *client) view(ctx context.Context) (view, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
-	v := view{Status: protocol.Status{Type: c.opts.Type, Shards: c.shards}}
+	v := view{Status: protocol.Status{Type: c.opts.Type, Shards: c.shards, History: c.history, SplittingTo: c.splittingTo}}
+	rowsN := max(c.shards, c.splittingTo)
 	info, rev, err := c.store.Coordinator(ctx)
 	switch {
 	case err == nil:
@@ -127,12 +132,12 @@ func (c *client) view(ctx context.Context) (view, error) {
 		return v, c.jetStreamErr(err, "read the pins")
 	}
 	count := map[string]int{}
-	v.Table = make([]protocol.ShardView, c.shards)
+	v.Table = make([]protocol.ShardView, rowsN)
 	for i := range v.Table {
 		v.Table[i] = protocol.ShardView{Shard: i, State: string(protocol.StateUnowned), Pin: pins[i]}
 	}
 	for _, r := range rows {
-		if r.Shard >= 0 && r.Shard < c.shards {
+		if r.Shard >= 0 && r.Shard < rowsN {
 			v.Table[r.Shard] = protocol.ShardView{Shard: r.Shard, Region: r.Region, State: string(r.State), Source: r.Source, Pin: pins[r.Shard]}
 			count[r.Region]++
 		}

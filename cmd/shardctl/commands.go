@@ -220,6 +220,32 @@ stops those removed; the others run on.`,
 shardctl --type projection daemon`,
 		},
 		{
+			name: "reshard", args: "--shards N", short: "split every shard of the type into N / today's count (N: a multiple)", group: "Operate", flags: []string{"shards"}, run: cmdReshard,
+			long: `Grows the type's shard count to N, a multiple of today's count, while it
+runs: every shard s of a type of C shards becomes the shards s, s+C, ...
+(its children), each on its parent's region, so no entity moves and no
+state is copied; the next rebalance rounds spread the children. Each
+region stops and restarts the active entities that change shard number.
+The coordinator records the split as one fenced change of the type's
+configuration: if it dies halfway the next one completes it, and a
+split that was not recorded did not happen. Shrinking is refused.
+
+Publishers that still compute the old count keep working: the region of
+an entity listens on its old subjects too (the metric
+natshard_region_old_subject_messages_total counts what still comes
+there). natshard's Client learns the new count at once.
+
+shardctl waits until the split is announced (every region has split) and
+prints how long it took; while shards are moving it asks again until
+--timeout (default 1m). A type of durable delivery cannot be resharded
+yet.`,
+			examples: `# 128 shards to 256, then spread the children at once.
+shardctl reshard --shards 256
+shardctl rebalance --wait
+# As JSON, for a script.
+shardctl reshard --shards 512 --json --timeout 5m`,
+		},
+		{
 			name: "auth", args: "init|user ...", short: "create keys and credentials", group: "Set up and measure", local: localAuth,
 			long: authHelp, examples: authExamples,
 		},

@@ -145,7 +145,7 @@ func TestCompletionBash(t *testing.T) {
 		{"shardctl --creds=" + dir + "/ad", creds},
 		{"shardctl --nats nats://n1:4222 --timeout=2s mo", "move"},
 		{"shardctl --nats=nats://n1:4222 move 1 b --w", "--wait"},
-		{"shardctl --nats nats://n1:4222 ", "status regions region shards shard locate stats watch daemon send request move drain undrain pin unpin rebalance scale auth bench completion help"},
+		{"shardctl --nats nats://n1:4222 ", "status regions region shards shard locate stats watch daemon send request move drain undrain pin unpin rebalance scale reshard auth bench completion help"},
 		{"shardctl --timeout 1", ""},
 		{"shardctl bench --handoff-e", "--handoff-entities"},
 	} {

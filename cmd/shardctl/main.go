@@ -72,6 +72,7 @@ type options struct {
 	Limit  int    // region, shard
 	Wait   bool   // move, drain, undrain, rebalance
 	Key    string // send, request: the idempotency key (Nats-Msg-Id)
+	Shards int    // reshard: the shard count to split to
 	// Command is the command being run, for error messages.
 	Command string
 }
@@ -111,6 +112,7 @@ func newFlagSet(o *options, getenv func(string) string) *flag.FlagSet {
 	fs.IntVar(&o.Limit, "limit", protocol.DefaultEntityLimit, "list at most `N` entity ids")
 	fs.StringVar(&o.Key, "key", "", "idempotency `key` of the message (its Nats-Msg-Id): sent again with it, it is applied once and answered as the first time")
 	fs.BoolVar(&o.Wait, "wait", false, "wait until it is done, printing progress on stderr; bounded by --timeout")
+	fs.IntVar(&o.Shards, "shards", 0, "the type's new shard `count`: a multiple of today's")
 	return fs
 }
 
@@ -208,8 +210,14 @@ func checkFlags(fs *flag.FlagSet, cmd *command, o *options) error {
 	case o.Wait && o.DryRun:
 		return fmt.Errorf("%w: --wait and --dry-run: a dry run moves nothing to wait for", errUsage)
 	}
-	if o.Wait && !timeoutGiven {
+	if (o.Wait || cmd.name == "reshard") && !timeoutGiven {
 		o.Timeout = defaultWaitTimeout
+	}
+	if cmd.name == "reshard" {
+		o.Wait = true // bounded as a wait is
+		if o.Shards < 1 || o.Shards > protocol.MaxShards {
+			return fmt.Errorf("%w: reshard needs --shards N, the new count (1..%d, a multiple of today's)", errUsage, protocol.MaxShards)
+		}
 	}
 	return nil
 }

@@ -152,7 +152,7 @@ func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 		return fmt.Errorf("%s: coordinator answered garbage: %w", verb, err)
 	}
 	if res.Error != "" {
-		return fmt.Errorf("%s refused: %s", verb, res.Error)
+		return &refusal{verb: verb, AdminError: res}
 	}
 	if ans != nil {
 		if err := json.Unmarshal(m.Data, ans); err != nil {
@@ -161,3 +161,12 @@ func (c *client) admin(ctx context.Context, verb string, req, ans any) error {
 	}
 	return nil
 }
+
+// refusal is an admin request the coordinator refused; Retry says that it
+// may be taken later (protocol.AdminError).
+type refusal struct {
+	verb string
+	protocol.AdminError
+}
+
+func (r *refusal) Error() string { return fmt.Sprintf("%s refused: %s", r.verb, r.AdminError.Error) }

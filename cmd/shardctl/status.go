@@ -7,8 +7,12 @@ import (
 )
 
 type statusJSON struct {
-	Type        string `json:"type"`
-	Shards      int    `json:"shards"`
+	Type   string `json:"type"`
+	Shards int    `json:"shards"`
+	// History: the type's earlier shard counts (it was resharded);
+	// SplittingTo: the count a split under way goes to.
+	History     []int `json:"history,omitempty"`
+	SplittingTo int   `json:"splitting_to,omitempty"`
 	Coordinator struct {
 		Region string `json:"region"`
 		Epoch  uint64 `json:"epoch"`
@@ -26,7 +30,7 @@ func cmdStatus(ctx context.Context, c *client, _ []string, out io.Writer) error 
 		return err
 	}
 	var s statusJSON
-	s.Type, s.Shards = v.Type, v.Shards
+	s.Type, s.Shards, s.History, s.SplittingTo = v.Type, v.Shards, v.History, v.SplittingTo
 	s.Coordinator.Region, s.Coordinator.Epoch = v.Coordinator.Region, v.Coordinator.Epoch
 	s.CoordinatorAnswered = v.Answered
 	s.Regions = len(v.Regions)
@@ -48,7 +52,14 @@ func cmdStatus(ctx context.Context, c *client, _ []string, out io.Writer) error 
 	if s.Coordinator.Region != "" {
 		coord = fmt.Sprintf("%s (epoch %d)", s.Coordinator.Region, s.Coordinator.Epoch)
 	}
-	say(out, "type:        %s (%d shards)\n", s.Type, s.Shards)
+	shards := fmt.Sprintf("%d shards", s.Shards)
+	if len(s.History) > 0 {
+		shards += fmt.Sprintf(", split from %v", s.History)
+	}
+	if s.SplittingTo != 0 {
+		shards += fmt.Sprintf(", splitting to %d", s.SplittingTo)
+	}
+	say(out, "type:        %s (%s)\n", s.Type, shards)
 	say(out, "coordinator: %s\n", coord)
 	fmt.Fprintf(out, "regions:     %d\n", s.Regions)
 	fmt.Fprintf(out, "shards:      %d allocated (%d active), %d unowned\n", s.Allocated, s.Active, s.Unowned)

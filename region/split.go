@@ -1,0 +1,270 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/natshard/natshard/protocol"
+)
+
+// A split (docs/PROTOCOL.md, Resharding): the coordinator tells every
+// region that the type splits to Count shards (protocol.CmdSplit). The
+// region checks the count against the stored configuration (CheckSplit:
+// a forged command cannot split it), and, once every shard it holds is
+// live, splits them all in one step: each held shard p keeps its number
+// and gives the region its children p + from, p + 2*from, ... The children
+// listen on p's subjects too; the entities of p that now belong to a child
+// stop (host.evict) and the child serves them once they have, holding
+// what arrives for it meanwhile. The answer comes once the children's
+// subscriptions are flushed.
+
+// CheckSplit: read the stored configuration and report whether its
+// layout splits to Count (SplitChecked).
+type CheckSplit struct {
+	ID    uint64
+	Count int
+}
+
+// SplitChecked: the outcome of a CheckSplit; Layout is the stored layout
+// up to Count.
+type SplitChecked struct {
+	ID     uint64
+	Layout protocol.Layout
+	Err    error
+}
+
+// SplitShards: route by Layout from now on; give each of Parents (held,
+// live) its Children (of the same index, with their Lives), which hold
+// what arrives until the parent's entities that are now theirs have
+// stopped, then report CaughtUp. Flush, then report Bound with ID.
+type SplitShards struct {
+	ID       uint64
+	Layout   protocol.Layout
+	Parents  []int
+	Children [][]int
+	Lives    [][]uint64
+}
+
+func (SplitChecked) isEvent() {}
+func (CheckSplit) isAction()  {}
+func (SplitShards) isAction() {}
+
+// splitCommand takes the split command: checked against the stored
+// configuration first (CheckSplit), unless the region routes by that
+// count already.
+func (c *Core) splitCommand(id uint64, cmd protocol.Command, reply *protocol.Reply, answer func(error)) {
+	switch cur := c.cfg.Shards; {
+	case cmd.Count == cur:
+		answer(nil)
+	case cmd.Count < cur || cmd.Count%cur != 0:
+		answer(fmt.Errorf("split to %d shards refused: the region routes by %d", cmd.Count, cur))
+	default:
+		if c.splitting == nil {
+			c.splitting = map[uint64]protocol.Reply{}
+		}
+		c.splitting[id] = *reply
+		c.emit(CheckSplit{ID: id, Count: cmd.Count})
+	}
+}
+
+// splitChecked splits the held shards once the stored configuration said
+// so, if every one of them is live: else the answer names those that are
+// not (Replaying), and the coordinator asks again.
+func (c *Core) splitChecked(ev SplitChecked) {
+	reply, ok := c.splitting[ev.ID]
+	if !ok {
+		return
+	}
+	delete(c.splitting, ev.ID)
+	answer := func(err error) {
+		if err != nil {
+			reply.Error = err.Error()
+		}
+		reply.Held = c.held()
+		c.emit(Answer{ID: ev.ID, Reply: reply})
+	}
+	from, to := c.cfg.Shards, ev.Layout.Shards()
+	switch {
+	case ev.Err != nil:
+		answer(ev.Err)
+		return
+	case to == from:
+		answer(nil) // split meanwhile
+		return
+	case c.closed:
+		answer(errors.New("region is closing"))
+		return
+	case !c.registered:
+		answer(errNotRegistered)
+		return
+	case c.suspended:
+		answer(errSuspended)
+		return
+	}
+	for _, n := range c.held() {
+		if s := c.shards[n]; s.mode != modeLive || s.suspended {
+			reply.Replaying = append(reply.Replaying, n)
+		}
+	}
+	if len(reply.Replaying) > 0 {
+		c.log(slog.LevelInfo, "split waits for shards that are not live yet", "to", to, "shards", reply.Replaying)
+		answer(nil)
+		return
+	}
+	act := SplitShards{ID: ev.ID, Layout: ev.Layout}
+	for _, p := range c.held() {
+		var kids []int
+		var lives []uint64
+		for _, k := range ev.Layout.Children(p, from)[1:] {
+			c.life++
+			c.shards[k] = &coreShard{mode: modeHold, life: c.life}
+			kids, lives = append(kids, k), append(lives, c.life)
+		}
+		act.Parents, act.Children, act.Lives = append(act.Parents, p), append(act.Children, kids), append(act.Lives, lives)
+	}
+	c.cfg.Shards = to
+	c.binds[ev.ID] = reply // answered by Bound, once the children's subscriptions are flushed
+	c.emit(act)
+	c.log(slog.LevelInfo, "split the shards held: each gives its children to this region", "from", from, "to", to, "shards", len(act.Parents))
+}
+
+// checkSplit reads the stored configuration from the stream leader and
+// returns its layout up to count, or why it does not split to count.
+func (a *Agent) checkSplit(count int) (protocol.Layout, error) {
+	ctx, cancel := context.WithTimeout(a.ctx, epochCheckTimeout)
+	defer cancel()
+	cfg, err := a.cfg.Store.Config(ctx)
+	if err != nil {
+		return protocol.Layout{}, fmt.Errorf("cannot check the split to %d shards against the stored configuration: %w", count, err)
+	}
+	layout, err := cfg.Layout()
+	if err != nil {
+		return protocol.Layout{}, fmt.Errorf("the stored configuration: %w", err)
+	}
+	counts := layout.Counts()
+	i := slices.Index(counts, count)
+	if i < 0 {
+		return protocol.Layout{}, fmt.Errorf("split to %d shards refused: the stored configuration's counts are %s", count, layout)
+	}
+	return protocol.NewLayout(counts[:i+1]...)
+}
+
+// splitShards carries out a SplitShards (core delivery; a type of durable
+// delivery is never split: the coordinator refuses it). Under the locks of
+// every parent, the children are registered on their subscriptions (the
+// parents', and their own), and then every subscription of the region
+// routes by the new layout: each of a parent's messages goes either to
+// the parent (before: dispatch holds its lock) or to its entity's child
+// (after), never both, never neither. Then the parents' entities that are
+// now the children's stop, and each child serves once they have.
+func (a *Agent) splitShards(act SplitShards) {
+	layout := act.Layout
+	var (
+		errs    []error
+		parents []*shardState
+		kids    [][]*shardState
+	)
+	a.mu.Lock()
+	for i, p := range act.Parents {
+		parent, _ := a.shards[p].(*shardState)
+		if parent == nil {
+			errs = append(errs, fmt.Errorf("shard %d: not held in core delivery", p))
+			continue
+		}
+		var ks []*shardState
+		for j, k := range act.Children[i] {
+			ctx, cancel := context.WithCancel(a.ctx)
+			st := &shardState{a: a, n: k, lifeN: act.Lives[i][j], mode: modeHold, ctx: ctx, cancel: cancel, bound: time.Now()}
+			a.shards[k] = st
+			ks = append(ks, st)
+		}
+		parents, kids = append(parents, parent), append(kids, ks)
+	}
+	a.mu.Unlock()
+	for _, p := range parents {
+		p.mu.Lock()
+	}
+	a.subsMu.Lock()
+	for i, p := range parents {
+		for _, st := range kids[i] {
+			// Late copies of what the parent's replay delivered are
+			// skipped by the children too.
+			st.seen = maps.Clone(p.seen)
+			if st.seen == nil {
+				st.seen = make(map[string]struct{})
+			}
+			if err := a.subscribeLocked(st, layout); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, ss := range a.subs {
+		ss.relayout(layout)
+	}
+	a.layout.Store(&layout)
+	a.subsMu.Unlock()
+	for _, p := range parents {
+		p.mu.Unlock()
+	}
+	evictions := make([]<-chan struct{}, len(parents))
+	for i, p := range parents {
+		evictions[i] = a.host.evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
+	}
+	a.goDo(func() { a.childrenLive(evictions, kids) })
+	a.goDo(func() {
+		err := errors.Join(errs...)
+		if ferr := a.cfg.Conn.Flush(); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("flush subscriptions: %w", ferr))
+		}
+		a.post(Bound{ID: act.ID, Err: err})
+	})
+}
+
+// SplitLive: the children of a split whose parents' leaving entities have
+// stopped: each goes live (as CaughtUp), in one step for all of them (a
+// region of 1 365 shards splits them at once: one event each made the
+// driver publish its view 1 365 times).
+type SplitLive struct {
+	Shards []int
+	Lives  []uint64
+}
+
+func (SplitLive) isEvent() {}
+
+// childrenLive waits for the evictions of a split (evictions[i] is the
+// eviction of the parent whose children are kids[i]) and reports the
+// children of those done, together, as they end.
+func (a *Agent) childrenLive(evictions []<-chan struct{}, kids [][]*shardState) {
+	left := len(evictions)
+	done := make([]bool, left)
+	for left > 0 {
+		first := slices.Index(done, false)
+		select {
+		case <-evictions[first]:
+		case <-a.ctx.Done():
+			return
+		}
+		var ev SplitLive
+		for i, ch := range evictions {
+			if done[i] {
+				continue
+			}
+			select {
+			case <-ch:
+			default:
+				continue
+			}
+			done[i] = true
+			left--
+			for _, st := range kids[i] {
+				ev.Shards, ev.Lives = append(ev.Shards, st.n), append(ev.Lives, st.lifeN)
+			}
+		}
+		a.post(ev)
+	}
+}
