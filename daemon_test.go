@@ -363,3 +363,22 @@ func TestWorkerIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestReshardRefusesDaemon: a daemon's worker ids are made for its shard
+// count, so a reshard of a daemon's type is refused, saying why, and the
+// count stays.
+func TestReshardRefusesDaemon(t *testing.T) {
+	d := natshard.Daemon{Name: "fixed", Workers: 2, Run: func(ctx context.Context, _ int) error { <-ctx.Done(); return nil }}
+	typ := d.Type()
+	typ.Shards = 8
+	c := natshardtest.Run(t, natshardtest.Config{Nodes: 1, Types: []natshard.Type{typ}})
+	c.Settle()
+	_, err := natshard.Reshard(t.Context(), natstest.Connect(t, c.URL()), "fixed", 16)
+	if !errors.Is(err, natshard.ErrBadRequest) || !strings.Contains(err.Error(), "daemon") {
+		t.Fatalf("Reshard of a daemon's type: %v; want ErrBadRequest naming the daemon", err)
+	}
+	n, err := natshard.DaemonWorkers(t.Context(), natstest.Connect(t, c.URL()), "fixed")
+	if err != nil || n != 2 {
+		t.Fatalf("DaemonWorkers after the refusal = %d, %v", n, err)
+	}
+}

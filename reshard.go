@@ -68,6 +68,13 @@ func Reshard(ctx context.Context, nc *nats.Conn, typ string, shards int, opts ..
 	if err != nil {
 		return 0, fmt.Errorf("natshard: reshard type %q: %w", typ, err)
 	}
+	// A daemon's worker ids are made for its shard count (its workers
+	// would change entity), so a daemon keeps the count it was made with.
+	if _, _, err := store.DaemonWorkers(ctx); err == nil {
+		return 0, fmt.Errorf("natshard: reshard type %q: %w: a daemon's workers are placed by its shard count, which cannot change", typ, ErrBadRequest)
+	} else if !errors.Is(err, kvstate.ErrNotFound) {
+		return 0, fmt.Errorf("natshard: reshard type %q: %w", typ, err)
+	}
 	watch, err := store.WatchConfig(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("natshard: reshard type %q: watch its configuration: %w", typ, err)

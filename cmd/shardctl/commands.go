@@ -238,7 +238,7 @@ there). natshard's Client learns the new count at once.
 shardctl waits until the split is announced (every region has split) and
 prints how long it took; while shards are moving it asks again until
 --timeout (default 1m). A type of durable delivery cannot be resharded
-yet.`,
+yet, nor a daemon's type.`,
 			examples: `# 128 shards to 256, then spread the children at once.
 shardctl reshard --shards 256
 shardctl rebalance --wait
