@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -48,15 +47,9 @@ func TestJobsFullRestart(t *testing.T) {
 		long = append(long, fmt.Sprintf("long-%d", i))
 	}
 	ask := func(nc *nats.Conn, id string, req jobs.Request) (jobs.Job, error) {
-		data, _ := json.Marshal(req)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		var j jobs.Job
-		out, err := natshard.NewClient(nc).Request(ctx, "job", id, data)
-		if err == nil {
-			err = json.Unmarshal(out, &j)
-		}
-		return j, err
+		return jobs.Key.Ref(natshard.NewClient(nc), id).Ask(ctx, req)
 	}
 	for _, id := range short {
 		if _, err := ask(nc, id, jobs.Request{Op: "start", Steps: steps, Every: jobs.Duration(2 * time.Second)}); err != nil {

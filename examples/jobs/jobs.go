@@ -65,16 +65,22 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// Key is the job type's key: a Request asked, the Job answered, in JSON.
+// Ask a job with jobs.Key.Ref(client, id).Ask(ctx, jobs.Request{...}).
+var Key = natshard.NewKey[Request, Job]("job")
+
 // Type is the job entity type: durable delivery (reminders need it) and
 // remembered entities.
 func Type() natshard.Type {
-	return natshard.Type{Name: "job", Entity: New, Delivery: natshard.Durable, Remember: true}
+	t := natshard.TypeOf(Key, New)
+	t.Delivery, t.Remember = natshard.Durable, true
+	return t
 }
 
 // New activates job id: it loads its state and, if the job runs, starts
 // its heartbeat; a job activated without a message (remembered) does the
 // same.
-func New(ctx context.Context, id string) (natshard.Entity, error) {
+func New(ctx context.Context, id string) (natshard.Handler[Request, Job], error) {
 	state, err := natshard.LoadState[Job](ctx)
 	if err != nil {
 		return nil, err
@@ -92,32 +98,31 @@ type job struct {
 	beating bool // the heartbeat's timer is armed
 }
 
-// Handle answers a request, or applies a step.
-func (j *job) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
+// Handle answers a request, or applies a step. The job's own timer and
+// reminders come through Handle too, with no request (the message says
+// which: natshard.MessageFrom).
+func (j *job) Handle(ctx context.Context, req Request) (Job, error) {
+	m := natshard.MessageFrom(ctx)
 	if m.Timer() == heartbeat {
 		j.publishBeat()
-		return nil, nil
+		return Job{}, nil
 	}
 	if name := m.Reminder(); name != "" {
-		return nil, j.step(ctx, name)
-	}
-	var req Request
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		return nil, fmt.Errorf("bad request: %w", err)
+		return Job{}, j.step(ctx, name)
 	}
 	switch req.Op {
 	case "get":
 	case "start":
 		if err := j.start(ctx, req); err != nil {
-			return nil, err
+			return Job{}, err
 		}
 	default:
-		return nil, fmt.Errorf("bad request: unknown op %q", req.Op)
+		return Job{}, natshard.ErrBadRequest.Errorf("unknown op %q", req.Op)
 	}
 	if !j.state.Value().Running() {
 		j.env.Passivate() // asked about a job that does not run: not kept active
 	}
-	return json.Marshal(j.state.Value())
+	return j.state.Value(), nil
 }
 
 // start saves the job, then sets a reminder per step. A start handled
@@ -125,7 +130,7 @@ func (j *job) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
 // reminders again, which the stream stores once.
 func (j *job) start(ctx context.Context, req Request) error {
 	if req.Steps < 1 || req.Every <= 0 {
-		return errors.New("bad request: start needs steps >= 1 and a positive every")
+		return natshard.ErrBadRequest.Errorf("start needs steps >= 1 and a positive every")
 	}
 	if j.state.Value().Steps > 0 && !j.state.Applied(ctx) {
 		return errors.New("the job has started already")

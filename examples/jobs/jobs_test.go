@@ -1,10 +1,10 @@
 package jobs_test
 
 import (
-	"encoding/json"
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
@@ -35,20 +35,17 @@ func TestJobsThroughACrashAndAMove(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	ask := func(id, req string) jobs.Job {
+	ask := func(id string, req jobs.Request) jobs.Job {
 		t.Helper()
-		answer, err := c.Client().Request(ctx, "job", id, []byte(req))
+		j, err := jobs.Key.Ref(c.Client(), id).Ask(ctx, req)
 		if err != nil {
-			t.Fatalf("%s to %s: %v", req, id, err)
-		}
-		var j jobs.Job
-		if err := json.Unmarshal(answer, &j); err != nil {
-			t.Fatal(err)
+			t.Fatalf("%+v to %s: %v", req, id, err)
 		}
 		return j
 	}
-	ask("long", `{"op":"start","steps":1,"every":"1h"}`) // runs for the whole test
-	ask("short", `{"op":"start","steps":4,"every":"1s"}`)
+	get := jobs.Request{Op: "get"}
+	ask("long", jobs.Request{Op: "start", Steps: 1, Every: jobs.Duration(time.Hour)}) // runs for the whole test
+	ask("short", jobs.Request{Op: "start", Steps: 4, Every: jobs.Duration(time.Second)})
 	c.Eventually("3 heartbeats", func() bool { return beats.Load() >= 3 })
 
 	c.MoveEntity("job", "long", 1-c.OwnerOf("job", "long"))
@@ -60,8 +57,8 @@ func TestJobsThroughACrashAndAMove(t *testing.T) {
 	n = beats.Load()
 	c.Eventually("heartbeats after the crash", func() bool { return beats.Load() >= n+2 })
 
-	c.Eventually("the short job done", func() bool { return !ask("short", `{"op":"get"}`).Running() })
-	if j := ask("short", `{"op":"get"}`); !slices.Equal(j.Done, []int{1, 2, 3, 4}) || !slices.Equal(j.Fired, []int{1, 2, 3, 4}) {
+	c.Eventually("the short job done", func() bool { return !ask("short", get).Running() })
+	if j := ask("short", get); !slices.Equal(j.Done, []int{1, 2, 3, 4}) || !slices.Equal(j.Fired, []int{1, 2, 3, 4}) {
 		t.Fatalf("job %+v: want steps 1 to 4 done once each, in order", j)
 	}
 }

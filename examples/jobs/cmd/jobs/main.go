@@ -81,16 +81,16 @@ func ask(ctx context.Context, url string, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	data, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	answer, err := natshard.NewClient(nc).Request(ctx, "job", args[1], data)
+	job, err := jobs.Key.Ref(natshard.NewClient(nc), args[1]).Ask(ctx, req)
 	if err != nil {
 		return err
 	}
-	fmt.Println(string(answer))
+	out, err := json.Marshal(job)
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(out))
 	return nil
 }
