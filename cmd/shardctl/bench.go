@@ -40,6 +40,9 @@ type benchConfig struct {
 	Requests int
 	Callers  int    // concurrent callers of the client run (0: none)
 	Delivery string // core, durable or both
+	// BestConsumers: the pull consumers of raw JetStream in its best
+	// shape (durable delivery; bench_best.go).
+	BestConsumers int
 
 	Handoff         bool
 	HandoffEntities int
@@ -110,6 +113,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Requests, "requests", 5000, fmt.Sprintf("requests per side in the latency run, and %d times that per round in the concurrent (--callers) and pipelined (%d in flight) runs; durable: messages published one at a time, publish to handled (0: none)", requestFactor, pipelineWindow))
 	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request; %d rounds per side, the sides taking turns (0, or --requests 0: no such run)", requestRounds))
 	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
+	fs.IntVar(&c.BestConsumers, "best-consumers", 1, "durable delivery: pull consumers of raw JetStream in its best shape, the baseline of the ratio (more than 1: the shards split among them by filter subjects)")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
 	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
@@ -220,6 +224,8 @@ func (c benchConfig) validate() error {
 		return bad("--requests must be 0 or more")
 	case c.Callers < 0 || c.Callers > 10_000:
 		return bad("--callers must be 0..10000, not %d", c.Callers)
+	case c.BestConsumers < 1 || c.BestConsumers > c.Shards:
+		return bad("--best-consumers must be 1..--shards (%d), not %d", c.Shards, c.BestConsumers)
 	case c.Delivery != deliveryCore && c.Delivery != deliveryDurable && c.Delivery != deliveryBoth:
 		return bad("--delivery must be core, durable or both, not %q", c.Delivery)
 	case (c.Handoff || c.Failover) && c.Delivery == deliveryDurable:
@@ -376,22 +382,31 @@ func newBenchResult(c benchConfig) *benchResult {
 
 // durableResult is the durable run: the same workload sent to a type of
 // durable delivery through JetStream (each publish acknowledged, at most
-// --window of them in flight), beside raw JetStream: a stream of the
-// same configuration, the same publishers, and per shard a pull consumer
-// configured as the type's, on one connection per region, that acks each
-// message. In Throughput and Latency, "natshard" is the durable type and
-// "raw" raw JetStream; a latency sample is the time from a publish to the
-// entity's (or raw consumer's) handling of the message, one at a time.
+// --window of them in flight), beside raw JetStream twice, with streams
+// of the same configuration and the same publishers: in the type's shape
+// ("raw": per shard a pull consumer configured as the type's, on one
+// connection per region, that acks each message), and in its best shape
+// ("best": --best-consumers pull consumers, bench_best.go). In
+// Throughput and Latency, "natshard" is the durable type; a latency
+// sample is the time from a publish to the entity's (or raw consumer's)
+// handling of the message, one at a time.
 type durableResult struct {
 	Msgs     int    `json:"msgs"` // per throughput run
 	Type     string `json:"type"`
-	Stream   string `json:"stream"`     // the type's message stream
-	Raw      string `json:"raw_stream"` // raw JetStream's
-	Storage  string `json:"storage"`    // of both streams
-	Replicas int    `json:"replicas"`   // of both streams and their consumers
-	// Ratio is the durable type's throughput over raw JetStream's: the
-	// median of the rounds' ratios (Throughput.Ratio).
+	Stream   string `json:"stream"`      // the type's message stream
+	Raw      string `json:"raw_stream"`  // raw JetStream's in the type's shape
+	Best     string `json:"best_stream"` // raw JetStream's in its best shape
+	Storage  string `json:"storage"`     // of the three streams
+	Replicas int    `json:"replicas"`    // of the streams and their consumers
+	// BestConsumers is how many consumers the best shape pulls from.
+	BestConsumers int `json:"best_consumers"`
+	// Ratio is the durable type's throughput over raw JetStream's in its
+	// best shape, the target's baseline: the median of the rounds'
+	// ratios (Throughput.BestRatio).
 	Ratio float64 `json:"ratio"`
+	// SameShapeRatio is the durable type's throughput over raw
+	// JetStream's in the type's shape (Throughput.Ratio).
+	SameShapeRatio float64 `json:"same_shape_ratio"`
 	// CoreRatio is the durable type's median msgs/s over core delivery's,
 	// when both ran (--delivery both).
 	CoreRatio  float64          `json:"core_ratio,omitempty"`
@@ -435,6 +450,12 @@ type throughputResult struct {
 	// rounds' ratios): what throughput ratio the machine would give if
 	// it were CPU-bound and not shared.
 	CPURatio float64 `json:"cpu_ratio"`
+	// Best is raw JetStream in its best shape (durable delivery only),
+	// and the ratios of natshard against it, as Ratio and CPURatio.
+	Best            *throughputSide `json:"best,omitempty"`
+	BestRatio       float64         `json:"best_ratio,omitzero"`
+	BestRoundsRatio []float64       `json:"best_rounds_ratio,omitempty"`
+	BestCPURatio    float64         `json:"best_cpu_ratio,omitzero"`
 }
 
 // throughputSide: Sent and Received are totals over the rounds; the rates
@@ -567,14 +588,23 @@ func (r *benchResult) print(out io.Writer) error {
 	if d := r.Durable; d != nil {
 		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s (%s storage, replicas %d), publishes acknowledged\n",
 			d.Msgs, d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
-		rows := throughputRows(d.Throughput)
 		t := d.Throughput
+		if b := t.Best; b != nil {
+			fmt.Fprintf(out, "\nagainst raw JetStream in its best shape (%s: %d pull consumers, acks at once, not confirmed):\n", d.Best, d.BestConsumers)
+			rows := throughputRows(throughputResult{Natshard: t.Natshard, Raw: *b, Ratio: t.BestRatio, RoundsRatio: t.BestRoundsRatio, CPURatio: t.BestCPURatio})
+			rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", b.Acked, b.PublishErrors), ""})
+			if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, BEST", "RATIO/DIFF"}, rows); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "\nagainst raw JetStream in the type's shape (%s: a consumer per shard):\n", d.Raw)
+		}
+		rows := throughputRows(t)
 		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})
 		rows = append(rows, latencyRows(d.Latency, "publish to handled", "messages")...)
 		if d.CoreRatio > 0 {
 			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.3f (durable/core natshard)", d.CoreRatio)})
 		}
-		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM", "RATIO/DIFF"}, rows); err != nil {
+		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, SAME SHAPE", "RATIO/DIFF"}, rows); err != nil {
 			return err
 		}
 	}

@@ -141,7 +141,10 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 		}
 	}
 	tp := d.Throughput
-	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw} {
+	if tp.Best == nil {
+		t.Fatal("no best-shape side")
+	}
+	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw, "best": *tp.Best} {
 		if want := int64(msgs * rounds); side.Sent != want || side.Received != want || side.Acked != want || side.PublishErrors != 0 || side.Errors != 0 {
 			t.Errorf("durable %s: sent %d, received %d, acked %d, publish errors %d, errors %d; want %d sent, received and acked",
 				name, side.Sent, side.Received, side.Acked, side.PublishErrors, side.Errors, want)
@@ -158,10 +161,14 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 		}
 	}
 	sane("ratio", d.Ratio)
-	if d.Ratio != tp.Ratio || len(tp.RoundsRatio) != rounds {
-		t.Errorf("durable ratio %v, throughput ratio %v, rounds %v", d.Ratio, tp.Ratio, tp.RoundsRatio)
+	sane("same-shape ratio", d.SameShapeRatio)
+	sane("best CPU ratio", tp.BestCPURatio)
+	if d.Ratio != tp.BestRatio || len(tp.BestRoundsRatio) != rounds || d.SameShapeRatio != tp.Ratio || len(tp.RoundsRatio) != rounds {
+		t.Errorf("durable ratio %v, same-shape ratio %v; throughput: best %v, rounds %v, same shape %v, rounds %v",
+			d.Ratio, d.SameShapeRatio, tp.BestRatio, tp.BestRoundsRatio, tp.Ratio, tp.RoundsRatio)
 	}
-	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != 1 || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream {
+	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != 1 || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream ||
+		d.Best == "" || d.Best == d.Raw || d.Best == d.Stream || d.BestConsumers != 1 {
 		t.Errorf("durable run %+v", d)
 	}
 	l := d.Latency
@@ -186,7 +193,7 @@ func TestBenchDurable(t *testing.T) {
 		"--msgs", "400", "--pubs", "2", "--rounds", "2", "--requests", "40", "--window", "50", "--side-profiles", prefix)
 	checkCounts(t, res, 400, 2, 40)
 	// A CPU profile of each side's rounds, per delivery.
-	for _, name := range []string{"core.natshard", "core.raw", "durable.natshard", "durable.raw"} {
+	for _, name := range []string{"core.natshard", "core.raw", "durable.natshard", "durable.raw", "durable.best"} {
 		f, err := os.Open(prefix + "." + name + ".prof")
 		if err != nil {
 			t.Fatal(err)
@@ -206,13 +213,18 @@ func TestBenchDurable(t *testing.T) {
 	}
 	// The new fields, by their JSON names.
 	d, _ := raw["durable"].(map[string]any)
-	for _, k := range []string{"msgs", "type", "stream", "raw_stream", "storage", "replicas", "ratio", "core_ratio", "throughput", "latency"} {
+	for _, k := range []string{"msgs", "type", "stream", "raw_stream", "best_stream", "best_consumers", "storage", "replicas", "ratio", "same_shape_ratio", "core_ratio", "throughput", "latency"} {
 		if _, ok := d[k]; !ok {
 			t.Errorf("durable has no %q: %v", k, d)
 		}
 	}
 	dt, _ := d["throughput"].(map[string]any)
-	for _, side := range []string{"natshard", "raw"} {
+	for _, k := range []string{"best_ratio", "best_rounds_ratio", "best_cpu_ratio"} {
+		if _, ok := dt[k]; !ok {
+			t.Errorf("durable throughput has no %q: %v", k, dt)
+		}
+	}
+	for _, side := range []string{"natshard", "raw", "best"} {
 		s, _ := dt[side].(map[string]any)
 		for _, k := range []string{"msgs_per_sec", "rounds_msgs_per_sec", "cpu_us_per_msg", "acked", "sent", "received"} {
 			if _, ok := s[k]; !ok {
@@ -233,7 +245,7 @@ func TestBenchDurable(t *testing.T) {
 		}
 	}
 	for _, name := range []string{kvstate.BufferStream(res.Config.Type), kvstate.BufferStream(res.Durable.Type), res.Durable.Stream,
-		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw} {
+		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw, res.Durable.Best} {
 		if _, err := js.Stream(ctx, name); err == nil {
 			t.Errorf("stream %s left on the server", name)
 		}
@@ -290,7 +302,7 @@ func TestBenchTableDurable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"durable delivery: 100 msgs per round", "NATSHARD DURABLE", "RAW JETSTREAM", "100/100", "acked (publish errors)", "100 (0)", "publish to handled p99.9", "messages (errors)"} {
+	for _, want := range []string{"durable delivery: 100 msgs per round", "NATSHARD DURABLE", "RAW JETSTREAM, BEST", "RAW JETSTREAM, SAME SHAPE", "1 pull consumers", "100/100", "acked (publish errors)", "100 (0)", "publish to handled p99.9", "messages (errors)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
@@ -298,7 +310,7 @@ func TestBenchTableDurable(t *testing.T) {
 	if strings.Contains(stdout.String(), "RAW NATS") {
 		t.Errorf("durable delivery alone printed core's table:\n%s", stdout.String())
 	}
-	if !strings.Contains(stderr.String(), "throughput raw JetStream 1/1") {
+	if !strings.Contains(stderr.String(), "throughput raw JetStream (best shape) 1/1") || !strings.Contains(stderr.String(), "throughput raw JetStream (same shape) 1/1") {
 		t.Errorf("--progress drew no durable bar on stderr: %q", stderr.String())
 	}
 }
@@ -313,6 +325,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--regions", "0"}, "--regions must be 1..64"},
 		{[]string{"bench", "--shards", "0"}, "--shards must be 1.."},
 		{[]string{"bench", "--kind", "lua"}, "--kind must be echo or kv"},
+		{[]string{"bench", "--shards", "4", "--best-consumers", "5"}, "--best-consumers must be 1..--shards (4), not 5"},
 		{[]string{"bench", "--entities", "0"}, "--entities must be at least 1"},
 		{[]string{"bench", "--pubs", "4", "--msgs", "3"}, "--msgs (3) must be at least --pubs (4)"},
 		{[]string{"bench", "--size", "0"}, "--size must be 1.."},
