@@ -43,6 +43,8 @@ type benchConfig struct {
 	// BestConsumers: the pull consumers of raw JetStream in its best
 	// shape (durable delivery; bench_best.go).
 	BestConsumers int
+	Servers       int // embedded servers (a cluster when more than one)
+	Replicas      int // of the type's bucket and streams; 0: Servers, at most 3
 
 	Handoff         bool
 	HandoffEntities int
@@ -96,6 +98,8 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs := flag.NewFlagSet("shardctl bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.NATS, "nats", c.NATS, "use this NATS server (JetStream enabled) instead of an embedded one")
+	fs.IntVar(&c.Servers, "servers", 1, "embedded NATS servers: 1, or a cluster of 3 or 5 (not with --nats)")
+	fs.IntVar(&c.Replicas, "replicas", 0, "replicas of the bench type's bucket and streams, and of the raw streams (default: --servers, at most 3; 1 with --nats)")
 	fs.StringVar(&c.Type, "type", c.Type, "entity type of the bench (with --nats: bench-<random> unless given; it must not exist, and is deleted at the end); the durable run's is <type>-durable")
 	fs.StringVar(&c.DataPrefix, "data-prefix", c.DataPrefix, "subject prefix of the data plane (default shard)")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", c.ControlPrefix, "subject prefix of the control plane (default $SHARD)")
@@ -187,6 +191,17 @@ func (c benchConfig) typeOf(d natshard.Delivery) string {
 // minKVSize is the smallest kv payload: {"op":"set","key":"v","value":""}.
 const minKVSize = 34
 
+// replicas is the replicas of the bench type and the raw streams.
+func (c benchConfig) replicas() int {
+	switch {
+	case c.Replicas > 0:
+		return c.Replicas
+	case c.NATS != "":
+		return 1
+	}
+	return min(c.Servers, 3)
+}
+
 // validate names the first flag at fault.
 func (c benchConfig) validate() error {
 	bad := func(format string, args ...any) error {
@@ -224,6 +239,12 @@ func (c benchConfig) validate() error {
 		return bad("--requests must be 0 or more")
 	case c.Callers < 0 || c.Callers > 10_000:
 		return bad("--callers must be 0..10000, not %d", c.Callers)
+	case c.Servers != 1 && c.Servers != 3 && c.Servers != 5:
+		return bad("--servers must be 1, 3 or 5, not %d", c.Servers)
+	case c.NATS != "" && c.Servers != 1:
+		return bad("--servers starts embedded servers: not with --nats")
+	case c.Replicas < 0 || c.Replicas > 5 || (c.NATS == "" && c.Replicas > c.Servers):
+		return bad("--replicas must be 1..5, and at most --servers (%d) with embedded servers, not %d", c.Servers, c.Replicas)
 	case c.BestConsumers < 1 || c.BestConsumers > c.Shards:
 		return bad("--best-consumers must be 1..--shards (%d), not %d", c.Shards, c.BestConsumers)
 	case c.Delivery != deliveryCore && c.Delivery != deliveryDurable && c.Delivery != deliveryBoth:
@@ -370,12 +391,16 @@ type benchResult struct {
 
 func newBenchResult(c benchConfig) *benchResult {
 	server := "embedded"
+	if c.Servers > 1 {
+		server = fmt.Sprintf("embedded, %d servers", c.Servers)
+	}
 	if c.NATS != "" {
 		server = c.NATS
 	}
 	return &benchResult{
 		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
-			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery},
+			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery,
+			Servers: c.Servers, Replicas: c.replicas()},
 		Machine: machine(),
 	}
 }
@@ -429,6 +454,8 @@ type benchConfigView struct {
 	Requests int    `json:"requests"`
 	Callers  int    `json:"callers"`
 	Delivery string `json:"delivery"`
+	Servers  int    `json:"servers"`  // embedded servers (1 with --nats)
+	Replicas int    `json:"replicas"` // of the type's bucket and streams
 }
 
 type machineView struct {

@@ -88,7 +88,9 @@ func (b *bench) openBest(sc jetstream.StreamConfig) error {
 		if err != nil {
 			return err
 		}
-		cons, err := cjs.CreateConsumer(ctx, sc.Name, cc)
+		cctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
+		cons, err := cjs.CreateConsumer(cctx, sc.Name, cc)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("raw JetStream consumer %s: %w", cc.Durable, err)
 		}

@@ -249,14 +249,14 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
-	defer cancel()
 	for _, shard := range shards {
 		cc := cfg
 		cc.Name, cc.Durable = "", shardConsumer(shard)
 		cc.Description = "shardctl bench: raw JetStream, shard " + strconv.Itoa(shard)
 		cc.FilterSubject, cc.FilterSubjects = b.rawShard(shard), nil
+		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 		cons, err := js.CreateConsumer(ctx, b.rawStream.Name, cc)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("raw JetStream consumer of shard %d: %w", shard, err)
 		}

@@ -130,7 +130,7 @@ func TestBench(t *testing.T) {
 // checkDurable checks the durable run's figures whatever the machine's
 // speed: every message published was acknowledged and handled on each
 // side, the rates, ratios and percentiles are positive and finite.
-func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
+func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples, replicas int) {
 	t.Helper()
 	if d == nil {
 		t.Fatal("no durable run")
@@ -167,7 +167,7 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 		t.Errorf("durable ratio %v, same-shape ratio %v; throughput: best %v, rounds %v, same shape %v, rounds %v",
 			d.Ratio, d.SameShapeRatio, tp.BestRatio, tp.BestRoundsRatio, tp.Ratio, tp.RoundsRatio)
 	}
-	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != 1 || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream ||
+	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != replicas || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream ||
 		d.Best == "" || d.Best == d.Raw || d.Best == d.Stream || d.BestConsumers != 1 {
 		t.Errorf("durable run %+v", d)
 	}
@@ -204,7 +204,7 @@ func TestBenchDurable(t *testing.T) {
 			t.Errorf("side profile %s: %v, %v", name, p, err)
 		}
 	}
-	checkDurable(t, res.Durable, 400, 2, 40)
+	checkDurable(t, res.Durable, 400, 2, 40, 1)
 	if c := res.Durable.CoreRatio; c <= 0 || math.IsInf(c, 0) {
 		t.Errorf("durable against core: %v", c)
 	}
@@ -253,7 +253,7 @@ func TestBenchDurable(t *testing.T) {
 
 	res, raw = benchJSONRaw(t, "bench", "--json", "--delivery", "durable", "--kind", "kv", "--shards", "4", "--entities", "10",
 		"--msgs", "200", "--rounds", "1", "--requests", "20")
-	checkDurable(t, res.Durable, 200, 1, 20)
+	checkDurable(t, res.Durable, 200, 1, 20, 1)
 	for _, k := range []string{"ratio", "throughput", "latency"} {
 		if _, ok := raw[k]; ok {
 			t.Errorf("durable delivery alone printed the core field %q", k)
@@ -261,6 +261,17 @@ func TestBenchDurable(t *testing.T) {
 	}
 	if res.Durable.CoreRatio != 0 || res.Config.Msgs != 200 || res.Durable.Type != "bench-durable" {
 		t.Errorf("durable alone: core ratio %v, config %+v, type %q", res.Durable.CoreRatio, res.Config, res.Durable.Type)
+	}
+}
+
+// TestBenchCluster: --servers 3 runs the durable bench on three embedded
+// servers, the type and the raw streams with three replicas.
+func TestBenchCluster(t *testing.T) {
+	res := benchJSON(t, "bench", "--json", "--servers", "3", "--delivery", "durable", "--shards", "4", "--entities", "10",
+		"--msgs", "200", "--rounds", "1", "--requests", "20")
+	checkDurable(t, res.Durable, 200, 1, 20, 3)
+	if c := res.Config; c.Servers != 3 || c.Replicas != 3 || c.Server != "embedded, 3 servers" {
+		t.Errorf("config %+v", c)
 	}
 }
 
@@ -326,6 +337,9 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--shards", "0"}, "--shards must be 1.."},
 		{[]string{"bench", "--kind", "lua"}, "--kind must be echo or kv"},
 		{[]string{"bench", "--shards", "4", "--best-consumers", "5"}, "--best-consumers must be 1..--shards (4), not 5"},
+		{[]string{"bench", "--servers", "2"}, "--servers must be 1, 3 or 5, not 2"},
+		{[]string{"bench", "--nats", "nats://127.0.0.1:1", "--servers", "3"}, "--servers starts embedded servers: not with --nats"},
+		{[]string{"bench", "--replicas", "3"}, "--replicas must be 1..5, and at most --servers (1) with embedded servers, not 3"},
 		{[]string{"bench", "--entities", "0"}, "--entities must be at least 1"},
 		{[]string{"bench", "--pubs", "4", "--msgs", "3"}, "--msgs (3) must be at least --pubs (4)"},
 		{[]string{"bench", "--size", "0"}, "--size must be 1.."},
