@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
