@@ -43,8 +43,12 @@ type benchConfig struct {
 	// BestConsumers: the pull consumers of raw JetStream in its best
 	// shape (durable delivery; bench_best.go).
 	BestConsumers int
-	Servers       int // embedded servers (a cluster when more than one)
-	Replicas      int // of the type's bucket and streams; 0: Servers, at most 3
+	// LoadLatency: measure the latency tables under load (bench_loadlat.go).
+	LoadLatency bool
+	LowRate     float64
+	LoadSeconds float64
+	Servers     int // embedded servers (a cluster when more than one)
+	Replicas    int // of the type's bucket and streams; 0: Servers, at most 3
 
 	Handoff         bool
 	HandoffEntities int
@@ -118,6 +122,9 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request; %d rounds per side, the sides taking turns (0, or --requests 0: no such run)", requestRounds))
 	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
 	fs.IntVar(&c.BestConsumers, "best-consumers", 1, "durable delivery: pull consumers of raw JetStream in its best shape, the baseline of the ratio (more than 1: the shards split among them by filter subjects)")
+	fs.BoolVar(&c.LoadLatency, "load-latency", false, "also measure latency under load, natshard alone: publish to handled and request round trip, p50/p90/p99, at --low-rate and at 80 % of the maximum of the run")
+	fs.Float64Var(&c.LowRate, "low-rate", 1000, "with --load-latency: the low load, messages (and requests) per second")
+	fs.Float64Var(&c.LoadSeconds, "load-seconds", 3, "with --load-latency: seconds of each load")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
 	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
@@ -239,6 +246,8 @@ func (c benchConfig) validate() error {
 		return bad("--requests must be 0 or more")
 	case c.Callers < 0 || c.Callers > 10_000:
 		return bad("--callers must be 0..10000, not %d", c.Callers)
+	case c.LowRate <= 0 || c.LoadSeconds <= 0 || c.LoadSeconds > 600:
+		return bad("--low-rate must be positive and --load-seconds 0..600, not %v and %v", c.LowRate, c.LoadSeconds)
 	case c.Servers != 1 && c.Servers != 3 && c.Servers != 5:
 		return bad("--servers must be 1, 3 or 5, not %d", c.Servers)
 	case c.NATS != "" && c.Servers != 1:
@@ -385,8 +394,10 @@ type benchResult struct {
 	Handoff    *handoffResult    `json:"handoff,omitempty"`
 	Failover   *failoverResult   `json:"failover,omitempty"`
 	Durable    *durableResult    `json:"durable,omitempty"`
-	Seconds    float64           `json:"seconds"`
-	Notes      []string          `json:"notes,omitempty"`
+	// LoadLatency is core delivery's latency under load (--load-latency).
+	LoadLatency []loadLatency `json:"load_latency,omitempty"`
+	Seconds     float64       `json:"seconds"`
+	Notes       []string      `json:"notes,omitempty"`
 }
 
 func newBenchResult(c benchConfig) *benchResult {
@@ -400,7 +411,7 @@ func newBenchResult(c benchConfig) *benchResult {
 	return &benchResult{
 		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
 			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery,
-			Servers: c.Servers, Replicas: c.replicas()},
+			Servers: c.Servers, Replicas: c.replicas(), LoadSeconds: c.LoadSeconds},
 		Machine: machine(),
 	}
 }
@@ -437,25 +448,28 @@ type durableResult struct {
 	CoreRatio  float64          `json:"core_ratio,omitempty"`
 	Throughput throughputResult `json:"throughput"`
 	Latency    *latencyResult   `json:"latency,omitempty"`
+	// LoadLatency is the durable type's latency under load (--load-latency).
+	LoadLatency []loadLatency `json:"load_latency,omitempty"`
 }
 
 type benchConfigView struct {
-	Server   string `json:"server"` // "embedded" or the URL
-	Type     string `json:"type"`
-	Regions  int    `json:"regions"`
-	Shards   int    `json:"shards"`
-	Kind     string `json:"kind"`
-	Entities int    `json:"entities"`
-	Msgs     int    `json:"msgs"`
-	Size     int    `json:"size"`
-	Pubs     int    `json:"pubs"`
-	Window   int    `json:"window"`
-	Rounds   int    `json:"rounds"`
-	Requests int    `json:"requests"`
-	Callers  int    `json:"callers"`
-	Delivery string `json:"delivery"`
-	Servers  int    `json:"servers"`  // embedded servers (1 with --nats)
-	Replicas int    `json:"replicas"` // of the type's bucket and streams
+	Server      string  `json:"server"` // "embedded" or the URL
+	Type        string  `json:"type"`
+	Regions     int     `json:"regions"`
+	Shards      int     `json:"shards"`
+	Kind        string  `json:"kind"`
+	Entities    int     `json:"entities"`
+	Msgs        int     `json:"msgs"`
+	Size        int     `json:"size"`
+	Pubs        int     `json:"pubs"`
+	Window      int     `json:"window"`
+	Rounds      int     `json:"rounds"`
+	Requests    int     `json:"requests"`
+	Callers     int     `json:"callers"`
+	Delivery    string  `json:"delivery"`
+	Servers     int     `json:"servers"`      // embedded servers (1 with --nats)
+	LoadSeconds float64 `json:"load_seconds"` // of each load (--load-latency)
+	Replicas    int     `json:"replicas"`     // of the type's bucket and streams
 }
 
 type machineView struct {
@@ -632,6 +646,18 @@ func (r *benchResult) print(out io.Writer) error {
 			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.3f (durable/core natshard)", d.CoreRatio)})
 		}
 		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, SAME SHAPE", "RATIO/DIFF"}, rows); err != nil {
+			return err
+		}
+	}
+	if len(r.LoadLatency) > 0 {
+		fmt.Fprintf(out, "\nlatency under load, core delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
+		if err := table(out, loadHeader, loadRows(r.LoadLatency)); err != nil {
+			return err
+		}
+	}
+	if d := r.Durable; d != nil && len(d.LoadLatency) > 0 {
+		fmt.Fprintf(out, "\nlatency under load, durable delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
+		if err := table(out, loadHeader, loadRows(d.LoadLatency)); err != nil {
 			return err
 		}
 	}

@@ -339,6 +339,17 @@ func (b *bench) runCore(res *benchResult) error {
 		}
 		res.Pipelined = pr
 	}
+	if c.LoadLatency {
+		var maxReq float64 // measured by loadLatencies
+		if res.Concurrent != nil {
+			maxReq = res.Concurrent.Natshard.ReqsPerSec
+		}
+		rows, err := b.loadLatencies(res.Throughput.Natshard.MsgsPerSec, maxReq)
+		if err != nil {
+			return fmt.Errorf("latency under load: %w", err)
+		}
+		res.LoadLatency = rows
+	}
 	if c.Handoff {
 		h, err := b.handoff()
 		if err != nil {
@@ -372,6 +383,13 @@ func (b *bench) runDurable(res *benchResult) error {
 			return err
 		}
 		d.Latency = l
+	}
+	if b.cfg.LoadLatency {
+		rows, err := b.loadLatencies(d.Throughput.Natshard.MsgsPerSec, 0)
+		if err != nil {
+			return fmt.Errorf("latency under load: %w", err)
+		}
+		d.LoadLatency = rows
 	}
 	res.Durable = d
 	return nil

@@ -161,8 +161,11 @@ type benchSystem struct {
 
 	// handled counts every message handled by an entity of any region.
 	handled recvCounter
-	failed  atomic.Int64   // of those, the ones Handle returned an error for
-	crashed sync.WaitGroup // Close of crashed regions' nodes
+	// loadHist, while set, gets the time of each load message from its
+	// publish to its handling (bench_loadlat.go).
+	loadHist atomic.Pointer[latHist]
+	failed   atomic.Int64   // of those, the ones Handle returned an error for
+	crashed  sync.WaitGroup // Close of crashed regions' nodes
 
 	mu      sync.Mutex
 	regions map[string]*benchRegion
@@ -224,6 +227,7 @@ func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error
 	if err != nil {
 		e.sys.failed.Add(1)
 	}
+	e.sys.noteLoad(m)
 	e.sys.handled.add()
 	if p := e.probe; p.armed.Load() && int64(m.Shard) == p.shard.Load() && p.armed.CompareAndSwap(true, false) {
 		p.first.Store(since0())

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -412,5 +413,54 @@ func BenchmarkEntities(b *testing.B) {
 					"ratio", t.Ratio, "rounds_ratio", t.RoundsRatio, "natshard_rounds", t.Natshard.RoundsPerSec)
 			}
 		})
+	}
+}
+
+// TestBenchLoadLatency: --load-latency adds, for each delivery, the rows
+// of the latency table at the low rate and at 80 % of the run's maximum,
+// with ordered percentiles of every message and request sent.
+func TestBenchLoadLatency(t *testing.T) {
+	res := benchJSON(t, "bench", "--json", "--delivery", "both", "--shards", "4", "--entities", "10", "--msgs", "400", "--rounds", "1",
+		"--requests", "20", "--callers", "4", "--load-latency", "--low-rate", "100", "--load-seconds", "0.5")
+	if res.Durable == nil {
+		t.Fatal("no durable run")
+	}
+	for name, rows := range map[string][]loadLatency{"core": res.LoadLatency, "durable": res.Durable.LoadLatency} {
+		if len(rows) != 2 || rows[0].Load != "low" || rows[0].Rate != 100 || rows[0].ReqRate != 100 || rows[1].Load != "80%" || rows[1].Rate <= 0 || rows[1].ReqRate <= 0 {
+			t.Fatalf("%s: rows %+v", name, rows)
+		}
+		for _, r := range rows {
+			// Every message and request sent (at that rate, or as fast as
+			// the bench could) is counted.
+			for what, p := range map[string]struct {
+				latencyPoint
+				rate float64
+			}{"handled": {r.Handled, r.Rate}, "request": {r.Request, r.ReqRate}} {
+				if p.Count != int64(0.5*p.rate) || p.Errors != 0 || p.P50US <= 0 || p.P50US > p.P90US || p.P90US > p.P99US {
+					t.Errorf("%s %s at %s (%.0f/s): %+v", name, what, r.Load, p.rate, p.latencyPoint)
+				}
+			}
+		}
+	}
+}
+
+func TestLatHist(t *testing.T) {
+	h := &latHist{}
+	for i := 1; i <= 1000; i++ {
+		h.add(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.9, 900 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, 1000 * time.Microsecond}} {
+		got := h.quantile(c.q)
+		if got > c.want || float64(got) < 0.96*float64(c.want) {
+			t.Errorf("quantile(%v) = %v, want %v less at most 4 %%", c.q, got, c.want)
+		}
+	}
+	for _, ns := range []uint64{0, 1, 31, 32, 33, 63, 64, 1000, 1 << 40, 1<<63 + 5} {
+		if v := histValue(histIndex(ns)); uint64(v) > ns || float64(ns-uint64(v)) > 0.04*float64(ns) {
+			t.Errorf("bucket of %d starts at %d", ns, v)
+		}
 	}
 }
