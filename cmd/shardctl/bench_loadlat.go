@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/wait"
+	"github.com/natshard/natshard/kvstate"
 )
 
 // The latency tables under load (--load-latency), in the form users
@@ -67,6 +69,9 @@ const loadCallers = 64
 func (b *bench) loadLatencies(maxPub, maxReq float64) ([]loadLatency, error) {
 	low := b.cfg.LowRate
 	if maxReq == 0 {
+		if err := b.quiesce(); err != nil {
+			return nil, err
+		}
 		var err error
 		if maxReq, err = b.requestMax(); err != nil {
 			return nil, fmt.Errorf("the maximum request rate: %w", err)
@@ -78,9 +83,15 @@ func (b *bench) loadLatencies(maxPub, maxReq float64) ([]loadLatency, error) {
 		pub, req float64
 	}{{"low", low, low}, {fmt.Sprintf("%.0f%%", 100*highLoad), highLoad * maxPub, highLoad * maxReq}} {
 		row := loadLatency{Load: l.name, Rate: l.pub, ReqRate: l.req}
+		if err := b.quiesce(); err != nil {
+			return nil, err
+		}
 		var err error
 		if row.Handled, err = b.loadHandled(l.name, l.pub); err != nil {
 			return nil, fmt.Errorf("publish to handled at %.0f msgs/s: %w", l.pub, err)
+		}
+		if err := b.quiesce(); err != nil {
+			return nil, err
 		}
 		if row.Request, err = b.loadRequests(l.name, l.req); err != nil {
 			return nil, fmt.Errorf("requests at %.0f req/s: %w", l.req, err)
@@ -88,6 +99,56 @@ func (b *bench) loadLatencies(maxPub, maxReq float64) ([]loadLatency, error) {
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// quiesce waits until the entities handle nothing more (for 200 ms) and,
+// in durable delivery, the type's stream holds at most a message per
+// shard, handled and not yet acknowledged: a load must not
+// queue behind the previous one's leftovers (requests that timed out stay
+// in the stream and are handled later).
+func (b *bench) quiesce() error {
+	b.prog.note("waiting for the entities to handle what is left")
+	deadline := time.Now().Add(time.Minute)
+	last, lastAt := int64(-1), time.Now()
+	for {
+		n := b.sys.handled.n.Load()
+		if n != last {
+			last, lastAt = n, time.Now()
+		}
+		if time.Since(lastAt) >= 200*time.Millisecond {
+			left, err := b.streamMessages()
+			if err != nil {
+				return err
+			}
+			// A shard's owner acknowledges its last message handled only
+			// when it handles the next (docs/PROTOCOL.md, "Durable
+			// delivery"): one per shard may stay.
+			if left <= uint64(b.cfg.Shards) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the entities still handle messages after a minute")
+		}
+		if !wait.Sleep(b.ctx, 20*time.Millisecond) {
+			return b.ctx.Err()
+		}
+	}
+}
+
+// streamMessages is how many messages the type's stream holds (0 in core
+// delivery).
+func (b *bench) streamMessages() (uint64, error) {
+	if !b.durable() {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
+	defer cancel()
+	st, err := b.sys.js.Stream(ctx, kvstate.MessageStream(b.sys.typ))
+	if err != nil {
+		return 0, err
+	}
+	return st.CachedInfo().State.Msgs, nil
 }
 
 // pace calls send(i) for i = 0, 1, ... at rate per second (a batch every
