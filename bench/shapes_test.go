@@ -29,6 +29,9 @@ import (
 // count each message and acknowledge it at once:
 //
 //	one             one unfiltered pull consumer: the best shape
+//	one-ackall      the same on a stream of interest retention (a work
+//	                queue refuses AckAll), every 100th message
+//	                acknowledged with AckAll
 //	regions         a consumer per region (2), each filtered on the
 //	                shards it owns (FilterSubjects), stored in memory
 //	shards-file     a consumer per shard (128), file-stored, 1 000 acks
@@ -78,10 +81,12 @@ type shapeResult struct {
 	streamName   string
 }
 
-func (s *shapeResult) add(start int64) {
-	if s.received.Add(1) == s.target.Load() {
+func (s *shapeResult) add(start int64) int64 {
+	n := s.received.Add(1)
+	if n == s.target.Load() {
 		s.done.Store(time.Now().UnixNano() - start)
 	}
+	return n
 }
 
 func shapesTable(c shapesCase, r []*shapeResult) string {
@@ -106,7 +111,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 	admin := natstest.Connect(tb, url)
 	js := natstest.JetStream(tb, admin)
 	var start atomic.Int64
-	shapes := []*shapeResult{{name: "one"}, {name: "regions"}, {name: "shards-file"}, {name: "shards-memory"}}
+	shapes := []*shapeResult{{name: "one"}, {name: "one-ackall"}, {name: "regions"}, {name: "shards-file"}, {name: "shards-memory"}}
 	readers := make([]*nats.Conn, shapesRegions)
 	for i := range readers {
 		readers[i] = natstest.Connect(tb, url)
@@ -114,8 +119,12 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 	for _, s := range shapes {
 		prefix := strings.ReplaceAll(s.name, "-", "_")
 		s.streamName = "shapes_" + prefix
+		retention := jetstream.WorkQueuePolicy
+		if s.name == "one-ackall" {
+			retention = jetstream.InterestPolicy // a work queue takes no AckAll
+		}
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: s.streamName, Subjects: []string{prefix + ".>"}, Retention: jetstream.WorkQueuePolicy,
+			Name: s.streamName, Subjects: []string{prefix + ".>"}, Retention: retention,
 			Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
 			MaxConsumers: -1,
 		}); err != nil {
@@ -130,9 +139,12 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 		var configs []jetstream.ConsumerConfig
 		batch := 1000
 		switch s.name {
-		case "one":
+		case "one", "one-ackall":
 			cc := base
 			cc.Durable, cc.MaxAckPending = "one", 20_000
+			if s.name == "one-ackall" {
+				cc.AckPolicy = jetstream.AckAllPolicy
+			}
 			configs = append(configs, cc)
 		case "regions":
 			for r := range shapesRegions {
@@ -173,8 +185,11 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 					if err != nil {
 						continue
 					}
-					s.add(start.Load())
-					_ = m.Ack()
+					// AckAll: every 100th acknowledges those before it,
+					// and the round's last its tail.
+					if n := s.add(start.Load()); s.name != "one-ackall" || n%100 == 0 || n == s.target.Load() {
+						_ = m.Ack()
+					}
 				}
 			})
 		}
