@@ -328,3 +328,52 @@ func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
 	publishAll(t, js, subjects, 4, ids, 5, func(i int) string { return fmt.Sprint(5 + i) })
 	waitHandled(t, log, ids, 10)
 }
+
+// TestDurableServerRestart: the shard consumers are stored in memory, so a
+// restart of the only NATS server loses them, with what they had delivered
+// and not seen acknowledged. The region rides through the disconnect and
+// replaces each consumer (it starts again at the first message of its
+// shard left in the stream): every message published, before the restart
+// and after, is applied once by kv entities, though some are delivered
+// twice.
+func TestDurableServerRestart(t *testing.T) {
+	opts := natstest.DefaultOptions(t)
+	opts.Port = natstest.FreePorts(t, 1)[0]
+	srv := natstest.RunServerWithOptions(t, opts)
+	url := natstest.URL(srv)
+	typ := natshard.Type{Name: "kv", Kind: "kv", Shards: 4, Entity: entities.KV(nil)}
+	n := durableNode(t, url, "a", typ)
+	natstest.Eventually(t, 30*time.Second, "a to hold the 4 shards", func() bool { st, _ := n.Stats("kv"); return len(st.Shards) == 4 })
+	subjects := protocol.MustSubjects("", "", "kv")
+	ids := entityIDs(40)
+	incr := func(int) string { return `{"op":"incr","key":"n"}` }
+	pub := natstest.Connect(t, url)
+	publishAll(t, natstest.JetStream(t, pub), subjects, 4, ids, 50, incr)
+	pub.Close()
+
+	// The server restarts while the region handles what was published.
+	natstest.Shutdown(srv)
+	natstest.RunServerWithOptions(t, opts) // again, on the same port and store
+	js := natstest.JetStream(t, natstest.Connect(t, url))
+	publishAll(t, js, subjects, 4, ids, 10, incr)
+
+	c := natshard.NewClient(natstest.Connect(t, url))
+	for _, id := range ids {
+		natstest.Eventually(t, 60*time.Second, "entity "+id+" applies every increment once", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			data, err := c.Request(ctx, "kv", id, []byte(`{"op":"get","key":"n"}`))
+			if err != nil {
+				return err
+			}
+			var got struct{ Value json.Number }
+			if err := json.Unmarshal(data, &got); err != nil {
+				return err
+			}
+			if got.Value != "60" {
+				return fmt.Errorf("n = %s, want 60", got.Value)
+			}
+			return nil
+		})
+	}
+}

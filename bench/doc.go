@@ -10,6 +10,7 @@
 //	go test -run '^$' -bench BenchmarkRebalanceDip -benchtime 1x ./bench/
 //	go test -run '^$' -bench BenchmarkIdleEntities -benchtime 1x ./bench/
 //	go test -run '^$' -bench BenchmarkRegions -benchtime 1x ./bench/
+//	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/
 //
 // Figures are reported with b.ReportMetric as percentiles over many
 // samples and as ratios, never asserted: the machines they run on are

@@ -49,6 +49,11 @@ func TestScenarios(t *testing.T) {
 			t.Log(r)
 		})
 	}
+	t.Run("durable-shapes", func(t *testing.T) {
+		t.Parallel()
+		c := shapesCase{entities: 50, window: 100}
+		t.Log(shapesTable(c, runShapes(t, c, 1, 200)))
+	})
 	// Not parallel: it counts the process's goroutines and heap; it runs
 	// before the parallel ones resume.
 	t.Run("idle-entities", func(t *testing.T) {

@@ -63,8 +63,8 @@ func ReminderStream(typ string) string { return "natshard_remind_" + typ }
 // acknowledges a message once its entity handled it.
 //
 // Each shard is read through a durable consumer of its own ("shard-<n>",
-// filtered on the shard's subjects, explicit acknowledgements), which only
-// the shard's owner pulls from. A new owner replaces the consumer
+// filtered on the shard's subjects, explicit acknowledgements, its state
+// stored in memory), which only the shard's owner pulls from. A new owner replaces the consumer
 // (ResetConsumer): the new one starts at the first message of the shard
 // still in the stream, so what the previous owner had not acknowledged (it
 // crashed) is delivered again at once, not after an AckWait. A work-queue
@@ -272,6 +272,19 @@ func consumerName(shard int) string { return "shard-" + strconv.Itoa(shard) }
 // ResetConsumer replaces the consumer of shard with a new one that
 // delivers, from the start, every message of the shard still in the
 // stream: the shard's new owner calls it before it pulls.
+//
+// The consumer keeps its state (what it delivered, what was acknowledged)
+// in memory: a file-stored consumer writes it to its file up to ten times
+// a second, and with a consumer per shard those writes were half of the
+// server's CPU (docs/BENCHMARKS.md). Nothing needs that state after a
+// restart: an acknowledged message has left the work queue, and a
+// consumer that lost its state (its servers restarted; a server of a
+// cluster recreates it empty) delivers from the first message of the
+// shard still in the stream, as a replaced one does. Its owner replaces
+// it at once after such a restart: its connection dropped, or its next
+// delivery does not have the next consumer sequence, or, when the
+// consumer is gone and no pull is waiting (its heartbeats stop), the
+// owner finds it gone (docs/PROTOCOL.md, "Durable delivery").
 func (s *Stream) ResetConsumer(ctx context.Context, shard int) (jetstream.Consumer, error) {
 	if err := checkShard(shard); err != nil {
 		return nil, err
@@ -291,6 +304,13 @@ func (s *Stream) ResetConsumer(ctx context.Context, shard int) (jetstream.Consum
 		AckWait:       defaultAckWait,
 		MaxAckPending: s.opts.MaxAckPending,
 		Replicas:      s.opts.Replicas,
+		// Its state (what it delivered, what was acknowledged) is kept in
+		// memory, not written to a file up to ten times a second: the
+		// work queue already keeps what matters (an acknowledged message
+		// is removed), and a consumer that loses its state (its servers
+		// restarted) starts again at the first message of the shard still
+		// in the stream, as a replaced one does. See ResetConsumer's doc.
+		MemoryStorage: true,
 	})
 	if err != nil {
 		return nil, translate(fmt.Errorf("create the consumer of shard %d: %w", shard, err), ErrConflict)

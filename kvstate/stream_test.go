@@ -85,6 +85,11 @@ func testStreamReset(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, su
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its state is in memory (no file written ten times a second): what
+	// matters is in the work queue already.
+	if cfg := c.CachedInfo().Config; !cfg.MemoryStorage || cfg.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Fatalf("consumer %+v, want stored in memory, explicit acks", cfg)
+	}
 	it, err := c.Messages(jetstream.PullMaxMessages(10))
 	if err != nil {
 		t.Fatal(err)

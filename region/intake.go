@@ -278,7 +278,8 @@ func (ss *streamShard) pull(done chan struct{}) {
 				return
 			}
 			continue
-		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound),
+			errors.Is(err, jetstream.ErrNoHeartbeat) && ss.missing(cons):
 			if !ss.stillOwned() {
 				a.log.Warn("the consumer of a shard is gone (another region took the shard): stopped pulling", "shard", ss.n)
 				return
@@ -301,6 +302,17 @@ func (ss *streamShard) pull(done chan struct{}) {
 		backoff = wait.RetryFirst
 		ss.deliver(m)
 	}
+}
+
+// missing says whether cons is known to be gone from the stream. A pull
+// from a consumer that does not exist (a consumer stored in memory whose
+// servers restarted while the shard was not live, or one deleted between
+// two pulls) gets no deletion notice, only no heartbeats.
+func (ss *streamShard) missing(cons jetstream.Consumer) bool {
+	ctx, cancel := context.WithTimeout(ss.a.ctx, settleWait)
+	defer cancel()
+	_, err := cons.Info(ctx)
+	return errors.Is(err, jetstream.ErrConsumerNotFound)
 }
 
 // stillOwned reads the shard table (until it can, while the shard is

@@ -40,6 +40,15 @@ type benchConfig struct {
 	Requests int
 	Callers  int    // concurrent callers of the client run (0: none)
 	Delivery string // core, durable or both
+	// BestConsumers: the pull consumers of raw JetStream in its best
+	// shape (durable delivery; bench_best.go).
+	BestConsumers int
+	// LoadLatency: measure the latency tables under load (bench_loadlat.go).
+	LoadLatency bool
+	LowRate     float64
+	LoadSeconds float64
+	Servers     int // embedded servers (a cluster when more than one)
+	Replicas    int // of the type's bucket and streams; 0: Servers, at most 3
 
 	Handoff         bool
 	HandoffEntities int
@@ -93,6 +102,8 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs := flag.NewFlagSet("shardctl bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.NATS, "nats", c.NATS, "use this NATS server (JetStream enabled) instead of an embedded one")
+	fs.IntVar(&c.Servers, "servers", 1, "embedded NATS servers: 1, or a cluster of 3 or 5 (not with --nats)")
+	fs.IntVar(&c.Replicas, "replicas", 0, "replicas of the bench type's bucket and streams, and of the raw streams (default: --servers, at most 3; 1 with --nats)")
 	fs.StringVar(&c.Type, "type", c.Type, "entity type of the bench (with --nats: bench-<random> unless given; it must not exist, and is deleted at the end); the durable run's is <type>-durable")
 	fs.StringVar(&c.DataPrefix, "data-prefix", c.DataPrefix, "subject prefix of the data plane (default shard)")
 	fs.StringVar(&c.ControlPrefix, "control-prefix", c.ControlPrefix, "subject prefix of the control plane (default $SHARD)")
@@ -110,6 +121,10 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (benchCon
 	fs.IntVar(&c.Requests, "requests", 5000, fmt.Sprintf("requests per side in the latency run, and %d times that per round in the concurrent (--callers) and pipelined (%d in flight) runs; durable: messages published one at a time, publish to handled (0: none)", requestFactor, pipelineWindow))
 	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request; %d rounds per side, the sides taking turns (0, or --requests 0: no such run)", requestRounds))
 	fs.StringVar(&c.Delivery, "delivery", deliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
+	fs.IntVar(&c.BestConsumers, "best-consumers", 1, "durable delivery: pull consumers of raw JetStream in its best shape, the baseline of the ratio (more than 1: the shards split among them by filter subjects)")
+	fs.BoolVar(&c.LoadLatency, "load-latency", false, "also measure latency under load, natshard alone: publish to handled and request round trip, p50/p90/p99, at --low-rate and at 80 % of the maximum of the run")
+	fs.Float64Var(&c.LowRate, "low-rate", 1000, "with --load-latency: the low load, messages (and requests) per second")
+	fs.Float64Var(&c.LoadSeconds, "load-seconds", 3, "with --load-latency: seconds of each load")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
 	fs.IntVar(&c.HandoffEntities, "handoff-entities", 1000, "active entities in the moving shard")
 	fs.IntVar(&c.Moves, "moves", 20, "handoffs to measure")
@@ -183,6 +198,17 @@ func (c benchConfig) typeOf(d natshard.Delivery) string {
 // minKVSize is the smallest kv payload: {"op":"set","key":"v","value":""}.
 const minKVSize = 34
 
+// replicas is the replicas of the bench type and the raw streams.
+func (c benchConfig) replicas() int {
+	switch {
+	case c.Replicas > 0:
+		return c.Replicas
+	case c.NATS != "":
+		return 1
+	}
+	return min(c.Servers, 3)
+}
+
 // validate names the first flag at fault.
 func (c benchConfig) validate() error {
 	bad := func(format string, args ...any) error {
@@ -220,6 +246,16 @@ func (c benchConfig) validate() error {
 		return bad("--requests must be 0 or more")
 	case c.Callers < 0 || c.Callers > 10_000:
 		return bad("--callers must be 0..10000, not %d", c.Callers)
+	case c.LowRate <= 0 || c.LoadSeconds <= 0 || c.LoadSeconds > 600:
+		return bad("--low-rate must be positive and --load-seconds 0..600, not %v and %v", c.LowRate, c.LoadSeconds)
+	case c.Servers != 1 && c.Servers != 3 && c.Servers != 5:
+		return bad("--servers must be 1, 3 or 5, not %d", c.Servers)
+	case c.NATS != "" && c.Servers != 1:
+		return bad("--servers starts embedded servers: not with --nats")
+	case c.Replicas < 0 || c.Replicas > 5 || (c.NATS == "" && c.Replicas > c.Servers):
+		return bad("--replicas must be 1..5, and at most --servers (%d) with embedded servers, not %d", c.Servers, c.Replicas)
+	case c.BestConsumers < 1 || c.BestConsumers > c.Shards:
+		return bad("--best-consumers must be 1..--shards (%d), not %d", c.Shards, c.BestConsumers)
 	case c.Delivery != deliveryCore && c.Delivery != deliveryDurable && c.Delivery != deliveryBoth:
 		return bad("--delivery must be core, durable or both, not %q", c.Delivery)
 	case (c.Handoff || c.Failover) && c.Delivery == deliveryDurable:
@@ -358,62 +394,82 @@ type benchResult struct {
 	Handoff    *handoffResult    `json:"handoff,omitempty"`
 	Failover   *failoverResult   `json:"failover,omitempty"`
 	Durable    *durableResult    `json:"durable,omitempty"`
-	Seconds    float64           `json:"seconds"`
-	Notes      []string          `json:"notes,omitempty"`
+	// LoadLatency is core delivery's latency under load (--load-latency).
+	LoadLatency []loadLatency `json:"load_latency,omitempty"`
+	Seconds     float64       `json:"seconds"`
+	Notes       []string      `json:"notes,omitempty"`
 }
 
 func newBenchResult(c benchConfig) *benchResult {
 	server := "embedded"
+	if c.Servers > 1 {
+		server = fmt.Sprintf("embedded, %d servers", c.Servers)
+	}
 	if c.NATS != "" {
 		server = c.NATS
 	}
 	return &benchResult{
 		Config: benchConfigView{Server: server, Type: c.Type, Regions: c.Regions, Shards: c.Shards, Kind: c.Kind, Entities: c.Entities,
-			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery},
+			Msgs: c.msgsFor(c.deliveries()[0]), Size: c.Size, Pubs: c.Pubs, Window: c.Window, Rounds: c.Rounds, Requests: c.Requests, Callers: c.Callers, Delivery: c.Delivery,
+			Servers: c.Servers, Replicas: c.replicas(), LoadSeconds: c.LoadSeconds},
 		Machine: machine(),
 	}
 }
 
 // durableResult is the durable run: the same workload sent to a type of
 // durable delivery through JetStream (each publish acknowledged, at most
-// --window of them in flight), beside raw JetStream: a stream of the
-// same configuration, the same publishers, and per shard a pull consumer
-// configured as the type's, on one connection per region, that acks each
-// message. In Throughput and Latency, "natshard" is the durable type and
-// "raw" raw JetStream; a latency sample is the time from a publish to the
-// entity's (or raw consumer's) handling of the message, one at a time.
+// --window of them in flight), beside raw JetStream twice, with streams
+// of the same configuration and the same publishers: in the type's shape
+// ("raw": per shard a pull consumer configured as the type's, on one
+// connection per region, that acks each message), and in its best shape
+// ("best": --best-consumers pull consumers, bench_best.go). In
+// Throughput and Latency, "natshard" is the durable type; a latency
+// sample is the time from a publish to the entity's (or raw consumer's)
+// handling of the message, one at a time.
 type durableResult struct {
 	Msgs     int    `json:"msgs"` // per throughput run
 	Type     string `json:"type"`
-	Stream   string `json:"stream"`     // the type's message stream
-	Raw      string `json:"raw_stream"` // raw JetStream's
-	Storage  string `json:"storage"`    // of both streams
-	Replicas int    `json:"replicas"`   // of both streams and their consumers
-	// Ratio is the durable type's throughput over raw JetStream's: the
-	// median of the rounds' ratios (Throughput.Ratio).
+	Stream   string `json:"stream"`      // the type's message stream
+	Raw      string `json:"raw_stream"`  // raw JetStream's in the type's shape
+	Best     string `json:"best_stream"` // raw JetStream's in its best shape
+	Storage  string `json:"storage"`     // of the three streams
+	Replicas int    `json:"replicas"`    // of the streams and their consumers
+	// BestConsumers is how many consumers the best shape pulls from.
+	BestConsumers int `json:"best_consumers"`
+	// Ratio is the durable type's throughput over raw JetStream's in its
+	// best shape, the target's baseline: the median of the rounds'
+	// ratios (Throughput.BestRatio).
 	Ratio float64 `json:"ratio"`
+	// SameShapeRatio is the durable type's throughput over raw
+	// JetStream's in the type's shape (Throughput.Ratio).
+	SameShapeRatio float64 `json:"same_shape_ratio"`
 	// CoreRatio is the durable type's median msgs/s over core delivery's,
 	// when both ran (--delivery both).
 	CoreRatio  float64          `json:"core_ratio,omitempty"`
 	Throughput throughputResult `json:"throughput"`
 	Latency    *latencyResult   `json:"latency,omitempty"`
+	// LoadLatency is the durable type's latency under load (--load-latency).
+	LoadLatency []loadLatency `json:"load_latency,omitempty"`
 }
 
 type benchConfigView struct {
-	Server   string `json:"server"` // "embedded" or the URL
-	Type     string `json:"type"`
-	Regions  int    `json:"regions"`
-	Shards   int    `json:"shards"`
-	Kind     string `json:"kind"`
-	Entities int    `json:"entities"`
-	Msgs     int    `json:"msgs"`
-	Size     int    `json:"size"`
-	Pubs     int    `json:"pubs"`
-	Window   int    `json:"window"`
-	Rounds   int    `json:"rounds"`
-	Requests int    `json:"requests"`
-	Callers  int    `json:"callers"`
-	Delivery string `json:"delivery"`
+	Server      string  `json:"server"` // "embedded" or the URL
+	Type        string  `json:"type"`
+	Regions     int     `json:"regions"`
+	Shards      int     `json:"shards"`
+	Kind        string  `json:"kind"`
+	Entities    int     `json:"entities"`
+	Msgs        int     `json:"msgs"`
+	Size        int     `json:"size"`
+	Pubs        int     `json:"pubs"`
+	Window      int     `json:"window"`
+	Rounds      int     `json:"rounds"`
+	Requests    int     `json:"requests"`
+	Callers     int     `json:"callers"`
+	Delivery    string  `json:"delivery"`
+	Servers     int     `json:"servers"`      // embedded servers (1 with --nats)
+	LoadSeconds float64 `json:"load_seconds"` // of each load (--load-latency)
+	Replicas    int     `json:"replicas"`     // of the type's bucket and streams
 }
 
 type machineView struct {
@@ -435,6 +491,12 @@ type throughputResult struct {
 	// rounds' ratios): what throughput ratio the machine would give if
 	// it were CPU-bound and not shared.
 	CPURatio float64 `json:"cpu_ratio"`
+	// Best is raw JetStream in its best shape (durable delivery only),
+	// and the ratios of natshard against it, as Ratio and CPURatio.
+	Best            *throughputSide `json:"best,omitempty"`
+	BestRatio       float64         `json:"best_ratio,omitzero"`
+	BestRoundsRatio []float64       `json:"best_rounds_ratio,omitempty"`
+	BestCPURatio    float64         `json:"best_cpu_ratio,omitzero"`
 }
 
 // throughputSide: Sent and Received are totals over the rounds; the rates
@@ -567,14 +629,35 @@ func (r *benchResult) print(out io.Writer) error {
 	if d := r.Durable; d != nil {
 		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s (%s storage, replicas %d), publishes acknowledged\n",
 			d.Msgs, d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
-		rows := throughputRows(d.Throughput)
 		t := d.Throughput
+		if b := t.Best; b != nil {
+			fmt.Fprintf(out, "\nagainst raw JetStream in its best shape (%s: %d pull consumers, acks at once, not confirmed):\n", d.Best, d.BestConsumers)
+			rows := throughputRows(throughputResult{Natshard: t.Natshard, Raw: *b, Ratio: t.BestRatio, RoundsRatio: t.BestRoundsRatio, CPURatio: t.BestCPURatio})
+			rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", b.Acked, b.PublishErrors), ""})
+			if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, BEST", "RATIO/DIFF"}, rows); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "\nagainst raw JetStream in the type's shape (%s: a consumer per shard):\n", d.Raw)
+		}
+		rows := throughputRows(t)
 		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})
 		rows = append(rows, latencyRows(d.Latency, "publish to handled", "messages")...)
 		if d.CoreRatio > 0 {
 			rows = append(rows, []any{"msgs/s against core", "", "", fmt.Sprintf("x%.3f (durable/core natshard)", d.CoreRatio)})
 		}
-		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM", "RATIO/DIFF"}, rows); err != nil {
+		if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, SAME SHAPE", "RATIO/DIFF"}, rows); err != nil {
+			return err
+		}
+	}
+	if len(r.LoadLatency) > 0 {
+		fmt.Fprintf(out, "\nlatency under load, core delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
+		if err := table(out, loadHeader, loadRows(r.LoadLatency)); err != nil {
+			return err
+		}
+	}
+	if d := r.Durable; d != nil && len(d.LoadLatency) > 0 {
+		fmt.Fprintf(out, "\nlatency under load, durable delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
+		if err := table(out, loadHeader, loadRows(d.LoadLatency)); err != nil {
 			return err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -79,6 +80,11 @@ type bench struct {
 	rawStream jetstream.StreamConfig
 	rawIters  []jetstream.MessagesContext
 	rawPulls  sync.WaitGroup
+	// raw JetStream in its best shape (bench_best.go): what its
+	// consumers received, and the subject of each entity there.
+	best     bestShape
+	bestRecv recvCounter
+	bestSubj []string
 }
 
 // rawPrefix is the first token of the raw NATS side's subjects.
@@ -107,6 +113,7 @@ func (b *bench) durable() bool { return b.sys.delivery == natshard.Durable }
 func (b *bench) open() error {
 	cfg, sys := b.cfg, b.sys
 	b.raw.reset(0)
+	b.bestRecv.reset(0)
 	sys.handled.reset(0)
 	for i := range cfg.Pubs {
 		nc, err := sys.connect("pub-" + strconv.Itoa(i))
@@ -137,6 +144,9 @@ func (b *bench) open() error {
 			return err
 		}
 		if consumer, err = b.openRawStream(); err != nil {
+			return err
+		}
+		if err := b.openBest(b.rawStream); err != nil {
 			return err
 		}
 	}
@@ -173,6 +183,7 @@ func (b *bench) open() error {
 		b.ids = append(b.ids, id)
 		b.natSubj = append(b.natSubj, sys.subjects.Entity(shard, id))
 		b.rawSubj = append(b.rawSubj, b.rawEntity(shard, id))
+		b.bestSubj = append(b.bestSubj, b.bestEntity(shard, id))
 	}
 	b.payload = make([]byte, cfg.Size)
 	for i := range b.payload {
@@ -238,14 +249,14 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
-	defer cancel()
 	for _, shard := range shards {
 		cc := cfg
 		cc.Name, cc.Durable = "", shardConsumer(shard)
 		cc.Description = "shardctl bench: raw JetStream, shard " + strconv.Itoa(shard)
 		cc.FilterSubject, cc.FilterSubjects = b.rawShard(shard), nil
+		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 		cons, err := js.CreateConsumer(ctx, b.rawStream.Name, cc)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("raw JetStream consumer of shard %d: %w", shard, err)
 		}
@@ -274,6 +285,7 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 // close stops raw JetStream's consumers and deletes its stream. The
 // connections are the system's.
 func (b *bench) close() {
+	b.closeBest()
 	for _, it := range b.rawIters {
 		it.Stop()
 	}
@@ -327,6 +339,17 @@ func (b *bench) runCore(res *benchResult) error {
 		}
 		res.Pipelined = pr
 	}
+	if c.LoadLatency {
+		var maxReq float64 // measured by loadLatencies
+		if res.Concurrent != nil {
+			maxReq = res.Concurrent.Natshard.ReqsPerSec
+		}
+		rows, err := b.loadLatencies(res.Throughput.Natshard.MsgsPerSec, maxReq)
+		if err != nil {
+			return fmt.Errorf("latency under load: %w", err)
+		}
+		res.LoadLatency = rows
+	}
 	if c.Handoff {
 		h, err := b.handoff()
 		if err != nil {
@@ -347,13 +370,13 @@ func (b *bench) runCore(res *benchResult) error {
 // runDurable runs the workloads of durable delivery into res.Durable.
 func (b *bench) runDurable(res *benchResult) error {
 	d := &durableResult{
-		Msgs: b.cfg.Msgs, Type: b.sys.typ, Stream: kvstate.MessageStream(b.sys.typ), Raw: b.rawStream.Name,
-		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas,
+		Msgs: b.cfg.Msgs, Type: b.sys.typ, Stream: kvstate.MessageStream(b.sys.typ), Raw: b.rawStream.Name, Best: b.best.stream,
+		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas, BestConsumers: b.cfg.BestConsumers,
 	}
 	if err := b.rounds(&d.Throughput); err != nil {
 		return err
 	}
-	d.Ratio = d.Throughput.Ratio
+	d.Ratio, d.SameShapeRatio = d.Throughput.BestRatio, d.Throughput.Ratio
 	if b.cfg.Requests > 0 {
 		l, err := b.latency("publish-to-handled latency", "messages", b.publishHandled)
 		if err != nil {
@@ -361,68 +384,104 @@ func (b *bench) runDurable(res *benchResult) error {
 		}
 		d.Latency = l
 	}
+	if b.cfg.LoadLatency {
+		rows, err := b.loadLatencies(d.Throughput.Natshard.MsgsPerSec, 0)
+		if err != nil {
+			return fmt.Errorf("latency under load: %w", err)
+		}
+		d.LoadLatency = rows
+	}
 	res.Durable = d
 	return nil
 }
 
-// rounds runs cfg.Rounds throughput runs of each side into t.
+// roundSettle is the pause before each durable round: the server writes
+// a file-stored consumer's state up to 100 ms after its last change, and
+// that of the previous side's consumers is not this side's CPU.
+const roundSettle = 300 * time.Millisecond
+
+// rounds runs cfg.Rounds throughput runs of each side into t: natshard
+// and raw NATS (or JetStream in the type's shape), and with durable
+// delivery raw JetStream in its best shape too; the order of the sides
+// turns from round to round.
 func (b *bench) rounds(t *throughputResult) error {
 	c := b.cfg
-	natName, rawName := "natshard", "raw NATS"
-	if b.durable() {
-		natName, rawName = "natshard durable", "raw JetStream"
+	type side struct {
+		name, profile string
+		res           *throughputSide
+		counter       *recvCounter
+		subjects      []string
+		cpu           []float64
 	}
-	var natCPU, rawCPU, cpuRatios []float64
+	nat := &side{name: "natshard", profile: "natshard", res: &t.Natshard, counter: &b.sys.handled, subjects: b.natSubj}
+	raw := &side{name: "raw NATS", profile: "raw", res: &t.Raw, counter: &b.raw, subjects: b.rawSubj}
+	sides := []*side{nat, raw}
+	var best *side
+	if b.durable() {
+		nat.name, raw.name = "natshard durable", "raw JetStream (same shape)"
+		t.Best = &throughputSide{}
+		best = &side{name: "raw JetStream (best shape)", profile: "best", res: t.Best, counter: &b.bestRecv, subjects: b.bestSubj}
+		sides = append(sides, best)
+	}
+	var cpuRatios, bestCPURatios []float64
 	for round := range c.Rounds {
-		// Alternate which side goes first, so that neither always runs
-		// on a warmer (or busier) machine.
-		sides := []bool{round%2 == 1, round%2 == 0} // natshard?
-		for _, nat := range sides {
-			side, counter, subjects, name, profile := &t.Raw, &b.raw, b.rawSubj, rawName, "raw"
-			if nat {
-				side, counter, subjects, name, profile = &t.Natshard, &b.sys.handled, b.natSubj, natName, "natshard"
+		// Turn which side goes first, so that none always runs on a
+		// warmer (or busier) machine.
+		for i := range sides {
+			s := sides[(round+i)%len(sides)]
+
+			label := fmt.Sprintf("throughput %s %d/%d", s.name, round+1, c.Rounds)
+			if b.durable() && !wait.Sleep(b.ctx, roundSettle) {
+				return b.ctx.Err()
 			}
-			label := fmt.Sprintf("throughput %s %d/%d", name, round+1, c.Rounds)
 			failed, acked, pubErrs := b.sys.failed.Load(), b.acked.Load(), b.pubErrs.Load()
 			if err := b.sides.start(); err != nil {
 				return err
 			}
-			rate, cpu, received, err := b.throughput(label, subjects, counter)
-			if perr := b.sides.stop(profile); err == nil {
+			rate, cpu, received, err := b.throughput(label, s.subjects, s.counter)
+			if perr := b.sides.stop(s.profile); err == nil {
 				err = perr
 			}
-			side.Sent += int64(c.Msgs)
-			side.Received += received
-			side.Acked += b.acked.Load() - acked
-			side.PublishErrors += b.pubErrs.Load() - pubErrs
-			if nat {
-				side.Errors += b.sys.failed.Load() - failed
+			r := s.res
+			r.Sent += int64(c.Msgs)
+			r.Received += received
+			r.Acked += b.acked.Load() - acked
+			r.PublishErrors += b.pubErrs.Load() - pubErrs
+			if s == nat {
+				r.Errors += b.sys.failed.Load() - failed
 			}
 			if err != nil {
-				if n := side.PublishErrors; n > 0 {
+				if n := r.PublishErrors; n > 0 {
 					err = fmt.Errorf("%w (%d publishes failed, the last with: %v)", err, n, *b.lastErr.Load())
 				}
 				return fmt.Errorf("%s: %w", label, err)
 			}
-			side.RoundsPerSec = append(side.RoundsPerSec, rate)
-			if nat {
-				natCPU = append(natCPU, cpu)
-			} else {
-				rawCPU = append(rawCPU, cpu)
-			}
+			r.RoundsPerSec = append(r.RoundsPerSec, rate)
+			s.cpu = append(s.cpu, cpu)
 		}
-		t.RoundsRatio = append(t.RoundsRatio, t.Natshard.RoundsPerSec[round]/t.Raw.RoundsPerSec[round])
-		if natCPU[round] > 0 {
-			cpuRatios = append(cpuRatios, rawCPU[round]/natCPU[round])
+		t.RoundsRatio = append(t.RoundsRatio, nat.res.RoundsPerSec[round]/raw.res.RoundsPerSec[round])
+		if nat.cpu[round] > 0 {
+			cpuRatios = append(cpuRatios, raw.cpu[round]/nat.cpu[round])
+		}
+		if best != nil {
+			t.BestRoundsRatio = append(t.BestRoundsRatio, nat.res.RoundsPerSec[round]/best.res.RoundsPerSec[round])
+			if nat.cpu[round] > 0 {
+				bestCPURatios = append(bestCPURatios, best.cpu[round]/nat.cpu[round])
+			}
 		}
 	}
 	if err := b.sides.write(string(b.sys.delivery)); err != nil {
 		return err
 	}
-	t.Natshard.CPUPerMsgUS, t.Raw.CPUPerMsgUS, t.CPURatio = median(natCPU), median(rawCPU), median(cpuRatios)
-	t.Natshard.MsgsPerSec = median(t.Natshard.RoundsPerSec)
-	t.Raw.MsgsPerSec = median(t.Raw.RoundsPerSec)
+	for _, s := range sides {
+		s.res.CPUPerMsgUS = median(s.cpu)
+		s.res.MsgsPerSec = median(s.res.RoundsPerSec)
+	}
+	t.CPURatio = median(cpuRatios)
 	t.Ratio = median(t.RoundsRatio)
+	if best != nil {
+		t.BestRatio, t.BestCPURatio = median(t.BestRoundsRatio), median(bestCPURatios)
+	}
 	return nil
 }
 

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,14 +28,14 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// benchServer is the NATS server the bench runs on: embedded, or the one
-// given with --nats. Each delivery mode measured gets a benchSystem of
-// its own on it, one after the other.
+// benchServer is the NATS server the bench runs on: embedded (one, or a
+// cluster of --servers), or the one given with --nats. Each delivery mode
+// measured gets a benchSystem of its own on it, one after the other.
 type benchServer struct {
-	url string
-	srv *server.Server // nil with --nats
-	dir string         // the embedded server's store
-	// sys is the password of the embedded server's system account user
+	url  string           // the client URLs, comma-separated
+	srvs []*server.Server // none with --nats
+	dir  string           // the embedded servers' stores
+	// sys is the password of the embedded servers' system account user
 	// (benchSysUser): the coordinator reads the servers' disconnect
 	// advisories with it, as shardd does on its embedded server.
 	sys string
@@ -40,26 +44,104 @@ type benchServer struct {
 // benchSysUser is the embedded server's system account user.
 const benchSysUser = "shardctl-bench-system"
 
-// openBenchServer starts the embedded server, unless cfg.NATS names one.
+// openBenchServer starts the embedded servers, unless cfg.NATS names one.
 func openBenchServer(cfg benchConfig) (*benchServer, error) {
 	if cfg.NATS != "" {
 		return &benchServer{url: cfg.NATS}, nil
 	}
-	sys := nuid.Next()
-	srv, dir, err := startBenchServer(sys)
+	dir, err := os.MkdirTemp("", "shardctl-bench-")
 	if err != nil {
 		return nil, err
 	}
-	return &benchServer{url: srv.ClientURL(), srv: srv, dir: dir, sys: sys}, nil
+	s := &benchServer{dir: dir, sys: nuid.Next()}
+	if err := s.start(cfg.Servers); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
 }
 
-// close shuts the embedded server down and removes its store.
+// close shuts the embedded servers down and removes their stores.
 func (s *benchServer) close() {
-	if s.srv != nil {
-		s.srv.Shutdown()
-		s.srv.WaitForShutdown()
+	for _, srv := range s.srvs {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+	if s.dir != "" {
 		os.RemoveAll(s.dir)
 	}
+}
+
+// start starts n embedded servers with JetStream on random ports of
+// 127.0.0.1, each storing in a directory of s.dir, a cluster of their own
+// when n > 1, with a system account whose user benchSysUser has password
+// s.sys (every other client is in the global account, without
+// credentials), and waits until they accept connections and, as a
+// cluster, have a JetStream meta leader.
+func (s *benchServer) start(n int) error {
+	var routes []*url.URL
+	var clusterPorts []int
+	if n > 1 {
+		for range n {
+			p, err := freePort()
+			if err != nil {
+				return err
+			}
+			clusterPorts = append(clusterPorts, p)
+			routes = append(routes, &url.URL{Scheme: "nats-route", Host: "127.0.0.1:" + strconv.Itoa(p)})
+		}
+	}
+	var urls []string
+	for i := range n {
+		acc := server.NewAccount("SYS")
+		opts := &server.Options{
+			ServerName: "shardctl-bench-" + strconv.Itoa(i+1), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: filepath.Join(s.dir, strconv.Itoa(i+1)), NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
+			PingInterval: 2 * time.Second, MaxPingsOut: 3,
+			Accounts: []*server.Account{acc}, SystemAccount: acc.Name, NoAuthUser: "bench",
+			Users: []*server.User{{Username: benchSysUser, Password: s.sys, Account: acc}, {Username: "bench"}},
+		}
+		if n > 1 {
+			opts.Cluster = server.ClusterOpts{Name: "shardctl-bench", Host: "127.0.0.1", Port: clusterPorts[i], PoolSize: -1}
+			opts.Routes = routes
+		}
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			return fmt.Errorf("embedded NATS server: %w", err)
+		}
+		srv.Start()
+		s.srvs = append(s.srvs, srv)
+		if !srv.ReadyForConnections(10 * time.Second) {
+			return errors.New("embedded NATS server did not start")
+		}
+		urls = append(urls, srv.ClientURL())
+	}
+	s.url = strings.Join(urls, ",")
+	if n == 1 {
+		return nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, srv := range s.srvs {
+			if srv.JetStreamIsLeader() && len(srv.JetStreamClusterPeers()) == n {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the %d embedded NATS servers have no JetStream meta leader after 30 s", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// freePort is a port of 127.0.0.1 that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // benchSystem is what shardctl bench measures: regions hosting echo or kv
@@ -79,8 +161,11 @@ type benchSystem struct {
 
 	// handled counts every message handled by an entity of any region.
 	handled recvCounter
-	failed  atomic.Int64   // of those, the ones Handle returned an error for
-	crashed sync.WaitGroup // Close of crashed regions' nodes
+	// loadHist, while set, gets the time of each load message from its
+	// publish to its handling (bench_loadlat.go).
+	loadHist atomic.Pointer[latHist]
+	failed   atomic.Int64   // of those, the ones Handle returned an error for
+	crashed  sync.WaitGroup // Close of crashed regions' nodes
 
 	mu      sync.Mutex
 	regions map[string]*benchRegion
@@ -142,6 +227,7 @@ func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error
 	if err != nil {
 		e.sys.failed.Add(1)
 	}
+	e.sys.noteLoad(m)
 	e.sys.handled.add()
 	if p := e.probe; p.armed.Load() && int64(m.Shard) == p.shard.Load() && p.armed.CompareAndSwap(true, false) {
 		p.first.Store(since0())
@@ -178,7 +264,7 @@ func startBenchSystem(ctx context.Context, cfg benchConfig, srv *benchServer, ty
 			return s, fmt.Errorf("%w: type %q exists on %s already; pass another --type", errUsage, typ, s.url)
 		}
 	}
-	if _, err := kvstate.Open(ctx, s.js, typ, kvstate.Options{}); err != nil {
+	if _, err := kvstate.Open(ctx, s.js, typ, kvstate.Options{Replicas: cfg.replicas()}); err != nil {
 		return s, fmt.Errorf("open the bench type %q: %w", typ, err)
 	}
 	s.created = true
@@ -194,36 +280,6 @@ func startBenchSystem(ctx context.Context, cfg benchConfig, srv *benchServer, ty
 		return s, err
 	}
 	return s, nil
-}
-
-// startBenchServer starts an embedded NATS server with JetStream in a
-// temporary directory, on a random port of 127.0.0.1, with a system
-// account whose user benchSysUser has password sys (every other client is
-// in the global account, without credentials).
-func startBenchServer(sys string) (*server.Server, string, error) {
-	dir, err := os.MkdirTemp("", "shardctl-bench-")
-	if err != nil {
-		return nil, "", err
-	}
-	acc := server.NewAccount("SYS")
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "shardctl-bench", Host: "127.0.0.1", Port: -1,
-		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
-		PingInterval: 2 * time.Second, MaxPingsOut: 3,
-		Accounts: []*server.Account{acc}, SystemAccount: acc.Name, NoAuthUser: "bench",
-		Users: []*server.User{{Username: benchSysUser, Password: sys, Account: acc}, {Username: "bench"}},
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, "", fmt.Errorf("embedded NATS server: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		os.RemoveAll(dir)
-		return nil, "", errors.New("embedded NATS server did not start")
-	}
-	return srv, dir, nil
 }
 
 // connect opens a connection with shardd's options.
@@ -244,7 +300,7 @@ func (s *benchSystem) connect(name string, extra ...nats.Option) (*nats.Conn, er
 func (s *benchSystem) benchType(entity natshard.Factory) natshard.Type {
 	return natshard.Type{
 		Name: s.typ, Kind: s.cfg.Kind, Entity: entity, Shards: s.cfg.Shards, Delivery: s.delivery,
-		MinRegions: s.cfg.Regions, RebalanceInterval: natshard.Off,
+		MinRegions: s.cfg.Regions, RebalanceInterval: natshard.Off, Replicas: s.cfg.replicas(),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -130,7 +131,7 @@ func TestBench(t *testing.T) {
 // checkDurable checks the durable run's figures whatever the machine's
 // speed: every message published was acknowledged and handled on each
 // side, the rates, ratios and percentiles are positive and finite.
-func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
+func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples, replicas int) {
 	t.Helper()
 	if d == nil {
 		t.Fatal("no durable run")
@@ -141,7 +142,10 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 		}
 	}
 	tp := d.Throughput
-	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw} {
+	if tp.Best == nil {
+		t.Fatal("no best-shape side")
+	}
+	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw, "best": *tp.Best} {
 		if want := int64(msgs * rounds); side.Sent != want || side.Received != want || side.Acked != want || side.PublishErrors != 0 || side.Errors != 0 {
 			t.Errorf("durable %s: sent %d, received %d, acked %d, publish errors %d, errors %d; want %d sent, received and acked",
 				name, side.Sent, side.Received, side.Acked, side.PublishErrors, side.Errors, want)
@@ -158,10 +162,14 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples int) {
 		}
 	}
 	sane("ratio", d.Ratio)
-	if d.Ratio != tp.Ratio || len(tp.RoundsRatio) != rounds {
-		t.Errorf("durable ratio %v, throughput ratio %v, rounds %v", d.Ratio, tp.Ratio, tp.RoundsRatio)
+	sane("same-shape ratio", d.SameShapeRatio)
+	sane("best CPU ratio", tp.BestCPURatio)
+	if d.Ratio != tp.BestRatio || len(tp.BestRoundsRatio) != rounds || d.SameShapeRatio != tp.Ratio || len(tp.RoundsRatio) != rounds {
+		t.Errorf("durable ratio %v, same-shape ratio %v; throughput: best %v, rounds %v, same shape %v, rounds %v",
+			d.Ratio, d.SameShapeRatio, tp.BestRatio, tp.BestRoundsRatio, tp.Ratio, tp.RoundsRatio)
 	}
-	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != 1 || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream {
+	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != replicas || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream ||
+		d.Best == "" || d.Best == d.Raw || d.Best == d.Stream || d.BestConsumers != 1 {
 		t.Errorf("durable run %+v", d)
 	}
 	l := d.Latency
@@ -186,7 +194,7 @@ func TestBenchDurable(t *testing.T) {
 		"--msgs", "400", "--pubs", "2", "--rounds", "2", "--requests", "40", "--window", "50", "--side-profiles", prefix)
 	checkCounts(t, res, 400, 2, 40)
 	// A CPU profile of each side's rounds, per delivery.
-	for _, name := range []string{"core.natshard", "core.raw", "durable.natshard", "durable.raw"} {
+	for _, name := range []string{"core.natshard", "core.raw", "durable.natshard", "durable.raw", "durable.best"} {
 		f, err := os.Open(prefix + "." + name + ".prof")
 		if err != nil {
 			t.Fatal(err)
@@ -197,7 +205,7 @@ func TestBenchDurable(t *testing.T) {
 			t.Errorf("side profile %s: %v, %v", name, p, err)
 		}
 	}
-	checkDurable(t, res.Durable, 400, 2, 40)
+	checkDurable(t, res.Durable, 400, 2, 40, 1)
 	if c := res.Durable.CoreRatio; c <= 0 || math.IsInf(c, 0) {
 		t.Errorf("durable against core: %v", c)
 	}
@@ -206,13 +214,18 @@ func TestBenchDurable(t *testing.T) {
 	}
 	// The new fields, by their JSON names.
 	d, _ := raw["durable"].(map[string]any)
-	for _, k := range []string{"msgs", "type", "stream", "raw_stream", "storage", "replicas", "ratio", "core_ratio", "throughput", "latency"} {
+	for _, k := range []string{"msgs", "type", "stream", "raw_stream", "best_stream", "best_consumers", "storage", "replicas", "ratio", "same_shape_ratio", "core_ratio", "throughput", "latency"} {
 		if _, ok := d[k]; !ok {
 			t.Errorf("durable has no %q: %v", k, d)
 		}
 	}
 	dt, _ := d["throughput"].(map[string]any)
-	for _, side := range []string{"natshard", "raw"} {
+	for _, k := range []string{"best_ratio", "best_rounds_ratio", "best_cpu_ratio"} {
+		if _, ok := dt[k]; !ok {
+			t.Errorf("durable throughput has no %q: %v", k, dt)
+		}
+	}
+	for _, side := range []string{"natshard", "raw", "best"} {
 		s, _ := dt[side].(map[string]any)
 		for _, k := range []string{"msgs_per_sec", "rounds_msgs_per_sec", "cpu_us_per_msg", "acked", "sent", "received"} {
 			if _, ok := s[k]; !ok {
@@ -233,7 +246,7 @@ func TestBenchDurable(t *testing.T) {
 		}
 	}
 	for _, name := range []string{kvstate.BufferStream(res.Config.Type), kvstate.BufferStream(res.Durable.Type), res.Durable.Stream,
-		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw} {
+		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw, res.Durable.Best} {
 		if _, err := js.Stream(ctx, name); err == nil {
 			t.Errorf("stream %s left on the server", name)
 		}
@@ -241,7 +254,7 @@ func TestBenchDurable(t *testing.T) {
 
 	res, raw = benchJSONRaw(t, "bench", "--json", "--delivery", "durable", "--kind", "kv", "--shards", "4", "--entities", "10",
 		"--msgs", "200", "--rounds", "1", "--requests", "20")
-	checkDurable(t, res.Durable, 200, 1, 20)
+	checkDurable(t, res.Durable, 200, 1, 20, 1)
 	for _, k := range []string{"ratio", "throughput", "latency"} {
 		if _, ok := raw[k]; ok {
 			t.Errorf("durable delivery alone printed the core field %q", k)
@@ -249,6 +262,17 @@ func TestBenchDurable(t *testing.T) {
 	}
 	if res.Durable.CoreRatio != 0 || res.Config.Msgs != 200 || res.Durable.Type != "bench-durable" {
 		t.Errorf("durable alone: core ratio %v, config %+v, type %q", res.Durable.CoreRatio, res.Config, res.Durable.Type)
+	}
+}
+
+// TestBenchCluster: --servers 3 runs the durable bench on three embedded
+// servers, the type and the raw streams with three replicas.
+func TestBenchCluster(t *testing.T) {
+	res := benchJSON(t, "bench", "--json", "--servers", "3", "--delivery", "durable", "--shards", "4", "--entities", "10",
+		"--msgs", "200", "--rounds", "1", "--requests", "20")
+	checkDurable(t, res.Durable, 200, 1, 20, 3)
+	if c := res.Config; c.Servers != 3 || c.Replicas != 3 || c.Server != "embedded, 3 servers" {
+		t.Errorf("config %+v", c)
 	}
 }
 
@@ -290,7 +314,7 @@ func TestBenchTableDurable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"durable delivery: 100 msgs per round", "NATSHARD DURABLE", "RAW JETSTREAM", "100/100", "acked (publish errors)", "100 (0)", "publish to handled p99.9", "messages (errors)"} {
+	for _, want := range []string{"durable delivery: 100 msgs per round", "NATSHARD DURABLE", "RAW JETSTREAM, BEST", "RAW JETSTREAM, SAME SHAPE", "1 pull consumers", "100/100", "acked (publish errors)", "100 (0)", "publish to handled p99.9", "messages (errors)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
@@ -298,7 +322,7 @@ func TestBenchTableDurable(t *testing.T) {
 	if strings.Contains(stdout.String(), "RAW NATS") {
 		t.Errorf("durable delivery alone printed core's table:\n%s", stdout.String())
 	}
-	if !strings.Contains(stderr.String(), "throughput raw JetStream 1/1") {
+	if !strings.Contains(stderr.String(), "throughput raw JetStream (best shape) 1/1") || !strings.Contains(stderr.String(), "throughput raw JetStream (same shape) 1/1") {
 		t.Errorf("--progress drew no durable bar on stderr: %q", stderr.String())
 	}
 }
@@ -313,6 +337,10 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "--regions", "0"}, "--regions must be 1..64"},
 		{[]string{"bench", "--shards", "0"}, "--shards must be 1.."},
 		{[]string{"bench", "--kind", "lua"}, "--kind must be echo or kv"},
+		{[]string{"bench", "--shards", "4", "--best-consumers", "5"}, "--best-consumers must be 1..--shards (4), not 5"},
+		{[]string{"bench", "--servers", "2"}, "--servers must be 1, 3 or 5, not 2"},
+		{[]string{"bench", "--nats", "nats://127.0.0.1:1", "--servers", "3"}, "--servers starts embedded servers: not with --nats"},
+		{[]string{"bench", "--replicas", "3"}, "--replicas must be 1..5, and at most --servers (1) with embedded servers, not 3"},
 		{[]string{"bench", "--entities", "0"}, "--entities must be at least 1"},
 		{[]string{"bench", "--pubs", "4", "--msgs", "3"}, "--msgs (3) must be at least --pubs (4)"},
 		{[]string{"bench", "--size", "0"}, "--size must be 1.."},
@@ -385,5 +413,54 @@ func BenchmarkEntities(b *testing.B) {
 					"ratio", t.Ratio, "rounds_ratio", t.RoundsRatio, "natshard_rounds", t.Natshard.RoundsPerSec)
 			}
 		})
+	}
+}
+
+// TestBenchLoadLatency: --load-latency adds, for each delivery, the rows
+// of the latency table at the low rate and at 80 % of the run's maximum,
+// with ordered percentiles of every message and request sent.
+func TestBenchLoadLatency(t *testing.T) {
+	res := benchJSON(t, "bench", "--json", "--delivery", "both", "--shards", "4", "--entities", "10", "--msgs", "400", "--rounds", "1",
+		"--requests", "20", "--callers", "4", "--load-latency", "--low-rate", "100", "--load-seconds", "0.5")
+	if res.Durable == nil {
+		t.Fatal("no durable run")
+	}
+	for name, rows := range map[string][]loadLatency{"core": res.LoadLatency, "durable": res.Durable.LoadLatency} {
+		if len(rows) != 2 || rows[0].Load != "low" || rows[0].Rate != 100 || rows[0].ReqRate != 100 || rows[1].Load != "80%" || rows[1].Rate <= 0 || rows[1].ReqRate <= 0 {
+			t.Fatalf("%s: rows %+v", name, rows)
+		}
+		for _, r := range rows {
+			// Every message and request sent (at that rate, or as fast as
+			// the bench could) is counted.
+			for what, p := range map[string]struct {
+				latencyPoint
+				rate float64
+			}{"handled": {r.Handled, r.Rate}, "request": {r.Request, r.ReqRate}} {
+				if d := p.Count - int64(0.5*p.rate); d < -1 || d > 1 || p.Errors != 0 || p.P50US <= 0 || p.P50US > p.P90US || p.P90US > p.P99US {
+					t.Errorf("%s %s at %s (%.0f/s): %+v", name, what, r.Load, p.rate, p.latencyPoint)
+				}
+			}
+		}
+	}
+}
+
+func TestLatHist(t *testing.T) {
+	h := &latHist{}
+	for i := 1; i <= 1000; i++ {
+		h.add(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.9, 900 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, 1000 * time.Microsecond}} {
+		got := h.quantile(c.q)
+		if got > c.want || float64(got) < 0.96*float64(c.want) {
+			t.Errorf("quantile(%v) = %v, want %v less at most 4 %%", c.q, got, c.want)
+		}
+	}
+	for _, ns := range []uint64{0, 1, 31, 32, 33, 63, 64, 1000, 1 << 40, 1<<63 + 5} {
+		if v := histValue(histIndex(ns)); uint64(v) > ns || float64(ns-uint64(v)) > 0.04*float64(ns) {
+			t.Errorf("bucket of %d starts at %d", ns, v)
+		}
 	}
 }

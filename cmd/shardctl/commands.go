@@ -255,7 +255,9 @@ shardctl reshard --shards 512 --json --timeout 5m`,
 and a coordinator, and prints messages/s and request latency through
 entities beside the same workload on raw NATS, with the ratio.
 --delivery durable (or both) does the same with a type of durable
-delivery, publishing through JetStream, beside raw JetStream.
+delivery, publishing through JetStream, beside raw JetStream twice: in
+its best shape (one pull consumer, --best-consumers) and in the type's
+shape (a consumer per shard).
 It also runs requests from concurrent callers (--callers, 64 by default)
 through natshard.Client beside nc.Request, and pipelined requests
 (%d in flight) beside a plain responder. --handoff and
