@@ -3,6 +3,7 @@ package kvstate
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -295,6 +297,87 @@ func (s *Stream) ResetConsumer(ctx context.Context, shard int) (jetstream.Consum
 	if err := s.js.DeleteConsumer(ctx, s.name, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, translate(fmt.Errorf("replace the consumer of shard %d: %w", shard, err), ErrConflict)
 	}
+	for try := 0; ; try++ {
+		c, err := s.createConsumer(ctx, shard, name)
+		if err != nil {
+			return nil, err
+		}
+		// Where the new consumer starts is chosen by its first leader,
+		// from that server's copy of the stream (nats-server 2.15 defers
+		// the choice to the first leader election): a copy that is
+		// behind, or was reset (a store that filled, a server that came
+		// back), can make it start past messages the stream holds, which
+		// it would then never deliver (docs/FAULTS.md, the durable loss
+		// of issue 30). The stream's leader says where the shard's
+		// messages begin; a consumer that starts later is made again.
+		// (A message the stream's leader still holds though it was
+		// handled, its removal lost with the consumer that acknowledged
+		// it, also looks so: after three tries the consumer is taken, and
+		// the region's check of its first delivery has the last word.)
+		skipped, err := s.StartsLate(ctx, shard, c.CachedInfo().Delivered.Stream+1)
+		if err != nil || !skipped || try == 2 {
+			return c, nil
+		}
+		if err := s.js.DeleteConsumer(ctx, s.name, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, translate(fmt.Errorf("replace the consumer of shard %d: %w", shard, err), ErrConflict)
+		}
+		if !wait.Sleep(ctx, 100*time.Millisecond*time.Duration(try+1)) {
+			return nil, fmt.Errorf("%w: replace the consumer of shard %d: %w", ErrUnavailable, shard, ctx.Err())
+		}
+	}
+}
+
+// StartsLate reports whether a consumer of shard whose next delivery is
+// stream sequence next skips messages: the stream's leader holds a
+// message of the shard below next. (A message acknowledged and removed
+// meanwhile does not count: it was handled.)
+func (s *Stream) StartsLate(ctx context.Context, shard int, next uint64) (bool, error) {
+	first, err := s.FirstOf(ctx, shard)
+	if err != nil {
+		return false, err
+	}
+	return first != 0 && first < next, nil
+}
+
+// FirstOf returns the stream sequence of the first message of shard the
+// stream holds, as its leader says (not a replica that may be behind);
+// 0 when it holds none.
+func (s *Stream) FirstOf(ctx context.Context, shard int) (uint64, error) {
+	if err := checkShard(shard); err != nil {
+		return 0, err
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	req, err := json.Marshal(struct {
+		Seq  uint64 `json:"seq"`
+		Next string `json:"next_by_subj"`
+	}{1, s.subjects.Shard(shard)})
+	if err != nil {
+		return 0, err
+	}
+	subj := apiPrefix(s.js) + "STREAM.MSG.GET." + s.name
+	msg, err := s.js.Conn().RequestWithContext(ctx, subj, req)
+	if err != nil {
+		return 0, translate(fmt.Errorf("read the first message of shard %d: %w", shard, err), ErrConflict)
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("kvstate: bad answer to %s: %w", subj, err)
+	}
+	if resp.Error != nil {
+		if apiCode(resp.Error) == codeNoMessage {
+			return 0, nil
+		}
+		return 0, translate(fmt.Errorf("read the first message of shard %d: %w", shard, resp.Error), ErrConflict)
+	}
+	if resp.Message == nil {
+		return 0, jetstream.ErrInvalidJetStreamResponse
+	}
+	return resp.Message.Sequence, nil
+}
+
+// createConsumer makes the consumer of shard (name: consumerName).
+func (s *Stream) createConsumer(ctx context.Context, shard int, name string) (jetstream.Consumer, error) {
 	c, err := s.js.CreateConsumer(ctx, s.name, jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "natshard: shard " + strconv.Itoa(shard) + " of type " + s.subjects.Type() + ", pulled by its owner",

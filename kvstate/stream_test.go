@@ -36,6 +36,7 @@ func TestStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			testStreamReset(t, js, s, subjects)
+			testStreamFirstOf(t, js, s, subjects)
 			testStreamReminders(t, js, s, subjects)
 		})
 	}
@@ -240,4 +241,56 @@ func TestStreamWithoutSchedules(t *testing.T) {
 	if err := s.Remind(testCtx(t), 0, "e", "r", time.Now().Add(time.Hour), nil); !errors.Is(err, kvstate.ErrNoSchedules) {
 		t.Fatalf("remind on a stream without schedules: %v", err)
 	}
+}
+
+// testStreamFirstOf: FirstOf is the shard's first message in the stream
+// (0 for none), and StartsLate says whether a consumer whose next
+// delivery is a sequence skips one of the shard's messages the stream
+// holds: what a shard's owner checks a new consumer's start against
+// (a consumer whose first leader's copy of the stream was behind starts
+// past messages; docs/FAULTS.md, issue 30).
+func testStreamFirstOf(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, subjects protocol.Subjects) {
+	const shard = 5
+	ctx := testCtx(t)
+	if first, err := s.FirstOf(ctx, shard); err != nil || first != 0 {
+		t.Fatalf("FirstOf of a shard without messages = %d, %v; want 0", first, err)
+	}
+	seqs := publish(t, js, subjects, shard, 3, "first")
+	publish(t, js, subjects, shard+1, 2, "other") // another shard's, after
+	first, err := s.FirstOf(ctx, shard)
+	if err != nil || first != seqs[0] {
+		t.Fatalf("FirstOf = %d, %v; want %d", first, err, seqs[0])
+	}
+	for _, c := range []struct {
+		next uint64
+		late bool
+	}{{seqs[0], false}, {seqs[0] - 1, false}, {seqs[0] + 1, true}, {seqs[2], true}} {
+		if late, err := s.StartsLate(ctx, shard, c.next); err != nil || late != c.late {
+			t.Errorf("StartsLate(next %d) with the shard's messages at %v = %v, %v; want %v", c.next, seqs, late, err, c.late)
+		}
+	}
+	// A consumer made for the shard starts at its first message.
+	cons, err := s.ResetConsumer(ctx, shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for m := range msgs.Messages() {
+		md, _ := m.Metadata()
+		got = append(got, md.Sequence.Stream)
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got, seqs) {
+		t.Fatalf("the new consumer delivered %v; want %v", got, seqs)
+	}
+	natstest.Eventually(t, 10*time.Second, "the acknowledged messages removed", func() bool {
+		first, err := s.FirstOf(ctx, shard)
+		return err == nil && first == 0
+	})
 }

@@ -157,6 +157,9 @@ type streamShard struct {
 	// next is the consumer sequence the next delivery must have (0: any,
 	// after a reset): a gap means a delivery was lost (see deliver).
 	next uint64
+	// lateStarts counts the consumers in a row whose first delivery came
+	// after a message the stream holds (startsLate); only pull uses it.
+	lateStarts int
 
 	ackMu sync.Mutex
 	gen   uint64        // counts the consumers: acknowledgements of an earlier one are void
@@ -343,6 +346,10 @@ func (ss *streamShard) stillOwned() bool {
 	}
 }
 
+// maxLateStarts bounds the consumers made again in a row because they
+// started late (startsLate).
+const maxLateStarts = 5
+
 // pullBatch is how many messages a live shard's iterator keeps buffered.
 const pullBatch = 256
 
@@ -357,14 +364,58 @@ func (ss *streamShard) inOrder(m jetstream.Msg) bool {
 		return false
 	}
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.next != 0 && md.Sequence.Consumer != ss.next {
+	first := ss.next == 0
+	if !first && md.Sequence.Consumer != ss.next {
+		ss.mu.Unlock()
 		ss.a.log.Warn("a delivery of a shard's consumer was lost; the consumer starts again at the first message not acknowledged",
 			"shard", ss.n, "expected", ss.next, "got", md.Sequence.Consumer)
 		return false
 	}
 	ss.next = md.Sequence.Consumer + 1
-	return true
+	ss.mu.Unlock()
+	return !first || !ss.startsLate(md.Sequence.Stream)
+}
+
+// startsLate checks the first delivery of a consumer just made (seq, its
+// stream sequence) against the stream's leader: a consumer whose first
+// leader chose its start from a copy of the stream that was behind starts
+// past messages the stream holds, and would never deliver them; an entity
+// that skips what is below its applied sequence would then lose them for
+// good once a later consumer did (docs/FAULTS.md, issue 30's durable
+// loss). Such a consumer is made again (true). It asks until the leader
+// answers, while the shard is live.
+func (ss *streamShard) startsLate(seq uint64) bool {
+	a := ss.a
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		late, err := a.cfg.Stream.StartsLate(a.ctx, ss.n, seq)
+		switch {
+		case err == nil && !late:
+			ss.lateStarts = 0
+			return false
+		case err == nil && ss.lateStarts >= maxLateStarts:
+			// A message the leader holds though it was handled (its
+			// removal lost with the consumer that acknowledged it) looks
+			// the same, and would never come: go on.
+			a.log.Error("a shard's new consumers keep starting past a message the stream holds; delivering from where they start",
+				"shard", ss.n, "first_delivered", seq, "tries", ss.lateStarts)
+			ss.lateStarts = 0
+			return false
+		case err == nil:
+			ss.lateStarts++
+			a.log.Warn("a shard's new consumer started past messages the stream holds (its first leader's copy of the stream was behind); it is made again",
+				"shard", ss.n, "first_delivered", seq)
+			// The copies catch up: give them a moment.
+			wait.Sleep(a.ctx, time.Duration(ss.lateStarts)*200*time.Millisecond)
+			return true
+		}
+		a.limit.log(a.log, "first-check-failed", "cannot read where a shard's messages begin in the stream; retrying", "shard", ss.n, "err", err)
+		ss.mu.Lock()
+		live := ss.mode == modeLive
+		ss.mu.Unlock()
+		if !live || !wait.Sleep(a.ctx, backoff) {
+			return true // not live any more: the caller's reset finds so and returns
+		}
+	}
 }
 
 // reset replaces the shard's consumer (see Stream.ResetConsumer), still
