@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -99,19 +98,7 @@ func (b *bench) openBest(sc jetstream.StreamConfig) error {
 			return err
 		}
 		b.best.iters = append(b.best.iters, it)
-		b.best.pulls.Go(func() {
-			for {
-				m, err := it.Next()
-				switch {
-				case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-					return
-				case err != nil:
-					continue
-				}
-				b.bestRecv.add()
-				_ = m.Ack()
-			}
-		})
+		b.best.pulls.Go(func() { ackAll(it, b.bestRecv.add) })
 	}
 	return nil
 }

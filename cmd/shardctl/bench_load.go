@@ -265,21 +265,25 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 			return err
 		}
 		b.rawIters = append(b.rawIters, it)
-		b.rawPulls.Go(func() {
-			for {
-				m, err := it.Next()
-				switch {
-				case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-					return
-				case err != nil:
-					continue
-				}
-				b.raw.add()
-				_ = m.Ack()
-			}
-		})
+		b.rawPulls.Go(func() { ackAll(it, b.raw.add) })
 	}
 	return nil
+}
+
+// ackAll pulls it until it is closed or its consumer is gone, counting
+// each message with add and acknowledging it (the raw sides' consumers).
+func ackAll(it jetstream.MessagesContext, add func()) {
+	for {
+		m, err := it.Next()
+		switch {
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+			return
+		case err != nil:
+			continue
+		}
+		add()
+		_ = m.Ack()
+	}
 }
 
 // close stops raw JetStream's consumers and deletes its stream. The
