@@ -358,6 +358,8 @@ const pullBatch = 256
 // on its way (its server died, say): the consumer would redeliver it only
 // after AckWait, after later messages, and an entity that skips what it
 // applied already (by the stream sequence) would then skip it for good.
+// A new consumer's first delivery must also be where the shard's
+// messages begin (startsLate). False: the consumer is to be made again.
 func (ss *streamShard) inOrder(m jetstream.Msg) bool {
 	md, err := m.Metadata()
 	if err != nil {
