@@ -481,12 +481,15 @@ type record struct {
 // nats.go jetstream/stream.go, apiMsgGetResponse).
 type msgGetResponse struct {
 	Error   *jetstream.APIError `json:"error,omitempty"`
-	Message *struct {
-		Subject  string `json:"subject"`
-		Sequence uint64 `json:"seq"`
-		Header   []byte `json:"hdrs,omitempty"`
-		Data     []byte `json:"data,omitempty"`
-	} `json:"message,omitempty"`
+	Message *storedMsg          `json:"message,omitempty"`
+}
+
+// storedMsg is a message as STREAM.MSG.GET returns it.
+type storedMsg struct {
+	Subject  string `json:"subject"`
+	Sequence uint64 `json:"seq"`
+	Header   []byte `json:"hdrs,omitempty"`
+	Data     []byte `json:"data,omitempty"`
 }
 
 // last reads the last message of key from the stream leader.
@@ -504,23 +507,13 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 	if err != nil {
 		return record{}, err
 	}
-	msg, err := s.nc.RequestWithContext(ctx, s.msgGetSubj, req)
+	m, err := msgGet(ctx, s.nc, s.msgGetSubj, req)
 	if err != nil {
 		return record{}, err
 	}
-	var resp msgGetResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return record{}, fmt.Errorf("kvstate: bad answer to %s: %w", s.msgGetSubj, err)
-	}
-	if resp.Error != nil {
-		return record{}, resp.Error
-	}
-	if resp.Message == nil {
-		return record{}, jetstream.ErrInvalidJetStreamResponse
-	}
-	r := record{value: resp.Message.Data, rev: resp.Message.Sequence}
-	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+	r := record{value: m.Data, rev: m.Sequence}
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
 		if err != nil {
 			return record{}, fmt.Errorf("kvstate: bad headers of %s: %w", key, err)
 		}
@@ -531,6 +524,28 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 		r.answers = h.Get(protocol.HeaderAnswers)
 	}
 	return r, nil
+}
+
+// msgGet asks the JetStream API's STREAM.MSG.GET on subj (answered by
+// the stream's leader only, not by a replica that may be behind) with the
+// encoded request req. The error is untranslated: an API error as
+// returned, 10037 for no such message.
+func msgGet(ctx context.Context, nc *nats.Conn, subj string, req []byte) (*storedMsg, error) {
+	msg, err := nc.RequestWithContext(ctx, subj, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("kvstate: bad answer to %s: %w", subj, err)
+	}
+	if resp.Error != nil {
+		return nil, resp.Error
+	}
+	if resp.Message == nil {
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	return resp.Message, nil
 }
 
 // isTombstone says whether a message with headers h marks its key as

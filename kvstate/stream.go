@@ -355,25 +355,14 @@ func (s *Stream) FirstOf(ctx context.Context, shard int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	subj := apiPrefix(s.js) + "STREAM.MSG.GET." + s.name
-	msg, err := s.js.Conn().RequestWithContext(ctx, subj, req)
+	m, err := msgGet(ctx, s.js.Conn(), apiPrefix(s.js)+"STREAM.MSG.GET."+s.name, req)
+	if apiCode(err) == codeNoMessage {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, translate(fmt.Errorf("read the first message of shard %d: %w", shard, err), ErrConflict)
 	}
-	var resp msgGetResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("kvstate: bad answer to %s: %w", subj, err)
-	}
-	if resp.Error != nil {
-		if apiCode(resp.Error) == codeNoMessage {
-			return 0, nil
-		}
-		return 0, translate(fmt.Errorf("read the first message of shard %d: %w", shard, resp.Error), ErrConflict)
-	}
-	if resp.Message == nil {
-		return 0, jetstream.ErrInvalidJetStreamResponse
-	}
-	return resp.Message.Sequence, nil
+	return m.Sequence, nil
 }
 
 // createConsumer makes the consumer of shard (name: consumerName).
