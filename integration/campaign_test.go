@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/internal/campaign"
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -226,6 +227,11 @@ func runCampaign(t *testing.T, mode campaign.Mode, seed uint64, kinds []campaign
 		t.Log(line)
 	}
 	if failures := rep.Failures(); len(failures) > 0 {
+		if mode == campaign.Durable {
+			for _, line := range r.explainLost(rep, 20) {
+				t.Log(line)
+			}
+		}
 		t.Errorf("campaign: %s seed %d FAILED: %v (docs/FAULTS.md, Guarantees; the examples and their faults are above)", mode, seed, failures)
 	}
 	if rep.Keyed.Sent[campaign.Acked]+rep.Keyed.Sent[campaign.Sent] == 0 {
@@ -289,10 +295,12 @@ func storeConfig(t *testing.T) string {
 }
 
 // fillStore starts filling the servers' stores with a stream of no
-// limit, R3, 256 KiB messages eight at a time, until they refuse it or
-// stop is called; stop returns what was stored and how it ended.
+// limit, R3, 256 KiB messages published asynchronously (up to 32 in
+// flight, so that the store fills within the fault's 1-10 s even on a
+// busy machine), until they refuse it or stop is called; stop returns
+// what was stored and how it ended.
 func (r *campaignRun) fillStore() (stop func() string) {
-	js, err := jetstream.New(r.nc)
+	js, err := jetstream.New(r.nc, jetstream.WithPublishAsyncMaxPending(32), jetstream.WithPublishAsyncTimeout(5*time.Second))
 	if err != nil {
 		return func() string { return err.Error() }
 	}
@@ -308,38 +316,45 @@ func (r *campaignRun) fillStore() (stop func() string) {
 	}
 	began := time.Now()
 	var (
-		mu      sync.Mutex
-		stored  int
-		failed  int
-		lastErr error
-		ended   string
-		wg      sync.WaitGroup
+		stored, failed int
+		lastErr        error
+		ended          string
+		wg             sync.WaitGroup
 	)
-	chunk := make([]byte, 256<<10)
-	for range 8 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := js.Publish(pctx, "campaign.fill", chunk)
-				pcancel()
-				mu.Lock()
+	acks := make(chan jetstream.PubAckFuture, 64)
+	wg.Go(func() { // publishes until told to stop or refused
+		defer close(acks)
+		chunk := make([]byte, 256<<10)
+		for ctx.Err() == nil {
+			f, err := js.PublishAsync("campaign.fill", chunk)
+			if err != nil {
+				if ctx.Err() == nil {
+					wait.Sleep(ctx, 50*time.Millisecond)
+				}
+				continue
+			}
+			acks <- f
+		}
+	})
+	wg.Go(func() { // reads the acknowledgements; the only writer of the counts
+		for f := range acks {
+			select {
+			case <-f.Ok():
+				stored++
+			case err := <-f.Err():
 				switch {
-				case err == nil:
-					stored++
-				case ctx.Err() != nil:
 				case strings.Contains(err.Error(), "insufficient resources"):
 					if ended == "" {
 						ended = fmt.Sprintf("refused after %s: %v", time.Since(began).Round(time.Millisecond), err)
 					}
 					cancel()
-				default:
+				case ctx.Err() == nil:
 					failed++
 					lastErr = err
 				}
-				mu.Unlock()
 			}
-		})
-	}
+		}
+	})
 	return func() string {
 		cancel()
 		wg.Wait()
@@ -923,4 +938,79 @@ func durableGet(nc *nats.Conn, js jetstream.JetStream, subject string, body []by
 		}
 		return reply.Data, nil
 	}
+}
+
+// explainLost says, for up to n values lost in durable delivery, what the
+// servers hold of them at the end of the run: whether the stream still
+// holds the value's message (then its consumer skipped it) or not (it was
+// acknowledged, so a region took it and did not apply it, or the servers
+// lost it), with the stream's and the shard consumer's state. Read from
+// the stream's leader, before the servers stop.
+func (r *campaignRun) explainLost(rep campaign.Report, n int) []string {
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := "natshard_msgs_" + campaignType // docs/PROTOCOL.md, Durable delivery
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return []string{fmt.Sprintf("lost values: stream %s: %v", name, err)}
+	}
+	var lines []string
+	if info, err := stream.Info(ctx); err == nil {
+		st := info.State
+		lines = append(lines, fmt.Sprintf("lost values: stream %s holds %d messages, seq %d..%d, %d deleted; %s",
+			name, st.Msgs, st.FirstSeq, st.LastSeq, st.NumDeleted, clusterState(info.Cluster)))
+	}
+	seenShard := map[int]bool{}
+	for _, v := range rep.Violations {
+		if v.Kind != campaign.Lost || n == 0 {
+			continue
+		}
+		n--
+		shard := campaign.Shard(v.Entity, campaignShards)
+		var seq uint64
+		at := strings.LastIndex(v.Why, "stream seq ")
+		if _, err := fmt.Sscanf(v.Why[max(at, 0):], "stream seq %d", &seq); at < 0 || err != nil {
+			lines = append(lines, fmt.Sprintf("  %s value %d (shard %d): no stream sequence (%q)", v.Entity, v.Value, shard, v.Why))
+			continue
+		}
+		held := "not in the stream (acknowledged, or lost by the servers)"
+		if m, err := stream.GetMsg(ctx, seq); err == nil {
+			held = fmt.Sprintf("STILL IN THE STREAM on %s (never acknowledged: its consumer skipped it)", m.Subject)
+		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			held = "unknown: " + err.Error()
+		}
+		lines = append(lines, fmt.Sprintf("  %s value %d (shard %d, stream seq %d, sent at %s): %s",
+			v.Entity, v.Value, shard, seq, v.At.Round(time.Millisecond), held))
+		if seenShard[shard] {
+			continue
+		}
+		seenShard[shard] = true
+		c, err := stream.Consumer(ctx, fmt.Sprintf("shard-%d", shard))
+		if err != nil {
+			lines = append(lines, fmt.Sprintf("    consumer shard-%d: %v", shard, err))
+			continue
+		}
+		ci := c.CachedInfo()
+		lines = append(lines, fmt.Sprintf("    consumer shard-%d (created %s): delivered stream seq %d, ack floor %d, %d pending, %d unacknowledged, %d redelivered; %s",
+			shard, ci.Created.Format("15:04:05.000"), ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered,
+			clusterState(ci.Cluster)))
+	}
+	return lines
+}
+
+// clusterState names a stream's or consumer's leader and lists its
+// replicas: name, whether current, and how far behind.
+func clusterState(c *jetstream.ClusterInfo) string {
+	if c == nil {
+		return "no cluster information"
+	}
+	parts := []string{"leader " + c.Leader}
+	for _, p := range c.Replicas {
+		parts = append(parts, fmt.Sprintf("replica %s (current %v, lag %d)", p.Name, p.Current, p.Lag))
+	}
+	return strings.Join(parts, ", ")
 }
