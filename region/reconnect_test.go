@@ -373,6 +373,97 @@ func TestPausedSourceRidesThroughDisconnect(t *testing.T) {
 	c.logStats()
 }
 
+// TestSourceReconnectsAfterTargetBound (issue 30, found by the fault
+// campaign, core seed 9): a handoff source whose connection is lost (a
+// partition: the server's messages to it vanish with the connection)
+// after the target was bound, and comes back. Before, the source diverted
+// on after the reconnect, appending to the buffer after the gap; the
+// target replayed the buffer, then delivered what it held since its bind,
+// the gap's messages among them: keyed values applied out of order
+// ([... 100 112 101 102 ...]). Now a paused shard whose connection came
+// back buffers nothing more: the buffer ends where the gap began, and the
+// target delivers everything from its bind in order.
+func TestSourceReconnectsAfterTargetBound(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	proxy := natstest.NewProxy(t, c.url[len("nats://"):])
+	var ncA *nats.Conn
+	a := c.addAgent("a", func(cfg *region.Config) {
+		ncA = natstest.Connect(t, proxy.URL())
+		js := natstest.JetStream(t, ncA)
+		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := kvstate.OpenBuffer(context.Background(), js, c.subjects, kvstate.BufferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Conn, cfg.Store, cfg.Buffer = ncA, store, buf
+	})
+	followConn(t, ncA, a)
+	// b's subscriptions come through a proxy of their own, its buffer's
+	// reads straight from the server: direct delivery to b can lag behind
+	// its replay, as on a cluster whose route to b's server is slow.
+	proxyB := natstest.NewProxy(t, c.url[len("nats://"):])
+	b := c.addAgent("b", func(cfg *region.Config) {
+		cfg.Conn = natstest.Connect(t, proxyB.URL())
+	})
+	const shard = 7
+	ids := idsIn("gap", 4, []int{shard})
+	c.allocate("a", shard)
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	c.publishSeqs(ids, 1, 10)
+	natstest.Eventually(t, 30*time.Second, "a to handle 1..10", func() bool {
+		for _, id := range ids {
+			if len(c.rec.seqs(t, id)) < 10 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The move: a pauses, b is bound and holds what arrives while it
+	// waits for the end marker.
+	hs := c.newHandoffs(1)
+	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateHandoff, Region: "a", Incarnation: c.incs["a"], Source: "a", SourceIncarnation: c.incs["a"], Handoff: hs[0]})
+	c.handOff("a", []int{shard}, hs)
+	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "b", Incarnation: c.incs["b"], Source: "a", SourceIncarnation: c.incs["a"], Handoff: hs[0]})
+	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: hs})
+	buffered := a.Stats().Buffered.Load()
+	c.publishSeqs(ids, 11, 20) // diverted by a, held by b
+	natstest.Eventually(t, 30*time.Second, "a to divert 11..20", func() bool { return a.Stats().Buffered.Load() == buffered+uint64(10*len(ids)) })
+
+	// a's link goes dark: 21..30 reach b only; a's copies die with its
+	// connection. Then a reconnects and confirms the move from it.
+	proxy.Freeze()
+	c.publishSeqs(ids, 21, 30)
+	natstest.Eventually(t, 30*time.Second, "b to hold 21..30", func() bool { return b.Stats().Held.Load() >= uint64(20*len(ids)) })
+	proxy.Cut(10 * time.Millisecond)
+	proxy.Thaw()
+	natstest.Eventually(t, 30*time.Second, "a to reconnect and confirm its shards", func() bool {
+		return ncA.Stats().Reconnects > 0 && a.Stats().Confirmed.Load() == 1
+	})
+	if h := a.Held(); !slices.Equal(h, []int{shard}) {
+		t.Fatalf("a holds %v after the confirmation", h)
+	}
+	// After the gap, 31..40 reach a at once and b late. Were a to buffer
+	// them, b would replay them before the 21..30 it holds.
+	proxyB.Freeze()
+	replayed, refused := b.Stats().Replayed.Load(), a.Stats().RefusedAfterGap.Load()
+	c.publishSeqs(ids, 31, 40)
+	natstest.Eventually(t, 30*time.Second, "a to refuse 31..40, or b to replay them", func() bool {
+		return a.Stats().RefusedAfterGap.Load() == refused+uint64(10*len(ids)) || b.Stats().Replayed.Load() >= replayed+uint64(10*len(ids))
+	})
+	proxyB.Thaw()
+	natstest.Eventually(t, 30*time.Second, "b to hold 31..40", func() bool { return b.Stats().Held.Load() >= uint64(30*len(ids)) })
+	c.must("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{shard}, Handoffs: hs})
+	natstest.Eventually(t, 30*time.Second, "the shard live on b", func() bool { return b.Status().Live == 1 })
+	c.publishSeqs(ids, 41, 50)
+	c.expectSeqs(ids, 50)
+	t.Logf("a refused %d arrivals after its reconnect", a.Stats().RefusedAfterGap.Load())
+	c.logStats()
+}
+
 // TestReplayWaitsWhileSuspended (issue 30 B; single owner): a replaying
 // shard delivers nothing while its region is suspended (the coordinator
 // may have given it to another region meanwhile), and replays on from

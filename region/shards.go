@@ -104,6 +104,11 @@ type shardState struct {
 	mode    mode
 	handoff uint64 // hold: the marker being replayed to; divert: the handoff paused for
 
+	// clearing and divert: the connection's reconnections when the shard
+	// paused, and whether it has reconnected since (see divertGap).
+	pausedConn uint64
+	gapped     bool
+
 	arrivals uint64 // messages the subscription delivered to onMessage
 
 	// hold
@@ -199,6 +204,11 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 		a.host.deliver(st.n, id, m)
 		st.mu.Unlock()
 	case modeHold, modeSuspended, modeClearing:
+		if st.mode == modeClearing && a.divertGap(st) {
+			st.mu.Unlock()
+			a.refuseAfterGap(st.n, m)
+			return
+		}
 		if len(st.held) >= a.cfg.MaxHeld {
 			why := "is moving"
 			if st.mode == modeSuspended {
@@ -222,6 +232,11 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 		st.mu.Unlock()
 		a.stats.Held.Add(1)
 	case modeDivert:
+		if a.divertGap(st) {
+			st.mu.Unlock()
+			a.refuseAfterGap(st.n, m)
+			return
+		}
 		// Append keeps the order of its calls; they all come from this
 		// goroutine, under the lock. They name the handoff, which the
 		// coordinator fences if it takes the shard from this region
@@ -233,6 +248,32 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 		st.mu.Unlock()
 		a.notOwned(st.n, m)
 	}
+}
+
+// divertGap reports, st.mu held, whether the connection of paused shard
+// st reconnected since the shard paused. Then what the server sent to the
+// lost connection never arrived, and the buffer must end where that gap
+// began: the shard's next owner holds every arrival from its bind on and
+// delivers them after the buffer, so a message appended after the gap
+// would be delivered before the gap's messages it holds (issue 30, the
+// fault campaign: [... 100 112 101 102 ...]). From then on the shard's
+// arrivals are refused, not buffered; the end marker follows on release
+// as always. nats.go counts the reconnection before it subscribes again
+// on the new connection, so no message of the new connection passes the
+// check (docs/PROTOCOL.md, Riding through a lost connection).
+func (a *Agent) divertGap(st *shardState) bool {
+	if !st.gapped && a.cfg.Conn.Stats().Reconnects != st.pausedConn {
+		st.gapped = true
+		a.log.Warn("a paused shard's connection dropped and came back: what arrives for it is refused, not buffered after the gap (its next owner holds it from its bind)", "shard", st.n, "handoff", st.handoff)
+	}
+	return st.gapped
+}
+
+// refuseAfterGap answers an arrival of a paused shard that divertGap
+// refused.
+func (a *Agent) refuseAfterGap(shard int, m *nats.Msg) {
+	a.stats.RefusedAfterGap.Add(1)
+	a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d is moving and region %s lost its connection since it paused the shard", shard, a.cfg.ID)))
 }
 
 // appendFailed is called by the buffer, from its own goroutine, for a
@@ -342,6 +383,7 @@ func (a *Agent) bind(n int, handoff, life uint64) error {
 func (st *shardState) pause(handoff uint64) {
 	st.mu.Lock()
 	st.mode, st.handoff = modeClearing, handoff
+	st.pausedConn, st.gapped = st.a.cfg.Conn.Stats().Reconnects, false
 	st.cleared = make(chan struct{})
 	st.mu.Unlock()
 	st.a.goDo(st.clear)
