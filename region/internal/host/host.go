@@ -18,7 +18,7 @@ import (
 // Errors answered by the host to requests it cannot give to an entity.
 var (
 	// errShardNotServed answers a message delivered to a shard that is
-	// being stopped (stopShard or stopAll began).
+	// being stopped (StopShard or StopAll began).
 	errShardNotServed = Refused(protocol.RefusedStopping, errors.New("shard not served here"))
 	// errEntityPanicked answers a message whose Factory or Handle call
 	// panicked. The panic value and stack are logged, never sent.
@@ -39,9 +39,9 @@ type Config struct {
 	// Context is the parent of every shard's entity context (see host);
 	// nil means context.Background().
 	Context context.Context
-	// IdleTimeout: passivateIdle stops entities idle this long; 0 means never.
+	// IdleTimeout: PassivateIdle stops entities idle this long; 0 means never.
 	IdleTimeout time.Duration
-	// MaxActive: passivateOverLimit stops the idle entities its policy
+	// MaxActive: PassivateOverLimit stops the idle entities its policy
 	// (Passivation) values least beyond this many; 0 means no limit.
 	MaxActive int
 	// Passivation names the policy of MaxActive (passivation.Names; ""
@@ -55,7 +55,7 @@ type Config struct {
 	// Now is the clock used for idleness; nil means time.Now.
 	Now func() time.Time
 	// Stalls, when set, is the number of stalls the region has handled
-	// (stall.go); with check, it first looks for a stall and handles it.
+	// (region/stall.go); with check, it first looks for a stall and handles it.
 	// A message of core delivery queued before a stall is not handled
 	// after it: its shard may be another region's by then. Called
 	// without the host's locks.
@@ -64,92 +64,18 @@ type Config struct {
 	// that handled the message (or from Deliver for a refused one); nil
 	// drops answers.
 	Conn Publisher
-	// Trace is Config.Trace: called, when set, for each message with
+	// Trace is region.Config.Trace: called, when set, for each message with
 	// headers before the entity's factory and Handle.
 	Trace func(ctx context.Context, m *nats.Msg) (context.Context, func(err error))
 	// Remember, when set, records an entity before a message activates
 	// it (its error fails the activation); Forget is told an entity that
-	// passivated itself (remember.go).
+	// passivated itself (region/remember.go).
 	Remember func(ctx context.Context, shard int, id string) error
 	Forget   func(shard int, id string)
 }
 
-// host holds the entities of one region and runs their messages.
-//
-// # Execution
-//
-// Each entity lives in a cell: a FIFO mailbox (a pooled mailq, nil while
-// the cell is idle), a running flag, the Entity (nil until the Factory
-// made it) and the time of its last activity. deliver appends the message
-// to a running cell's mailbox; an idle cell is marked running and put,
-// with the message, on the host's ready queue (schedule). Workers take
-// cells from the queue (worker, run): a worker creates the entity if
-// needed, takes the cell's whole mailbox as a batch under one lock,
-// handles it one message at a time in deliver order, and goes on until
-// the mailbox is empty (the cell is idle again) or it has handled
-// turnBudget messages (the cell goes back to the end of the queue). A
-// worker that finds the queue empty parks (at most maxIdleWorkers; a
-// worker parked for idleKeep to twice that exits: reap).
-//
-// A Handle may block (I/O), so the workers are not a fixed pool: a worker
-// counts as searching except while it runs a cell or is parked, and
-// whenever a cell is queued with no worker searching, a parked worker is
-// woken or a new one started (the Go scheduler's rule for spinning
-// threads). So a queued cell never waits for a blocked one, and the
-// number of workers follows the number of cells running at once; under
-// load a few workers run many cells' batches, where a goroutine per
-// activation used to be started.
-//
-// So an entity handles one message at a time, different entities run
-// concurrently, and an idle entity costs its cell and map entry, never a
-// goroutine. Mailboxes are unbounded: back-pressure is the driver's
-// business. Each worker reuses one Message for Handle (valid during
-// Handle only, as Message says).
-//
-// # Activation and passivation
-//
-// The Factory is called by the cell's worker on the first message of an
-// incarnation. When it fails (or panics) that message is answered with the
-// error and the next message calls the Factory again; a cell left without
-// entity and without messages is removed at once.
-//
-// passivateIdle stops entities that have been idle for IdleTimeout. The stop
-// is run as part of the entity's serial execution: the cell is marked
-// running, the Stop hook is called with no lock held, then messages that
-// arrived meanwhile are kept and handled by a new incarnation (Factory
-// again); with none the cell is removed. A message that arrives before the
-// Stop hook has begun cancels the passivation instead.
-//
-// # Panics
-//
-// A panic in Factory, Handle or Stop is recovered and logged at error level
-// with its stack; it never kills the process. A request whose Factory or
-// Handle panicked is answered with errEntityPanicked. After a panic in
-// Handle the incarnation is dropped WITHOUT calling its Stop hook (its state
-// can no longer be trusted, and Stop is where entities persist): the next
-// message creates a fresh incarnation with the Factory, which reloads
-// persisted state. A panicking Stop counts as stopped.
-//
-// # Contexts
-//
-// Each shard has a context, the parent's (Config.Context) child: the
-// Factory and Handle of its entities get it. It ends when the shard's
-// entities have all stopped, or at once when abortShard is called (the
-// driver calls it when the shard is dropped or the region fenced or
-// closed: the shard may already be another region's). A handoff leaves it
-// alone until the entities have stopped, so that they finish the messages
-// they were given.
-//
-// # Stopping shards
-//
-// stopShard refuses new deliveries to the shard (errShardNotServed), lets
-// every entity finish the messages already in its mailbox, runs the Stop
-// hooks (at most maxConcurrentStops at a time in the host, each bounded by
-// StopTimeout) and removes the entities. When it is done the shard is
-// forgotten: a later deliver to it (the shard was bound again) starts
-// afresh. A Stop hook that outlives StopTimeout is abandoned (left running
-// in its goroutine) and its entity counts as stopped: a new incarnation may
-// then be created while the old hook still runs.
+// Host holds the entities of one region and runs their messages (see
+// the package doc). Its methods are safe for concurrent use.
 type Host struct {
 	factory     Factory
 	idleTimeout time.Duration
@@ -190,7 +116,7 @@ type Host struct {
 	// sees it change while it runs a batch checks its cell (run).
 	passivateCalls atomic.Uint64
 
-	// Counters of rare events (status.go).
+	// Counters of rare events (counts.go).
 	activations     atomic.Uint64 // entities created by the Factory
 	passivations    atomic.Uint64 // idle entities stopped (for idleness or the limit)
 	overLimit       atomic.Uint64 // of those, stopped because the region held more than MaxActive
@@ -226,10 +152,10 @@ type shardEntities struct {
 	mu      sync.Mutex
 	cells   map[string]*cell
 	peak    int           // largest len(cells) since the map was last rebuilt
-	closing bool          // stopShard began: deliveries are refused
+	closing bool          // StopShard began: deliveries are refused
 	drained chan struct{} // closed when closing and cells is empty
 	// counts: the messages queued for the shard's entities and those
-	// they finished (see status.go and load.go), under the lock that
+	// they finished (counts.go), under the lock that
 	// deliveries and each entity's worker take anyway.
 	counts msgCounts
 	// forgotten: the remembered entities that passivated themselves
@@ -247,11 +173,11 @@ type shardEntities struct {
 	// timers: the timers of the active entities that armed one
 	// (timers.go); nil until one did, an entry removed with its cell.
 	timers map[*cell]*entityTimers
-	// evicting: the cells evict is waiting for (nil: none).
+	// evicting: the cells Evict is waiting for (nil: none).
 	evicting *eviction
 }
 
-// eviction counts the cells an evict waits for; done is closed when the
+// eviction counts the cells an Evict waits for; done is closed when the
 // last is removed.
 type eviction struct {
 	left int
@@ -275,7 +201,7 @@ type cell struct {
 	stop       uint8
 	passivate  bool // the entity asked to stop once its message is handled
 	remembered bool // Config.Remember recorded the entity
-	evict      bool // the entity stops once its mailbox is empty, and its cell goes (evict)
+	evict      bool // the entity stops once its mailbox is empty, and its cell goes (Evict)
 	// lim is the entity's entry in the limit's policy; nil without
 	// MaxActive. (The cell is 48 bytes with it.)
 	lim *limitEntry
@@ -356,7 +282,7 @@ type durableMsg struct {
 	done func()
 }
 
-// deliver queues m for entity id of shard and makes sure a worker runs
+// Deliver queues m for entity id of shard and makes sure a worker runs
 // the entity. It never waits for an entity. A shard being stopped refuses
 // the message: a request is answered with errShardNotServed.
 func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
@@ -393,7 +319,6 @@ func (h *Host) enqueue(shard int, id string, e envelope) {
 		}
 		return
 	}
-	se.counts.delivered++
 	c, key := se.cells[id], id
 	if c == nil {
 		// Clone: id may point into a larger buffer (the subject).
@@ -404,11 +329,20 @@ func (h *Host) enqueue(shard int, id string, e envelope) {
 			se.peak = len(se.cells)
 		}
 	}
+	h.queueLocked(se, c, key, e)
+}
+
+// queueLocked queues e for cell c of entity id (se.mu held; it unlocks
+// it): in the mailbox of a running cell; with an idle cell, made ready,
+// to the scheduler. A message cancels a passivation whose Stop has not
+// begun.
+func (h *Host) queueLocked(se *shardEntities, c *cell, id string, e envelope) {
+	se.counts.delivered++
 	if h.limit != nil {
 		// An entity chosen to be passivated has its entry detached: a
 		// message that cancels the passivation (queued), or goes to the
 		// next incarnation (running), adds it again at once.
-		h.touchLimit(se, c, key, c.stop != stopNone)
+		h.touchLimit(se, c, id, c.stop != stopNone)
 	}
 	if c.stop == stopQueued {
 		c.stop = stopNone // cancel a passivation whose Stop has not begun
@@ -423,10 +357,10 @@ func (h *Host) enqueue(shard int, id string, e envelope) {
 	// mailbox stays empty (no allocation) unless more come meanwhile.
 	c.running = true
 	se.mu.Unlock()
-	h.schedule(task{se: se, c: c, id: key, first: e})
+	h.schedule(task{se: se, c: c, id: id, first: e})
 }
 
-// start activates entity id of shard without a message (a remembered
+// Start activates entity id of shard without a message (a remembered
 // entity), unless the shard is being stopped or the entity has a cell
 // already (it is active, or messages are on their way to it). It reports
 // whether it started one.
@@ -450,7 +384,7 @@ func (h *Host) Start(shard int, id string) bool {
 	return true
 }
 
-// restartsDone: the restart of shard's remembered entities ended; the
+// RestartsDone: the restart of shard's remembered entities ended; the
 // entities that passivate themselves from now on need not be kept.
 func (h *Host) RestartsDone(shard int) {
 	se := h.lookup(shard)
@@ -461,7 +395,7 @@ func (h *Host) RestartsDone(shard int) {
 	}
 }
 
-// passivate asks entity id of shard to stop once the message it handles
+// Passivate asks entity id of shard to stop once the message it handles
 // is done; the messages queued after it go to a new incarnation.
 func (h *Host) Passivate(shard int, id string) {
 	se := h.lookup(shard)
@@ -495,7 +429,7 @@ func (h *Host) shardFor(shard int) *shardEntities {
 	return se
 }
 
-// abortShard ends the context of shard's entities at once (see host). The
+// AbortShard ends the context of shard's entities at once (see host). The
 // shard's stop is the caller's business.
 func (h *Host) AbortShard(shard int) {
 	se := h.lookup(shard)
@@ -538,7 +472,7 @@ func (h *Host) removeLocked(se *shardEntities, id string, c *cell) {
 
 // drainedLocked completes the stop of se's shard when se (locked) is
 // closing and holds no cell any more: the host forgets the shard, then se.drained is
-// closed, so that a deliver after stopShard returned starts the shard
+// closed, so that a Deliver after StopShard returned starts the shard
 // afresh. (Taking h.mu under se.mu follows the lock order.)
 func (h *Host) drainedLocked(se *shardEntities) {
 	if !se.closing || len(se.cells) > 0 {

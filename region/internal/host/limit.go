@@ -14,7 +14,7 @@ const touchBatch = 32
 // entry may be detached: an entry detached for a passivation that did not
 // happen, because a message cancelled it, is added again as a newly
 // activated entity). Other touches wait in se.touches, touchBatch at a
-// time: passivateOverLimit gives them to the policy before it asks it for
+// time: PassivateOverLimit gives them to the policy before it asks it for
 // entities to passivate, so that it decides on every message so far; the
 // cost is the order among shards' touches, by shard rather than by time,
 // within one check (limitEvery). A cell being stopped (c.stop) may have
@@ -56,7 +56,7 @@ func (h *Host) flushTouchesLocked(se *shardEntities) {
 	se.touches = se.touches[:0]
 }
 
-// passivateOverLimit starts stopping the idle entities (empty mailbox, not
+// PassivateOverLimit starts stopping the idle entities (empty mailbox, not
 // running) that the limit's policy values least, until the
 // policy holds no more than MaxActive, and returns how many it started.
 // The entities being stopped for the limit are detached from the policy,
@@ -65,7 +65,7 @@ func (h *Host) flushTouchesLocked(se *shardEntities) {
 // holds more than MaxActive while more than MaxActive are busy. A message
 // that arrives before the Stop hook has begun cancels the passivation (the
 // entity was used again, and rejoins the policy as newly activated). It
-// does nothing when MaxActive is 0. The driver calls it often: under the
+// does nothing when MaxActive is 0. The region calls it often: under the
 // limit it costs a lock of each shard (to flush its touches) and one of
 // the policy; over it, a lock of a shard per entity chosen.
 func (h *Host) PassivateOverLimit() int {

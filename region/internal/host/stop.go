@@ -119,10 +119,10 @@ func (h *Host) stopCell(it stopItem) {
 	se.mu.Unlock()
 }
 
-// passivateIdle starts stopping every entity that has been idle for at
+// PassivateIdle starts stopping every entity that has been idle for at
 // least IdleTimeout (empty mailbox, not running) and returns how
 // many it started. The Stop hooks run in the background; see host. It does
-// nothing when IdleTimeout is 0. The driver calls it periodically.
+// nothing when IdleTimeout is 0. The region calls it periodically.
 func (h *Host) PassivateIdle() int {
 	if h.idleTimeout <= 0 {
 		return 0
@@ -188,7 +188,7 @@ func (h *Host) beginStop(se *shardEntities, items []stopItem) (<-chan struct{}, 
 	return drained, items
 }
 
-// evict stops the entities of shard whose id leaves says are no longer
+// Evict stops the entities of shard whose id leaves says are no longer
 // its own (a split gave them to a child: docs/PROTOCOL.md, Resharding) and
 // removes their cells: an idle one at once, one with messages queued once
 // it has handled them (nothing more is delivered to them: the region
@@ -228,11 +228,11 @@ func (h *Host) Evict(shard int, leaves func(id string) bool) <-chan struct{} {
 	return done
 }
 
-// stopShard stops every entity of shard: from now on deliveries to it are
+// StopShard stops every entity of shard: from now on deliveries to it are
 // refused, messages already queued are handled, then the Stop hooks run and
 // the entities are removed. It returns when all are stopped, or with ctx's
 // error when ctx ends first (the stops then go on in the background). The
-// driver unsubscribes the shard before calling it.
+// region unsubscribes the shard before calling it.
 func (h *Host) StopShard(ctx context.Context, shard int) error {
 	se := h.lookup(shard)
 	if se == nil {
@@ -248,7 +248,7 @@ func (h *Host) StopShard(ctx context.Context, shard int) error {
 	}
 }
 
-// stopAll stops every shard the host holds, as stopShard does, all at once.
+// StopAll stops every shard the host holds, as StopShard does, all at once.
 func (h *Host) StopAll(ctx context.Context) error {
 	var (
 		items  []stopItem
@@ -273,7 +273,7 @@ func (h *Host) StopAll(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// passivateNow starts stopping entity id of shard as an idle passivation
+// PassivateNow starts stopping entity id of shard as an idle passivation
 // does (its Stop hook runs; it is not forgotten when remembered), if it
 // is active here and idle. It reports whether the entity is held
 // (active, being created or stopped) and whether its stop was started:

@@ -63,7 +63,7 @@ type timerFire struct {
 	gen  uint64
 }
 
-// startTimer arms entity id's timer name: after d (and, when periodic,
+// StartTimer arms entity id's timer name: after d (and, when periodic,
 // every d after each message was handled: a fixed delay, so that a slow
 // entity never gets a pile of them), the entity gets data with
 // Message.Timer() == name. A timer of that name already armed is
@@ -134,7 +134,7 @@ func (h *Host) timersOf(shard int, id string) (*shardEntities, *cell, *entityTim
 	return se, c, se.timers[c]
 }
 
-// cancelTimer cancels entity id's timer name and reports whether it was
+// CancelTimer cancels entity id's timer name and reports whether it was
 // armed (or its message queued).
 func (h *Host) CancelTimer(shard int, id, name string) bool {
 	se, c, ts := h.timersOf(shard, id)
@@ -153,7 +153,7 @@ func (h *Host) CancelTimer(shard int, id, name string) bool {
 	return true
 }
 
-// timerActive reports whether entity id's timer name is armed or its
+// TimerActive reports whether entity id's timer name is armed or its
 // message queued.
 func (h *Host) TimerActive(shard int, id, name string) bool {
 	se, _, ts := h.timersOf(shard, id)
@@ -226,22 +226,7 @@ func (h *Host) fireTimer(se *shardEntities, c *cell, id string, et *entityTimer,
 	if h.stalls != nil {
 		e.stalls = h.stalls(false)
 	}
-	se.counts.delivered++
-	if h.limit != nil {
-		h.touchLimit(se, c, id, c.stop != stopNone)
-	}
-	if c.stop == stopQueued {
-		c.stop = stopNone // a timer's message cancels a passivation, as any message
-	}
-	if c.running {
-		mb := c.box()
-		mb.q = append(mb.q, e)
-		se.mu.Unlock()
-		return
-	}
-	c.running = true
-	se.mu.Unlock()
-	h.schedule(task{se: se, c: c, id: id, first: e})
+	h.queueLocked(se, c, id, e)
 }
 
 // takeTimer is called by the entity's worker before it gives a timer's
@@ -273,7 +258,7 @@ func (h *Host) takeTimer(se *shardEntities, c *cell, id string, f *timerFire) bo
 }
 
 // Timer is the name of the entity's timer that sent the message (see
-// Agent.StartTimer), "" for any other message. A timer's message has no
+// region.Agent.StartTimer), "" for any other message. A timer's message has no
 // subject, reply or header; its Data is the data the timer was started
 // with (shared by each of its messages: do not modify it).
 func (m *Message) Timer() string { return m.timer }
