@@ -54,12 +54,6 @@ func (m *memoryRemember) RememberedEntities(_ context.Context, shard int) ([]str
 	return ids, nil
 }
 
-func (m *memoryRemember) log() []kvstate.EntityRecord {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.writes)
-}
-
 // TestPacer: restarts go at the rate, after a burst of restartBurst's
 // worth; a pause lets a new burst go, never more.
 func TestPacer(t *testing.T) {

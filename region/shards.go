@@ -32,7 +32,7 @@ import (
 // take any mode back to (none) at once, without end marker; so does a
 // confirmation after a reconnect that finds the shard given to another
 // region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
-// the entity host: the mode changes under the shard's lock, and every
+// the entity runtime (internal/host): the mode changes under the shard's lock, and every
 // delivery happens under it.
 type mode uint8
 
@@ -91,7 +91,8 @@ func (m mode) String() string {
 // modeGone for ever, so the callbacks of a shard's earlier life can tell
 // that they are stale.
 //
-// Lock order: Agent.mu, then shardState.mu, then the host's locks.
+// Lock order: Agent.mu, then shardState.mu, then the entity runtime's
+// locks (internal/host).
 type shardState struct {
 	a     *Agent
 	n     int

@@ -57,8 +57,9 @@ type Config struct {
 	// Stalls, when set, is the number of stalls the region has handled
 	// (region/stall.go); with check, it first looks for a stall and handles it.
 	// A message of core delivery queued before a stall is not handled
-	// after it: its shard may be another region's by then. Called
-	// without the host's locks.
+	// after it: its shard may be another region's by then. With check
+	// it is called without the host's locks; without, maybe under a
+	// shard's mutex (a timer's message), so it must only read a count.
 	Stalls func(check bool) uint64
 	// Conn sends the answers to requests (Answer), from the goroutine
 	// that handled the message (or from Deliver for a refused one); nil
