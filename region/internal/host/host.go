@@ -36,7 +36,8 @@ const maxConcurrentStops = 64
 type Config struct {
 	// Factory creates entities. Required.
 	Factory Factory
-	// Context is the parent of every shard's entity context (see host);
+	// Context is the parent of every shard's entity context (package doc,
+	// Contexts);
 	// nil means context.Background().
 	Context context.Context
 	// IdleTimeout: PassivateIdle stops entities idle this long; 0 means never.
@@ -46,7 +47,7 @@ type Config struct {
 	MaxActive int
 	// Passivation names the policy of MaxActive (passivation.Names; ""
 	// is passivation.Default, W-TinyLFU). An unknown name is logged and
-	// the default used (Open refuses it first).
+	// the default used (region.Open refuses it first).
 	Passivation string
 	// StopTimeout bounds each Stop call; 0 means defaultStopTimeout.
 	StopTimeout time.Duration
