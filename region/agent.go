@@ -19,6 +19,7 @@ import (
 	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host"
 )
 
 // Defaults of Config.
@@ -136,7 +137,7 @@ type Agent struct {
 	// traceMsgs: the logger takes debug lines, so the replay logs each
 	// message it delivers or skips (checked once: they are many).
 	traceMsgs bool
-	host      *host
+	host      *host.Host
 
 	// ctx lives until Close; the background work (replays, releases,
 	// answers that wait) ends with it.
@@ -303,7 +304,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	if maxActive < 0 || cfg.Remember != nil {
 		maxActive = 0
 	}
-	hc := hostConfig{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Passivation: cfg.PassivationPolicy, Logger: a.log, Reply: a.reply, Trace: cfg.Trace}
+	hc := host.Config{Factory: cfg.Factory, Context: a.ctx, IdleTimeout: idle, MaxActive: maxActive, Passivation: cfg.PassivationPolicy, Logger: a.log, Conn: cfg.Conn, Trace: cfg.Trace}
 	if cfg.StallLimit >= 0 {
 		hc.Stalls = a.stallCount
 	}
@@ -316,7 +317,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		a.recorder = newEntityRecorder(a, cfg.Remember)
 		hc.Remember, hc.Forget = a.recorder.remember, a.recorder.forget
 	}
-	a.host = newHost(hc)
+	a.host = host.New(hc)
 	err := a.register(ctx)
 	for try := 1; errors.Is(err, errLateAck) && try < 3; try++ {
 		err = a.register(ctx)
@@ -388,7 +389,7 @@ func (a *Agent) Held() []int {
 func (a *Agent) Stats() *Stats { return &a.stats }
 
 // Active returns how many entities the region holds.
-func (a *Agent) Active() int { return a.host.active() }
+func (a *Agent) Active() int { return a.host.Active() }
 
 // register writes a new registration with a new incarnation. A region
 // starts every incarnation holding no shard.
@@ -565,12 +566,12 @@ const limitEvery = 100 * time.Millisecond
 func (a *Agent) passivationLoop(ctx context.Context) {
 	defer a.wg.Done()
 	var idle, limit <-chan time.Time
-	if a.host.idleTimeout > 0 {
-		t := time.NewTicker(min(max(a.host.idleTimeout/10, 100*time.Millisecond), 10*time.Second))
+	if a.host.IdleTimeout() > 0 {
+		t := time.NewTicker(min(max(a.host.IdleTimeout()/10, 100*time.Millisecond), 10*time.Second))
 		defer t.Stop()
 		idle = t.C
 	}
-	if a.host.maxActive > 0 {
+	if a.host.MaxActive() > 0 {
 		t := time.NewTicker(limitEvery)
 		defer t.Stop()
 		limit = t.C
@@ -583,12 +584,12 @@ func (a *Agent) passivationLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-idle:
-			if n := a.host.passivateIdle(); n > 0 {
+			if n := a.host.PassivateIdle(); n > 0 {
 				a.log.Debug("passivated idle entities", "count", n)
 			}
 		case <-limit:
-			if n := a.host.passivateOverLimit(); n > 0 {
-				a.log.Debug("passivated entities beyond the limit", "count", n, "max_active", a.host.maxActive, "policy", cmp.Or(a.cfg.PassivationPolicy, passivation.Default))
+			if n := a.host.PassivateOverLimit(); n > 0 {
+				a.log.Debug("passivated entities beyond the limit", "count", n, "max_active", a.host.MaxActive(), "policy", cmp.Or(a.cfg.PassivationPolicy, passivation.Default))
 			}
 		}
 	}
@@ -811,7 +812,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	a.post(stopLoop{})
 	<-a.loopDone
 	a.cancel()
-	err := a.host.stopAll(ctx)
+	err := a.host.StopAll(ctx)
 	if a.recorder != nil {
 		a.recorder.stop() // after the entities' forgets
 	}

@@ -27,7 +27,13 @@
 // Entities are created on their first message by a Factory, handle their
 // messages one at a time in arrival order, run concurrently with each other
 // and are passivated when idle. An idle entity costs a map entry and a small
-// struct: no goroutine lives for it.
+// struct: no goroutine lives for it. That is the entity runtime, the package
+// internal/host below this one (mailboxes, workers, passivation, the
+// active-entity limit, timers, the answers kept for keyed messages): the
+// data plane hands each message over in one call (Host.Deliver, under the
+// shard's lock) and the runtime answers the request itself through the
+// connection, to the message's reply subject. Entity, Message and the
+// other types an entity sees are that package's, named here by aliases.
 //
 // # Handoff
 //

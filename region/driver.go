@@ -246,7 +246,7 @@ func (a *Agent) unbind(act Unbind) {
 	}
 	// The shard may be another region's already: what its entities are
 	// doing is cut short (their context ends), then they stop.
-	a.host.abortShard(act.Shard)
+	a.host.AbortShard(act.Shard)
 	a.stopEntities(act.Shard, act.Life, nil)
 }
 
@@ -292,7 +292,7 @@ func (a *Agent) stopEntities(n int, life uint64, paused intake) <-chan struct{} 
 		a.goDo(func() {
 			// Not bounded by a context: every stop hook is (StopTimeout),
 			// so the shard drains; and ch must mean "stopped".
-			if err := a.host.stopShard(context.Background(), n); err != nil {
+			if err := a.host.StopShard(context.Background(), n); err != nil {
 				a.log.Warn("stopping a shard's entities", "shard", n, "err", err)
 			}
 			a.mu.Lock()

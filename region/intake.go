@@ -477,7 +477,7 @@ func (ss *streamShard) deliver(m jetstream.Msg) {
 	ss.ackMu.Lock()
 	gen := ss.gen
 	ss.ackMu.Unlock()
-	a.host.deliverDurable(ss.n, id, msg, &durableMsg{seq: md.Sequence.Stream, done: func() { ss.handled(m, gen) }})
+	a.host.DeliverDurable(ss.n, id, msg, md.Sequence.Stream, func() { ss.handled(m, gen) })
 }
 
 // handled acknowledges the message that was handled before m and keeps m:

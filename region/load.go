@@ -86,26 +86,14 @@ func (lm *loadMeter) rate(shard int) (float64, bool) {
 // region holds: the meter forgets the others) and returns their loads
 // and whether each rate is measured.
 func (a *Agent) loads(held []int) ([]protocol.ShardLoad, []bool) {
-	a.meter.sample(time.Now(), held, func(sh int) uint64 { n, _ := a.host.shardLoad(sh); return n })
+	a.meter.sample(time.Now(), held, func(sh int) uint64 { n, _ := a.host.ShardLoad(sh); return n })
 	loads := make([]protocol.ShardLoad, len(held))
 	measured := make([]bool, len(held))
 	for i, sh := range held {
-		_, entities := a.host.shardLoad(sh)
+		_, entities := a.host.ShardLoad(sh)
 		rate, ok := a.meter.rate(sh)
 		loads[i] = protocol.ShardLoad{Shard: sh, Rate: rate, Entities: entities}
 		measured[i] = ok
 	}
 	return loads, measured
-}
-
-// shardLoad returns how many messages the host queued for shard since it
-// began holding it, and how many entities it holds for it.
-func (h *host) shardLoad(shard int) (delivered uint64, entities int) {
-	se := h.lookup(shard)
-	if se == nil {
-		return 0, 0
-	}
-	se.mu.Lock()
-	defer se.mu.Unlock()
-	return se.counts.delivered, len(se.cells)
 }

@@ -69,7 +69,7 @@ func (a *Agent) query(body []byte) (protocol.QueryAnswer, error) {
 		rate := math.Round(loads[i].Rate*1000) / 1000
 		r := protocol.ShardReport{Shard: sh, Mode: modes[sh].String(), Entities: loads[i].Entities, MessagesPerSecond: rate}
 		if req.Entities {
-			ids := a.host.shardEntities(sh)
+			ids := a.host.Entities(sh)
 			r.Entities = len(ids)
 			for _, id := range ids {
 				quoted, _ := json.Marshal(id)

@@ -200,7 +200,7 @@ func (p *pacer) wait(ctx context.Context) bool {
 // in its life life, at the region's rate, until they are all started or
 // the shard is no longer live here.
 func (a *Agent) restartRemembered(n int, life uint64) {
-	defer a.host.restartsDone(n)
+	defer a.host.RestartsDone(n)
 	began := time.Now()
 	var ids []string
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
@@ -272,7 +272,7 @@ func (a *Agent) startRemembered(n int, life uint64, id string) bool {
 	if st == nil || st.life() != life || a.modes[n] != modeLive {
 		return false
 	}
-	if a.host.start(n, id) {
+	if a.host.Start(n, id) {
 		a.stats.Restarted.Add(1)
 	}
 	return true
@@ -283,4 +283,4 @@ func (a *Agent) startRemembered(n int, life uint64, id string) bool {
 // and, with Config.Remember, forgets it: it is not started again after a
 // move. The messages queued after it, and those that come later, go to a
 // new incarnation (Akka's Passivate).
-func (a *Agent) Passivate(shard int, id string) { a.host.passivate(shard, id) }
+func (a *Agent) Passivate(shard int, id string) { a.host.Passivate(shard, id) }

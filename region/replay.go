@@ -148,7 +148,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		}
 	}
 	a.trace(st, "replayed", key)
-	a.host.deliver(st.n, id, m)
+	a.host.Deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 }
@@ -208,7 +208,7 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 			st.seen[key] = struct{}{}
 		}
 		a.trace(st, "held message delivered", key)
-		a.host.deliver(st.n, h.id, h.m)
+		a.host.Deliver(st.n, h.id, h.m)
 	}
 	st.heldNext = upTo
 }

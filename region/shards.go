@@ -11,6 +11,7 @@ import (
 	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host"
 )
 
 // mode is what a held shard does with the messages that arrive for it.
@@ -31,7 +32,7 @@ import (
 // take any mode back to (none) at once, without end marker; so does a
 // confirmation after a reconnect that finds the shard given to another
 // region (see Agent.Suspend). Once a shard has left live (or hold), no message of it reaches
-// the entity host: the mode changes under the shard's lock, and every
+// the entity runtime (internal/host): the mode changes under the shard's lock, and every
 // delivery happens under it.
 type mode uint8
 
@@ -90,7 +91,8 @@ func (m mode) String() string {
 // modeGone for ever, so the callbacks of a shard's earlier life can tell
 // that they are stale.
 //
-// Lock order: Agent.mu, then shardState.mu, then the host's locks.
+// Lock order: Agent.mu, then shardState.mu, then the entity runtime's
+// locks (internal/host).
 type shardState struct {
 	a     *Agent
 	n     int
@@ -201,7 +203,7 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 			a.stats.DuplicatesSkipped.Add(1)
 			return
 		}
-		a.host.deliver(st.n, id, m)
+		a.host.Deliver(st.n, id, m)
 		st.mu.Unlock()
 	case modeHold, modeSuspended, modeClearing:
 		if st.mode == modeClearing && a.divertGap(st) {
@@ -312,40 +314,14 @@ func (a *Agent) notOwned(shard int, m *nats.Msg) {
 // refusal's reason the Natshard-Refused header. Plain publishes get no
 // answer.
 func (a *Agent) reply(m *nats.Msg, data []byte, err error) {
-	if m.Reply == "" {
-		return
+	if tooLarge := host.Answer(a.cfg.Conn, m, data, err); tooLarge != nil {
+		a.limit.log(a.log, "answer-too-large", "an answer was too large to send", "subject", m.Subject, "err", tooLarge)
 	}
-	if err == nil {
-		err = a.cfg.Conn.Publish(m.Reply, data)
-		if !errors.Is(err, nats.ErrMaxPayload) {
-			return
-		}
-		// Too large to send: say so instead of leaving the requester to
-		// time out.
-		err = fmt.Errorf("answer of %d bytes exceeds the NATS max_payload of %d bytes", len(data), a.cfg.Conn.MaxPayload())
-		a.limit.log(a.log, "answer-too-large", "an answer was too large to send", "subject", m.Subject, "err", err)
-		data = nil
-	}
-	var rf *refusal
-	reason := ""
-	if errors.As(err, &rf) {
-		reason = rf.reason
-	}
-	_ = a.cfg.Conn.PublishMsg(protocol.RefusedReply(m.Reply, reason, data, err))
 }
 
-// refusal is the error of a message that no entity handled; reason is
-// one of protocol's Refused* values. Sending such a message again is safe
-// (but for a malformed one, useless).
-type refusal struct {
-	reason string
-	err    error
-}
-
-func refused(reason string, err error) error { return &refusal{reason: reason, err: err} }
-
-func (r *refusal) Error() string { return r.err.Error() }
-func (r *refusal) Unwrap() error { return r.err }
+// refused is host.Refused: err, answered with reason (one of protocol's
+// Refused* values) in the Natshard-Refused header.
+var refused = host.Refused
 
 // bind subscribes to shard n and starts replaying its buffer up to
 // marker handoff, in a goroutine that reports CaughtUp. Arrivals are held

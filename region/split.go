@@ -213,7 +213,7 @@ func (a *Agent) splitShards(act SplitShards) {
 	}
 	evictions := make([]<-chan struct{}, len(parents))
 	for i, p := range parents {
-		evictions[i] = a.host.evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
+		evictions[i] = a.host.Evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
 	}
 	a.goDo(func() { a.childrenLive(evictions, kids) })
 	a.goDo(func() {

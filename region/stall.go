@@ -94,7 +94,7 @@ func (a *Agent) stallWatch(ctx context.Context) {
 
 // stallCount returns the number of stalls the region handled; with check,
 // it first looks for one (a stall, or the registration deadline passed)
-// and handles it (hostConfig.Stalls). Called without locks.
+// and handles it (host.Config.Stalls).
 func (a *Agent) stallCount(check bool) uint64 {
 	if check {
 		if now, gap, stalled := a.clock.check(); stalled {

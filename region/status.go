@@ -1,8 +1,9 @@
 package region
 
 import (
-	"slices"
 	"time"
+
+	"github.com/natshard/natshard/region/internal/host"
 )
 
 // What an Agent tells health checks, metrics and traces (package
@@ -51,61 +52,11 @@ func (a *Agent) Status() Status {
 	return st
 }
 
-// EntityCounts are the entity host's counters, since the agent opened.
-type EntityCounts struct {
-	Active       int    // entities held (created, being created or stopped)
-	Activations  uint64 // entities created by the Factory
-	Passivations uint64 // idle entities stopped (IdleTimeout or MaxActive)
-	OverLimit    uint64 // of those, stopped because the region held more than MaxActive
-	// Delivered: messages handed to entities (live, replayed or held;
-	// not those refused because their shard was being stopped).
-	Delivered uint64
-	// Handled: messages whose handling ended (Handle returned or
-	// panicked, or the entity could not be created); Failed: of those,
-	// the ones answered with an error.
-	Handled, Failed uint64
-	// RefusedStopping: messages refused because their shard's entities
-	// were being stopped (the shard was leaving).
-	RefusedStopping uint64
-}
+// EntityCounts are the entity runtime's counters, since the agent opened.
+type EntityCounts = host.Counts
 
-// EntityCounts returns the entity host's counters.
-func (a *Agent) EntityCounts() EntityCounts {
-	h := a.host
-	c := h.counts()
-	return EntityCounts{
-		Active: h.active(), Activations: h.activations.Load(), Passivations: h.passivations.Load(), OverLimit: h.overLimit.Load(),
-		Delivered: c.delivered, Handled: c.handled, Failed: c.failed, RefusedStopping: h.refusedStopping.Load(),
-	}
-}
-
-// msgCounts count the messages queued for a shard's entities and those
-// they handled; each shard keeps its own under its lock, and the host
-// keeps those of the shards it forgot. (A count shared by the shards, an
-// atomic, was a cache line that every message moved from core to core.)
-type msgCounts struct{ delivered, handled, failed uint64 }
-
-func (c *msgCounts) add(d msgCounts) {
-	c.delivered += d.delivered
-	c.handled += d.handled
-	c.failed += d.failed
-}
-
-// counts sums the counts of the shards held and of those forgotten. A
-// shard is either held or counted in h.gone (drainedLocked moves it
-// under h.mu), and its count only grows, so the sum never goes down
-// from one call to the next.
-func (h *host) counts() msgCounts {
-	h.mu.RLock()
-	total, held := h.gone, slices.Collect(h.table.each())
-	h.mu.RUnlock()
-	for _, se := range held {
-		se.mu.Lock()
-		total.add(se.counts)
-		se.mu.Unlock()
-	}
-	return total
-}
+// EntityCounts returns the entity runtime's counters.
+func (a *Agent) EntityCounts() EntityCounts { return a.host.Counts() }
 
 // Step is a handoff step as this region saw it, reported to
 // Config.OnStep once it ended.

@@ -1,4 +1,4 @@
-package region
+package host
 
 import (
 	"context"
@@ -39,16 +39,16 @@ func TestHostCounts(t *testing.T) {
 	}
 	clock := newFakeClock()
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
+	h := newTestHost(t, f.factory, rec, func(c *Config) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
 	// Shard 0: a's first activation fails, then 3 messages, one failing;
 	// b panics (its incarnation is dropped), then handles one more.
 	for _, m := range []*nats.Msg{req("a", "x"), req("a", "ok"), req("a", "fail"), req("a", "ok"), req("b", "panic"), req("b", "ok")} {
-		h.deliver(0, m.Subject[len("shard.t.0."):], m)
+		h.Deliver(0, m.Subject[len("shard.t.0."):], m)
 		rec.next(t)
 	}
 	natstest.Eventually(t, 5*time.Second, "quiet", func() bool { return quiet(h) })
 	want := msgCounts{delivered: 6, handled: 6, failed: 3}
-	if got := h.counts(); got != want {
+	if got := h.msgCounts(); got != want {
 		t.Fatalf("counts %+v, want %+v", got, want)
 	}
 	if got := h.activations.Load(); got != 3 { // a (second try), b, b after the panic
@@ -56,24 +56,24 @@ func TestHostCounts(t *testing.T) {
 	}
 	// Passivation of both.
 	clock.Advance(2 * time.Minute)
-	if n := h.passivateIdle(); n != 2 {
+	if n := h.PassivateIdle(); n != 2 {
 		t.Fatalf("passivateIdle started %d stops, want 2", n)
 	}
 	natstest.Eventually(t, 5*time.Second, "passivations", func() bool { return h.passivations.Load() == 2 })
 	// Shard 1: one message, then the shard stops: its counts move to the
 	// host's, and a delivery to it meanwhile is refused and counted.
-	h.deliver(1, "c", req("c", "ok"))
+	h.Deliver(1, "c", req("c", "ok"))
 	rec.next(t)
-	h.deliver(1, "c", req("c", "slow"))
+	h.Deliver(1, "c", req("c", "slow"))
 	done := make(chan error, 1)
-	go func() { done <- h.stopShard(context.Background(), 1) }()
+	go func() { done <- h.StopShard(context.Background(), 1) }()
 	natstest.Eventually(t, 5*time.Second, "the shard closing", func() bool {
 		se := h.lookup(1)
 		se.mu.Lock()
 		defer se.mu.Unlock()
 		return se.closing
 	})
-	h.deliver(1, "c", req("c", "refused"))
+	h.Deliver(1, "c", req("c", "refused"))
 	if r := rec.next(t); !errors.Is(r.err, errShardNotServed) {
 		t.Fatalf("delivery to a stopping shard answered %+v", r)
 	}
@@ -83,7 +83,7 @@ func TestHostCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = msgCounts{delivered: 8, handled: 8, failed: 3} // the refused message is not delivered
-	if got := h.counts(); got != want {
+	if got := h.msgCounts(); got != want {
 		t.Fatalf("after the shard's stop: counts %+v, want %+v", got, want)
 	}
 	if got := h.refusedStopping.Load(); got != 1 {
@@ -111,16 +111,16 @@ func TestHostCountsNeverGoDown(t *testing.T) {
 				return
 			default:
 			}
-			h.deliver(i%4, "e", pub("e", "x"))
+			h.Deliver(i%4, "e", pub("e", "x"))
 			if i%500 == 0 {
-				_ = h.stopShard(context.Background(), i%4)
+				_ = h.StopShard(context.Background(), i%4)
 				stopped.Add(1)
 			}
 		}
 	})
 	var last msgCounts
 	for reads := 0; stopped.Load() < 20 || reads < 100; reads++ {
-		c := h.counts()
+		c := h.msgCounts()
 		if c.handled < last.handled || c.delivered < last.delivered {
 			close(stop)
 			wg.Wait()
@@ -160,7 +160,7 @@ func TestHostTrace(t *testing.T) {
 		}}, nil
 	}
 	rec := newRecorder()
-	h := newTestHost(t, factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, factory, rec, func(c *Config) {
 		c.Trace = func(ctx context.Context, m *nats.Msg) (context.Context, func(error)) {
 			return context.WithValue(ctx, key{}, m.Header.Get("traceparent")), func(err error) {
 				mu.Lock()
@@ -174,11 +174,11 @@ func TestHostTrace(t *testing.T) {
 		m.Header = nats.Header{"traceparent": []string{tp}}
 		return m
 	}
-	h.deliver(0, "a", traced("one", "tp1"))
+	h.Deliver(0, "a", traced("one", "tp1"))
 	rec.next(t)
-	h.deliver(0, "a", req("a", "plain"))
+	h.Deliver(0, "a", req("a", "plain"))
 	rec.next(t)
-	h.deliver(0, "a", traced("fail", "tp2"))
+	h.Deliver(0, "a", traced("fail", "tp2"))
 	rec.next(t)
 	mu.Lock()
 	defer mu.Unlock()

@@ -1,4 +1,4 @@
-package region
+package host
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func TestHostEvict(t *testing.T) {
 		return e, err
 	}
 	rec := newRecorder()
-	h := newTestHost(t, factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, factory, rec, func(c *Config) {
 		c.Remember = func(context.Context, int, string) error { return nil }
 		c.Forget = func(_ int, id string) {
 			mu.Lock()
@@ -56,13 +56,13 @@ func TestHostEvict(t *testing.T) {
 		}
 	})
 	for _, id := range []string{"stay", "go-idle", "go-busy"} {
-		h.deliver(0, id, pub(id, "1"))
+		h.Deliver(0, id, pub(id, "1"))
 	}
 	natstest.Eventually(t, 30*time.Second, "three handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 3 })
-	h.deliver(0, "go-busy", pub("go-busy", "block"))
-	h.deliver(0, "go-busy", pub("go-busy", "after"))
+	h.Deliver(0, "go-busy", pub("go-busy", "block"))
+	h.Deliver(0, "go-busy", pub("go-busy", "after"))
 	natstest.Eventually(t, 30*time.Second, "go-busy blocked", func() bool { return !quiet(h) })
-	done := h.evict(0, func(id string) bool { return strings.HasPrefix(id, "go-") })
+	done := h.Evict(0, func(id string) bool { return strings.HasPrefix(id, "go-") })
 	natstest.Eventually(t, 30*time.Second, "go-idle stopped", func() bool { mu.Lock(); defer mu.Unlock(); return slices.Contains(stopped, "go-idle") })
 	select {
 	case <-done:
@@ -79,13 +79,13 @@ func TestHostEvict(t *testing.T) {
 	if slices.Contains(stopped, "stay") || len(stopped) != 2 {
 		t.Errorf("stopped %v, want go-idle and go-busy only", stopped)
 	}
-	if got := h.shardEntities(0); !slices.Equal(got, []string{"stay"}) {
+	if got := h.Entities(0); !slices.Equal(got, []string{"stay"}) {
 		t.Errorf("shard 0 holds %v, want [stay]", got)
 	}
 	if len(forgot) != 0 {
 		t.Errorf("evicted entities were forgotten: %v", forgot)
 	}
 	// Nothing to evict: done at once.
-	<-h.evict(0, func(string) bool { return false })
-	<-h.evict(7, func(string) bool { return true })
+	<-h.Evict(0, func(string) bool { return false })
+	<-h.Evict(7, func(string) bool { return true })
 }

@@ -1,4 +1,4 @@
-package region
+package host
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -22,7 +23,7 @@ func keyed(id, key, data string) *nats.Msg {
 // TestKeyedMessagesAppliedOnce: a message sent again with its key is
 // answered with the first answer (data or error) and not handled again;
 // a key its sender marked unique (~) and a message without a key are
-// handled each time; an error that may pass (ErrUnavailable) is not kept;
+// handled each time; an error that may pass (kvstate.ErrUnavailable) is not kept;
 // a request for the answer of a key (Natshard-Answer-Of) is answered with
 // it, or refused (no-answer) when none is kept.
 func TestKeyedMessagesAppliedOnce(t *testing.T) {
@@ -36,16 +37,16 @@ func TestKeyedMessagesAppliedOnce(t *testing.T) {
 				return []byte("no"), errors.New("refused by the entity")
 			case "flaky":
 				if c%2 == 1 {
-					return nil, fmt.Errorf("save: %w", ErrUnavailable)
+					return nil, fmt.Errorf("save: %w", kvstate.ErrUnavailable)
 				}
 			}
 			return fmt.Appendf(nil, "%s #%d", m.Data, c), nil
 		}}, nil
 	}
-	h := newHost(hostConfig{Factory: f, Logger: discardLogger(), Reply: rec.reply})
+	h := New(Config{Factory: f, Logger: discardLogger(), Conn: rec.conn()})
 	send := func(m *nats.Msg) captured {
 		t.Helper()
-		h.deliver(0, "e", m)
+		h.Deliver(0, "e", m)
 		return rec.next(t)
 	}
 	first := send(keyed("e", "k1", "incr"))
@@ -65,7 +66,7 @@ func TestKeyedMessagesAppliedOnce(t *testing.T) {
 		t.Fatalf("handled %d times, want twice", n.Load())
 	}
 	// Not kept: an unavailable store's error, a unique key, no key.
-	if a := send(keyed("e", "k3", "flaky")); !errors.Is(a.err, ErrUnavailable) {
+	if a := send(keyed("e", "k3", "flaky")); !errors.Is(a.err, kvstate.ErrUnavailable) {
 		t.Fatalf("flaky: %v", a.err)
 	}
 	if a := send(keyed("e", "k3", "flaky")); a.err != nil {
@@ -89,21 +90,20 @@ func TestKeyedMessagesAppliedOnce(t *testing.T) {
 	if a := send(ask("k1")); string(a.data) != string(first.data) || a.err != nil {
 		t.Fatalf("answer of k1: %q, %v", a.data, a.err)
 	}
-	var rf *refusal
-	if a := send(ask("never")); !errors.As(a.err, &rf) || rf.reason != protocol.RefusedNoAnswer {
+	if a := send(ask("never")); a.refused != protocol.RefusedNoAnswer {
 		t.Fatalf("answer of a key never sent: %q, %v; want refused %s", a.data, a.err, protocol.RefusedNoAnswer)
 	}
 	if n.Load() != before {
 		t.Fatal("a request for an answer was handled")
 	}
 	// The entity's own answers (AnswerKeeper) count too.
-	h2 := newHost(hostConfig{Factory: func(context.Context, string) (Entity, error) { return keeper{}, nil }, Logger: discardLogger(), Reply: rec.reply})
-	h2.deliver(0, "e", keyed("e", "saved", "x"))
+	h2 := New(Config{Factory: func(context.Context, string) (Entity, error) { return keeper{}, nil }, Logger: discardLogger(), Conn: rec.conn()})
+	h2.Deliver(0, "e", keyed("e", "saved", "x"))
 	if a := rec.next(t); string(a.data) != "kept" || a.err != nil {
 		t.Fatalf("a key the entity keeps: %q, %v", a.data, a.err)
 	}
 	// An Answer that panics is a panic of the entity, answered so.
-	h2.deliver(0, "e", keyed("e", "boom", "x"))
+	h2.Deliver(0, "e", keyed("e", "boom", "x"))
 	if a := rec.next(t); !errors.Is(a.err, errEntityPanicked) {
 		t.Fatalf("a panicking Answer: %q, %v", a.data, a.err)
 	}

@@ -1,4 +1,4 @@
-package region
+package host
 
 import (
 	"errors"
@@ -31,7 +31,7 @@ func (l *timerLog) list() []string {
 }
 
 // queued reports how many messages wait in entity id's mailbox.
-func queued(h *host, shard int, id string) int {
+func queued(h *Host, shard int, id string) int {
 	se := h.lookup(shard)
 	if se == nil {
 		return 0
@@ -50,7 +50,7 @@ func queued(h *host, shard int, id string) int {
 // unguarded state is written by both (the race detector checks it).
 func TestTimerInTurn(t *testing.T) {
 	var (
-		h        *host
+		h        *Host
 		inFlight atomic.Int32
 		overlaps atomic.Int32
 		ticks    int // the entity's own state: no lock
@@ -67,7 +67,7 @@ func TestTimerInTurn(t *testing.T) {
 			ticked.Store(int32(ticks))
 			time.Sleep(100 * time.Microsecond)
 		case string(m.Data) == "arm":
-			if err := h.startTimer(m.Shard, m.EntityID, "tick", time.Millisecond, true, []byte("t")); err != nil {
+			if err := h.StartTimer(m.Shard, m.EntityID, "tick", time.Millisecond, true, []byte("t")); err != nil {
 				return nil, err
 			}
 		default:
@@ -78,12 +78,12 @@ func TestTimerInTurn(t *testing.T) {
 	}}
 	rec := newRecorder()
 	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "arm"))
+	h.Deliver(0, "a", req("a", "arm"))
 	if r := rec.next(t); r.err != nil {
 		t.Fatalf("arm: %v", r.err)
 	}
 	for i := 0; i < 300; i++ {
-		h.deliver(0, "a", pub("a", "msg"))
+		h.Deliver(0, "a", pub("a", "msg"))
 		if i%10 == 0 {
 			time.Sleep(200 * time.Microsecond)
 		}
@@ -92,10 +92,10 @@ func TestTimerInTurn(t *testing.T) {
 	if n := overlaps.Load(); n != 0 {
 		t.Fatalf("Handle ran %d times while another Handle ran", n)
 	}
-	if !h.cancelTimer(0, "a", "tick") {
+	if !h.CancelTimer(0, "a", "tick") {
 		t.Fatal("cancelTimer of an armed periodic timer = false")
 	}
-	if h.timerActive(0, "a", "tick") {
+	if h.TimerActive(0, "a", "tick") {
 		t.Fatal("timer active after cancel")
 	}
 	if f.calls.Load() != 1 {
@@ -107,7 +107,7 @@ func TestTimerInTurn(t *testing.T) {
 // when the first one's message is queued already: only the second comes.
 func TestTimerReset(t *testing.T) {
 	var (
-		h       *host
+		h       *Host
 		log     timerLog
 		release = make(chan struct{})
 	)
@@ -118,26 +118,26 @@ func TestTimerReset(t *testing.T) {
 		}
 		switch string(m.Data) {
 		case "long":
-			return nil, h.startTimer(m.Shard, m.EntityID, "t", time.Hour, false, []byte("long"))
+			return nil, h.StartTimer(m.Shard, m.EntityID, "t", time.Hour, false, []byte("long"))
 		case "short":
 			// Reset to a short one, then keep the turn until its
 			// message is queued, and reset it again.
-			if err := h.startTimer(m.Shard, m.EntityID, "t", time.Millisecond, false, []byte("old")); err != nil {
+			if err := h.StartTimer(m.Shard, m.EntityID, "t", time.Millisecond, false, []byte("old")); err != nil {
 				return nil, err
 			}
 			<-release
-			return nil, h.startTimer(m.Shard, m.EntityID, "t", time.Millisecond, false, []byte("new"))
+			return nil, h.StartTimer(m.Shard, m.EntityID, "t", time.Millisecond, false, []byte("new"))
 		}
 		return nil, nil
 	}}
 	rec := newRecorder()
 	h = newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "long"))
+	h.Deliver(0, "a", req("a", "long"))
 	rec.next(t)
-	if !h.timerActive(0, "a", "t") {
+	if !h.TimerActive(0, "a", "t") {
 		t.Fatal("timer not active")
 	}
-	h.deliver(0, "a", req("a", "short"))
+	h.Deliver(0, "a", req("a", "short"))
 	natstest.Eventually(t, 5*time.Second, "the old timer's message queued", func() bool { return queued(h, 0, "a") == 1 })
 	close(release)
 	rec.next(t)
@@ -146,7 +146,7 @@ func TestTimerReset(t *testing.T) {
 	if got := log.list(); len(got) != 1 || got[0] != "t=new" {
 		t.Fatalf("timer messages %q, want only t=new", got)
 	}
-	if h.timerActive(0, "a", "t") {
+	if h.TimerActive(0, "a", "t") {
 		t.Fatal("a single-shot timer is active after its message")
 	}
 }
@@ -157,7 +157,7 @@ func TestTimerReset(t *testing.T) {
 func TestTimerCancelledByPassivation(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var (
-			h     *host
+			h     *Host
 			log   timerLog
 			stops atomic.Int32
 		)
@@ -167,10 +167,10 @@ func TestTimerCancelledByPassivation(t *testing.T) {
 					log.add(m)
 					return nil, nil
 				}
-				if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, false, nil); err != nil {
+				if err := h.StartTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, false, nil); err != nil {
 					return nil, err
 				}
-				if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
+				if err := h.StartTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
 					return nil, err
 				}
 				// Keep the turn until the second timer's message is queued,
@@ -178,16 +178,16 @@ func TestTimerCancelledByPassivation(t *testing.T) {
 				for queued(h, m.Shard, m.EntityID) == 0 {
 					time.Sleep(100 * time.Microsecond)
 				}
-				h.passivate(m.Shard, m.EntityID)
+				h.Passivate(m.Shard, m.EntityID)
 				return nil, nil
 			},
 			stop: func(int) error { stops.Add(1); return nil },
 		}
 		rec := newRecorder()
 		h = newTestHost(t, f.factory, rec, nil)
-		h.deliver(0, "a", req("a", "go"))
+		h.Deliver(0, "a", req("a", "go"))
 		rec.next(t)
-		natstest.Eventually(t, 5*time.Second, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.active() == 0 })
+		natstest.Eventually(t, 5*time.Second, "entity stopped and removed", func() bool { return stops.Load() == 1 && h.Active() == 0 })
 		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
 		synctest.Wait()
 		if got := log.list(); len(got) != 0 {
@@ -196,7 +196,7 @@ func TestTimerCancelledByPassivation(t *testing.T) {
 		if n := f.calls.Load(); n != 1 {
 			t.Fatalf("factory called %d times, want 1 (a cancelled timer activated the entity)", n)
 		}
-		if err := h.startTimer(0, "a", "x", time.Millisecond, false, nil); !errors.Is(err, ErrNotActive) {
+		if err := h.StartTimer(0, "a", "x", time.Millisecond, false, nil); !errors.Is(err, ErrNotActive) {
 			t.Fatalf("startTimer of an inactive entity: %v, want ErrNotActive", err)
 		}
 	})
@@ -208,7 +208,7 @@ func TestTimerCancelledByPassivation(t *testing.T) {
 func TestTimerCancelledByShardStop(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var (
-			h       *host
+			h       *Host
 			log     timerLog
 			release = make(chan struct{})
 		)
@@ -217,10 +217,10 @@ func TestTimerCancelledByShardStop(t *testing.T) {
 				log.add(m)
 				return nil, nil
 			}
-			if err := h.startTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, true, nil); err != nil {
+			if err := h.StartTimer(m.Shard, m.EntityID, "armed", 20*time.Millisecond, true, nil); err != nil {
 				return nil, err
 			}
-			if err := h.startTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
+			if err := h.StartTimer(m.Shard, m.EntityID, "queued", 0, false, nil); err != nil {
 				return nil, err
 			}
 			<-release
@@ -228,10 +228,10 @@ func TestTimerCancelledByShardStop(t *testing.T) {
 		}}
 		rec := newRecorder()
 		h = newTestHost(t, f.factory, rec, nil)
-		h.deliver(3, "a", pub("a", "go"))
+		h.Deliver(3, "a", pub("a", "go"))
 		natstest.Eventually(t, 5*time.Second, "timer message queued", func() bool { return queued(h, 3, "a") == 1 })
 		done := make(chan error, 1)
-		go func() { done <- h.stopShard(t.Context(), 3) }()
+		go func() { done <- h.StopShard(t.Context(), 3) }()
 		natstest.Eventually(t, 5*time.Second, "shard closing", func() bool {
 			se := h.lookup(3)
 			se.mu.Lock()
@@ -247,7 +247,7 @@ func TestTimerCancelledByShardStop(t *testing.T) {
 		if got := log.list(); len(got) != 0 {
 			t.Fatalf("timer messages after the shard stopped: %q", got)
 		}
-		if n := h.active(); n != 0 {
+		if n := h.Active(); n != 0 {
 			t.Fatalf("%d entities active after the shard stopped", n)
 		}
 	})
@@ -258,7 +258,7 @@ func TestTimerCancelledByShardStop(t *testing.T) {
 func TestTimerCancelledByAbort(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var (
-			h   *host
+			h   *Host
 			log timerLog
 		)
 		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
@@ -266,14 +266,14 @@ func TestTimerCancelledByAbort(t *testing.T) {
 				log.add(m)
 				return nil, nil
 			}
-			return nil, h.startTimer(m.Shard, m.EntityID, "t", 30*time.Millisecond, false, nil)
+			return nil, h.StartTimer(m.Shard, m.EntityID, "t", 30*time.Millisecond, false, nil)
 		}}
 		rec := newRecorder()
 		h = newTestHost(t, f.factory, rec, nil)
-		h.deliver(1, "a", req("a", "go"))
+		h.Deliver(1, "a", req("a", "go"))
 		rec.next(t)
-		h.abortShard(1)
-		if h.timerActive(1, "a", "t") {
+		h.AbortShard(1)
+		if h.TimerActive(1, "a", "t") {
 			t.Fatal("timer active after abortShard")
 		}
 		time.Sleep(100 * time.Millisecond) // in the bubble: past the timer's due time, every goroutine idle
@@ -289,7 +289,7 @@ func TestTimerCancelledByAbort(t *testing.T) {
 func TestTimerPanicEndsTimers(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var (
-			h   *host
+			h   *Host
 			log timerLog
 		)
 		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
@@ -297,14 +297,14 @@ func TestTimerPanicEndsTimers(t *testing.T) {
 				log.add(m)
 				return nil, nil
 			}
-			if err := h.startTimer(m.Shard, m.EntityID, "t", 20*time.Millisecond, false, nil); err != nil {
+			if err := h.StartTimer(m.Shard, m.EntityID, "t", 20*time.Millisecond, false, nil); err != nil {
 				return nil, err
 			}
 			panic("boom")
 		}}
 		rec := newRecorder()
 		h = newTestHost(t, f.factory, rec, nil)
-		h.deliver(0, "a", req("a", "go"))
+		h.Deliver(0, "a", req("a", "go"))
 		if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
 			t.Fatalf("reply error %v, want errEntityPanicked", r.err)
 		}
@@ -322,7 +322,7 @@ func TestTimerNoCostWithout(t *testing.T) {
 	f := &testFactory{}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "x"))
+	h.Deliver(0, "a", req("a", "x"))
 	rec.next(t)
 	se := h.lookup(0)
 	se.mu.Lock()
@@ -336,34 +336,34 @@ func TestTimerNoCostWithout(t *testing.T) {
 // outlive its incarnation), whatever stopped the entity.
 func TestTimerRefusedInStop(t *testing.T) {
 	var (
-		h    *host
+		h    *Host
 		errs = make(chan error, 10)
 	)
 	f := &testFactory{
 		handle: func(_ int, m *Message) ([]byte, error) {
 			if string(m.Data) == "bye" {
-				h.passivate(m.Shard, m.EntityID)
+				h.Passivate(m.Shard, m.EntityID)
 			}
 			return nil, nil
 		},
 		stop: func(int) error {
-			errs <- h.startTimer(0, "a", "late", time.Millisecond, false, nil)
+			errs <- h.StartTimer(0, "a", "late", time.Millisecond, false, nil)
 			return nil
 		},
 	}
 	rec := newRecorder()
 	clock := newFakeClock()
-	h = newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
+	h = newTestHost(t, f.factory, rec, func(c *Config) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
 	for _, stop := range []func(){
-		func() { h.deliver(0, "a", req("a", "bye")); rec.next(t) }, // the entity passivates itself
+		func() { h.Deliver(0, "a", req("a", "bye")); rec.next(t) }, // the entity passivates itself
 		func() { // idle
-			h.deliver(0, "a", req("a", "x"))
+			h.Deliver(0, "a", req("a", "x"))
 			rec.next(t)
 			natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 			clock.Advance(time.Hour)
-			h.passivateIdle()
+			h.PassivateIdle()
 		},
-		func() { h.deliver(0, "a", req("a", "x")); rec.next(t); _ = h.stopShard(t.Context(), 0) }, // a handoff
+		func() { h.Deliver(0, "a", req("a", "x")); rec.next(t); _ = h.StopShard(t.Context(), 0) }, // a handoff
 	} {
 		stop()
 		select {
@@ -374,7 +374,7 @@ func TestTimerRefusedInStop(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("no Stop")
 		}
-		natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.active() == 0 })
+		natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.Active() == 0 })
 	}
 }
 

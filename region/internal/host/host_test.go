@@ -1,4 +1,4 @@
-package region
+package host
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/internal/passivation"
+	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -29,16 +31,44 @@ type captured struct {
 	subject string
 	data    []byte
 	err     error
+	refused string // the Natshard-Refused header: a refusal's reason
 }
 
-// recorder is a host Reply function that captures the answers.
+// answers is a Publisher that gives f each answer the host sends: its
+// reply subject, data and error. An error answer's err has the text of
+// the host's error, and errors.Is matches it to an error whose text ends
+// it (the error wrapped last); a
+// body the host made for an error without data is dropped (data nil).
+type answers func(c captured)
+
+func (f answers) Publish(subject string, data []byte) error {
+	f(captured{subject: subject, data: slices.Clone(data)})
+	return nil
+}
+
+func (f answers) PublishMsg(m *nats.Msg) error {
+	c := captured{subject: m.Subject, err: answerErr(m.Header.Get(protocol.HeaderError)), refused: m.Header.Get(protocol.HeaderRefused)}
+	if !bytes.Contains(m.Data, []byte(`"ok":false`)) {
+		c.data = slices.Clone(m.Data)
+	}
+	f(c)
+	return nil
+}
+
+func (answers) MaxPayload() int64 { return 1 << 20 }
+
+// answerErr is an error answered in the Natshard-Error header.
+type answerErr string
+
+func (e answerErr) Error() string        { return string(e) }
+func (e answerErr) Is(target error) bool { return strings.HasSuffix(string(e), target.Error()) }
+
+// recorder captures the answers the host sends through conn.
 type recorder struct{ ch chan captured }
 
 func newRecorder() *recorder { return &recorder{ch: make(chan captured, 10000)} }
 
-func (r *recorder) reply(m *nats.Msg, data []byte, err error) {
-	r.ch <- captured{subject: m.Subject, data: slices.Clone(data), err: err}
-}
+func (r *recorder) conn() Publisher { return answers(func(c captured) { r.ch <- c }) }
 
 func (r *recorder) next(t *testing.T) captured {
 	t.Helper()
@@ -91,7 +121,7 @@ func pub(id, data string) *nats.Msg {
 }
 
 // quiet reports whether no cell of h has a goroutine or a pending stop.
-func quiet(h *host) bool {
+func quiet(h *Host) bool {
 	for se := range h.table.each() {
 		se.mu.Lock()
 		for _, c := range se.cells {
@@ -144,17 +174,17 @@ func (f *testFactory) factory(_ context.Context, _ string) (Entity, error) {
 	return &testEntity{inc: n, handle: f.handle, stop: f.stop}, nil
 }
 
-func newTestHost(t *testing.T, f Factory, rec *recorder, mod func(*hostConfig)) *host {
+func newTestHost(t *testing.T, f Factory, rec *recorder, mod func(*Config)) *Host {
 	t.Helper()
-	cfg := hostConfig{Factory: f, Logger: discardLogger(), Reply: rec.reply}
+	cfg := Config{Factory: f, Logger: discardLogger(), Conn: rec.conn()}
 	if mod != nil {
 		mod(&cfg)
 	}
-	h := newHost(cfg)
+	h := New(cfg)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = h.stopAll(ctx)
+		_ = h.StopAll(ctx)
 	})
 	return h
 }
@@ -176,7 +206,7 @@ func TestHostOrderPerEntity(t *testing.T) {
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
 	for i := range n {
-		h.deliver(0, "a", req("a", strconv.Itoa(i)))
+		h.Deliver(0, "a", req("a", strconv.Itoa(i)))
 	}
 	for i := range n {
 		if r := rec.next(t); string(r.data) != strconv.Itoa(i) || r.err != nil {
@@ -215,7 +245,7 @@ func TestHostOneMessageAtATime(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 200 {
-				h.deliver(0, "a", req("a", fmt.Sprint(g, i)))
+				h.Deliver(0, "a", req("a", fmt.Sprint(g, i)))
 			}
 		})
 	}
@@ -240,10 +270,10 @@ func TestHostConcurrentEntities(t *testing.T) {
 	}}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	<-entered
-	h.deliver(0, "b", req("b", "")) // same shard
-	h.deliver(1, "c", req("c", "")) // other shard
+	h.Deliver(0, "b", req("b", "")) // same shard
+	h.Deliver(1, "c", req("c", "")) // other shard
 	got := map[string]bool{}
 	for range 2 {
 		got[string(rec.next(t).data)] = true
@@ -285,7 +315,7 @@ func TestHostWorkersExit(t *testing.T) {
 		block.Store(&ch)
 		entered.Add(n)
 		for i := range n {
-			h.deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+			h.Deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
 		}
 		entered.Wait() // n entities in Handle at once: n workers
 		close(ch)
@@ -316,7 +346,7 @@ func TestHostMessageFields(t *testing.T) {
 	h := newTestHost(t, f.factory, rec, nil)
 	m := req("x.y", "data")
 	m.Header = nats.Header{"K": []string{"v"}}
-	h.deliver(7, "x.y", m)
+	h.Deliver(7, "x.y", m)
 	rec.next(t)
 	if seen.EntityID != "x.y" || seen.Shard != 7 || seen.Subject != m.Subject || seen.Reply != m.Reply ||
 		string(seen.Data) != "data" || seen.Header.Get("K") != "v" {
@@ -332,12 +362,12 @@ func TestHostPublishErrorNotReplied(t *testing.T) {
 	}}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", pub("a", ""))
+	h.Deliver(0, "a", pub("a", ""))
 	<-done
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	rec.none(t)
 
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	if r := rec.next(t); r.err == nil || r.err.Error() != "bad" || string(r.data) != "x" {
 		t.Fatalf("reply = %+v", r)
 	}
@@ -351,36 +381,36 @@ func TestHostPassivation(t *testing.T) {
 		stop:   func(int) error { stops.Add(1); return nil },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.IdleTimeout = time.Minute
 		c.Now = clock.Now
 	})
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	if r := rec.next(t); string(r.data) != "1" {
 		t.Fatalf("reply %q, want incarnation 1", r.data)
 	}
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 
 	clock.Advance(59 * time.Second)
-	if n := h.passivateIdle(); n != 0 {
+	if n := h.PassivateIdle(); n != 0 {
 		t.Fatalf("passivateIdle before the timeout = %d", n)
 	}
 	clock.Advance(time.Second)
-	if n := h.passivateIdle(); n != 1 {
+	if n := h.PassivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d, want 1", n)
 	}
-	natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "entity removed", func() bool { return h.Active() == 0 })
 	if s := stops.Load(); s != 1 {
 		t.Fatalf("Stop called %d times, want 1", s)
 	}
-	if n := h.passivateIdle(); n != 0 {
+	if n := h.PassivateIdle(); n != 0 {
 		t.Fatalf("second passivateIdle = %d", n)
 	}
 	if s := stops.Load(); s != 1 {
 		t.Fatalf("Stop called %d times, want 1", s)
 	}
 
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	if r := rec.next(t); string(r.data) != "2" {
 		t.Fatalf("reply %q, want incarnation 2", r.data)
 	}
@@ -393,12 +423,12 @@ func TestHostPassivationDisabled(t *testing.T) {
 	clock := newFakeClock()
 	f := &testFactory{}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.Now = clock.Now })
-	h.deliver(0, "a", req("a", ""))
+	h := newTestHost(t, f.factory, rec, func(c *Config) { c.Now = clock.Now })
+	h.Deliver(0, "a", req("a", ""))
 	rec.next(t)
 	clock.Advance(1000 * time.Hour)
-	if n := h.passivateIdle(); n != 0 || h.active() != 1 {
-		t.Fatalf("passivateIdle = %d, active = %d with IdleTimeout 0", n, h.active())
+	if n := h.PassivateIdle(); n != 0 || h.Active() != 1 {
+		t.Fatalf("passivateIdle = %d, active = %d with IdleTimeout 0", n, h.Active())
 	}
 }
 
@@ -418,23 +448,23 @@ func TestHostPassivationSkipsBusyEntity(t *testing.T) {
 		stop: func(int) error { stops.Add(1); return nil },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.IdleTimeout = time.Minute
 		c.Now = clock.Now
 	})
-	h.deliver(0, "idle", req("idle", ""))
+	h.Deliver(0, "idle", req("idle", ""))
 	rec.next(t)
 	// The answer goes before the worker marks the cell idle: wait for
 	// that, or passivateIdle may find it still running.
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
-	h.deliver(0, "busy", req("busy", ""))
+	h.Deliver(0, "busy", req("busy", ""))
 	<-entered
 	clock.Advance(time.Hour)
-	if n := h.passivateIdle(); n != 1 {
+	if n := h.PassivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d, want 1 (only the idle entity)", n)
 	}
-	natstest.Eventually(t, 5*time.Second, "idle entity removed", func() bool { return h.active() == 1 })
-	if ids := h.shardEntities(0); !slices.Equal(ids, []string{"busy"}) {
+	natstest.Eventually(t, 5*time.Second, "idle entity removed", func() bool { return h.Active() == 1 })
+	if ids := h.Entities(0); !slices.Equal(ids, []string{"busy"}) {
 		t.Fatalf("entities = %v", ids)
 	}
 	close(block)
@@ -473,20 +503,20 @@ func TestHostMessageDuringStop(t *testing.T) {
 		},
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.IdleTimeout = time.Minute
 		c.Now = clock.Now
 	})
-	h.deliver(0, "a", req("a", "m1"))
+	h.Deliver(0, "a", req("a", "m1"))
 	rec.next(t)
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	clock.Advance(time.Minute)
-	if n := h.passivateIdle(); n != 1 {
+	if n := h.PassivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d", n)
 	}
 	<-stopEntered
-	h.deliver(0, "a", req("a", "m2"))
-	h.deliver(0, "a", req("a", "m3"))
+	h.Deliver(0, "a", req("a", "m2"))
+	h.Deliver(0, "a", req("a", "m3"))
 	rec.none(t)
 	close(releaseStop)
 	for _, want := range []string{"2", "2"} {
@@ -501,8 +531,8 @@ func TestHostMessageDuringStop(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("events = %q\nwant %q", got, want)
 	}
-	if c := f.calls.Load(); c != 2 || h.active() != 1 {
-		t.Fatalf("factory calls = %d, active = %d", c, h.active())
+	if c := f.calls.Load(); c != 2 || h.Active() != 1 {
+		t.Fatalf("factory calls = %d, active = %d", c, h.Active())
 	}
 }
 
@@ -513,8 +543,8 @@ func TestHostPassivationCancelledByDelivery(t *testing.T) {
 		stop:   func(int) error { stops.Add(1); return nil },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) { c.IdleTimeout = time.Minute })
-	h.deliver(0, "a", req("a", ""))
+	h := newTestHost(t, f.factory, rec, func(c *Config) { c.IdleTimeout = time.Minute })
+	h.Deliver(0, "a", req("a", ""))
 	rec.next(t)
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 
@@ -525,7 +555,7 @@ func TestHostPassivationCancelledByDelivery(t *testing.T) {
 	c := se.cells["a"]
 	c.running, c.stop = true, stopQueued
 	se.mu.Unlock()
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	h.stopCell(stopItem{se: se, id: "a", c: c})
 
 	if r := rec.next(t); string(r.data) != "1" {
@@ -562,26 +592,26 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 	}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(3, "idle", pub("idle", "x")) // incarnation 1, idle when the stop begins
-	natstest.Eventually(t, 5*time.Second, "idle entity", func() bool { return quiet(h) && h.active() == 1 })
-	h.deliver(5, "other", pub("other", "x")) // another shard: not stopped
-	natstest.Eventually(t, 5*time.Second, "other entity", func() bool { return quiet(h) && h.active() == 2 })
+	h.Deliver(3, "idle", pub("idle", "x")) // incarnation 1, idle when the stop begins
+	natstest.Eventually(t, 5*time.Second, "idle entity", func() bool { return quiet(h) && h.Active() == 1 })
+	h.Deliver(5, "other", pub("other", "x")) // another shard: not stopped
+	natstest.Eventually(t, 5*time.Second, "other entity", func() bool { return quiet(h) && h.Active() == 2 })
 
-	h.deliver(3, "a", pub("a", "m1")) // incarnation 3
+	h.Deliver(3, "a", pub("a", "m1")) // incarnation 3
 	<-entered
-	h.deliver(3, "a", pub("a", "m2"))
-	h.deliver(3, "a", pub("a", "m3"))
+	h.Deliver(3, "a", pub("a", "m2"))
+	h.Deliver(3, "a", pub("a", "m3"))
 
 	done := make(chan error, 1)
-	go func() { done <- h.stopShard(context.Background(), 3) }()
+	go func() { done <- h.StopShard(context.Background(), 3) }()
 	natstest.Eventually(t, 5*time.Second, "shard closing", func() bool {
 		se := h.lookup(3)
 		se.mu.Lock()
 		defer se.mu.Unlock()
 		return se.closing
 	})
-	h.deliver(3, "a", req("a", "late"))
-	h.deliver(3, "new", req("new", "late"))
+	h.Deliver(3, "a", req("a", "late"))
+	h.Deliver(3, "new", req("new", "late"))
 	for range 2 {
 		if r := rec.next(t); !errors.Is(r.err, errShardNotServed) || r.err.Error() != "shard not served here" {
 			t.Fatalf("late message answered %+v", r)
@@ -612,14 +642,14 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 	if !slices.Contains(got, "stop 1") || slices.Contains(got, "stop 2") {
 		t.Fatalf("events = %q: want the idle entity stopped, the other shard's not", got)
 	}
-	if ids := h.shardEntities(3); len(ids) != 0 {
+	if ids := h.Entities(3); len(ids) != 0 {
 		t.Fatalf("shard 3 still holds %v", ids)
 	}
-	if h.active() != 1 {
-		t.Fatalf("active = %d, want 1", h.active())
+	if h.Active() != 1 {
+		t.Fatalf("active = %d, want 1", h.Active())
 	}
 	// Bound again later: the shard starts afresh.
-	h.deliver(3, "a", req("a", "again"))
+	h.Deliver(3, "a", req("a", "again"))
 	if r := rec.next(t); r.err != nil {
 		t.Fatalf("after the stop: %v", r.err)
 	}
@@ -628,16 +658,16 @@ func TestHostStopShardWaitsForQueued(t *testing.T) {
 func TestHostStopShardEmpty(t *testing.T) {
 	f := &testFactory{}
 	h := newTestHost(t, f.factory, newRecorder(), nil)
-	if err := h.stopShard(context.Background(), 9); err != nil {
+	if err := h.StopShard(context.Background(), 9); err != nil {
 		t.Fatal(err)
 	}
-	h.deliver(9, "a", pub("a", ""))
+	h.Deliver(9, "a", pub("a", ""))
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
-	if err := h.stopShard(context.Background(), 9); err != nil {
+	if err := h.StopShard(context.Background(), 9); err != nil {
 		t.Fatal(err)
 	}
-	if h.active() != 0 || len(slices.Collect(h.table.each())) != 0 {
-		t.Fatalf("active = %d, shards = %d", h.active(), len(slices.Collect(h.table.each())))
+	if h.Active() != 0 || len(slices.Collect(h.table.each())) != 0 {
+		t.Fatalf("active = %d, shards = %d", h.Active(), len(slices.Collect(h.table.each())))
 	}
 }
 
@@ -651,11 +681,11 @@ func TestHostStopShardContext(t *testing.T) {
 		return nil, nil
 	}}
 	h := newTestHost(t, f.factory, newRecorder(), nil)
-	h.deliver(0, "a", pub("a", ""))
+	h.Deliver(0, "a", pub("a", ""))
 	<-entered
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := h.stopShard(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
+	if err := h.StopShard(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stopShard = %v, want deadline exceeded", err)
 	}
 }
@@ -664,12 +694,12 @@ func TestHostStopTimeoutAbandonsHook(t *testing.T) {
 	hang := make(chan struct{})
 	defer close(hang)
 	f := &testFactory{stop: func(int) error { <-hang; return nil }}
-	h := newTestHost(t, f.factory, newRecorder(), func(c *hostConfig) { c.StopTimeout = 20 * time.Millisecond })
-	h.deliver(0, "a", pub("a", ""))
-	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 1 })
+	h := newTestHost(t, f.factory, newRecorder(), func(c *Config) { c.StopTimeout = 20 * time.Millisecond })
+	h.Deliver(0, "a", pub("a", ""))
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.Active() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := h.stopShard(ctx, 0); err != nil {
+	if err := h.StopShard(ctx, 0); err != nil {
 		t.Fatalf("stopShard with a hanging Stop hook: %v", err)
 	}
 }
@@ -680,14 +710,14 @@ func TestHostStopAll(t *testing.T) {
 	h := newTestHost(t, f.factory, newRecorder(), nil)
 	for i := range 50 {
 		id := "e" + strconv.Itoa(i)
-		h.deliver(i%7, id, pub(id, ""))
+		h.Deliver(i%7, id, pub(id, ""))
 	}
-	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 50 })
-	if err := h.stopAll(context.Background()); err != nil {
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.Active() == 50 })
+	if err := h.StopAll(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if h.active() != 0 || stops.Load() != 50 {
-		t.Fatalf("active = %d, stops = %d", h.active(), stops.Load())
+	if h.Active() != 0 || stops.Load() != 50 {
+		t.Fatalf("active = %d, stops = %d", h.Active(), stops.Load())
 	}
 }
 
@@ -695,14 +725,14 @@ func TestHostShardEntitiesSorted(t *testing.T) {
 	f := &testFactory{}
 	h := newTestHost(t, f.factory, newRecorder(), nil)
 	for _, id := range []string{"c", "a", "b"} {
-		h.deliver(2, id, pub(id, ""))
+		h.Deliver(2, id, pub(id, ""))
 	}
-	h.deliver(1, "z", pub("z", ""))
-	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.active() == 4 })
-	if ids := h.shardEntities(2); !slices.Equal(ids, []string{"a", "b", "c"}) {
+	h.Deliver(1, "z", pub("z", ""))
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) && h.Active() == 4 })
+	if ids := h.Entities(2); !slices.Equal(ids, []string{"a", "b", "c"}) {
 		t.Fatalf("shardEntities(2) = %v", ids)
 	}
-	if ids := h.shardEntities(4); len(ids) != 0 {
+	if ids := h.Entities(4); len(ids) != 0 {
 		t.Fatalf("shardEntities(4) = %v", ids)
 	}
 }
@@ -716,7 +746,7 @@ func TestHostFactoryErrorRetried(t *testing.T) {
 	}}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "one"))
+	h.Deliver(0, "a", req("a", "one"))
 	r := rec.next(t)
 	if r.err == nil || r.data != nil {
 		t.Fatalf("first reply = %+v, want the factory error", r)
@@ -724,9 +754,9 @@ func TestHostFactoryErrorRetried(t *testing.T) {
 	if want := "create entity: state unavailable"; r.err.Error() != want {
 		t.Fatalf("error %q, want %q", r.err, want)
 	}
-	natstest.Eventually(t, 5*time.Second, "failed cell removed", func() bool { return quiet(h) && h.active() == 0 })
+	natstest.Eventually(t, 5*time.Second, "failed cell removed", func() bool { return quiet(h) && h.Active() == 0 })
 
-	h.deliver(0, "a", req("a", "two"))
+	h.Deliver(0, "a", req("a", "two"))
 	if r := rec.next(t); r.err != nil || string(r.data) != "two" {
 		t.Fatalf("second reply = %+v", r)
 	}
@@ -746,8 +776,8 @@ func TestHostFactoryErrorRetriedWithinMailbox(t *testing.T) {
 	}}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
-	h.deliver(0, "a", req("a", "one"))
-	h.deliver(0, "a", req("a", "two"))
+	h.Deliver(0, "a", req("a", "one"))
+	h.Deliver(0, "a", req("a", "two"))
 	close(gate)
 	if r := rec.next(t); r.err == nil {
 		t.Fatalf("first reply = %+v", r)
@@ -770,12 +800,12 @@ func TestHostPanicRecovered(t *testing.T) {
 		stop: func(int) error { stops.Add(1); return nil },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	h.deliver(0, "a", req("a", "x"))
-	h.deliver(0, "a", req("a", "boom"))
-	h.deliver(0, "a", req("a", "y"))
+	h.Deliver(0, "a", req("a", "x"))
+	h.Deliver(0, "a", req("a", "boom"))
+	h.Deliver(0, "a", req("a", "y"))
 	if r := rec.next(t); string(r.data) != "1" {
 		t.Fatalf("reply %+v", r)
 	}
@@ -789,8 +819,8 @@ func TestHostPanicRecovered(t *testing.T) {
 		t.Fatalf("Stop of the panicked incarnation called %d times", s)
 	}
 	// A panicking publish is not answered, and the entity is dropped.
-	h.deliver(0, "a", pub("a", "boom"))
-	natstest.Eventually(t, 5*time.Second, "panicked entity dropped", func() bool { return quiet(h) && h.active() == 0 })
+	h.Deliver(0, "a", pub("a", "boom"))
+	natstest.Eventually(t, 5*time.Second, "panicked entity dropped", func() bool { return quiet(h) && h.Active() == 0 })
 	rec.none(t)
 	if s := logs.String(); !bytes.Contains([]byte(s), []byte("level=ERROR")) || !bytes.Contains([]byte(s), []byte("kaboom")) {
 		t.Fatalf("panic not logged at error: %s", s)
@@ -809,25 +839,25 @@ func TestHostFactoryAndStopPanicRecovered(t *testing.T) {
 		stop: func(int) error { panic("stop kaboom") },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.IdleTimeout = time.Second
 		c.Now = clock.Now
 	})
-	h.deliver(0, "a", req("a", ""))
+	h.Deliver(0, "a", req("a", ""))
 	if r := rec.next(t); !errors.Is(r.err, errEntityPanicked) {
 		t.Fatalf("factory panic answered %+v", r)
 	}
-	h.deliver(0, "a", req("a", "ok"))
+	h.Deliver(0, "a", req("a", "ok"))
 	if r := rec.next(t); r.err != nil || string(r.data) != "ok" {
 		t.Fatalf("after the factory panic: %+v", r)
 	}
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
 	clock.Advance(time.Second)
-	if n := h.passivateIdle(); n != 1 {
+	if n := h.PassivateIdle(); n != 1 {
 		t.Fatalf("passivateIdle = %d", n)
 	}
-	natstest.Eventually(t, 5*time.Second, "passivated despite the Stop panic", func() bool { return h.active() == 0 })
-	h.deliver(0, "a", req("a", "again"))
+	natstest.Eventually(t, 5*time.Second, "passivated despite the Stop panic", func() bool { return h.Active() == 0 })
+	h.Deliver(0, "a", req("a", "again"))
 	if r := rec.next(t); r.err != nil {
 		t.Fatalf("after the Stop panic: %+v", r)
 	}
@@ -902,17 +932,17 @@ func TestHostStress(t *testing.T) {
 	}
 	clock := newFakeClock()
 	var replies atomic.Int32
-	h := newHost(hostConfig{
+	h := New(Config{
 		Factory:     factory,
 		IdleTimeout: time.Second,
 		Logger:      discardLogger(),
 		Now:         clock.Now,
-		Reply: func(m *nats.Msg, data []byte, err error) {
-			if err != nil {
-				fail("request %s answered with %v", m.Subject, err)
+		Conn: answers(func(c captured) {
+			if c.err != nil {
+				fail("request answered on %s with %v", c.subject, c.err)
 			}
 			replies.Add(1)
-		},
+		}),
 	})
 	done := make(chan struct{})
 	var sweeper sync.WaitGroup
@@ -924,7 +954,7 @@ func TestHostStress(t *testing.T) {
 			default:
 			}
 			clock.Advance(time.Second)
-			h.passivateIdle()
+			h.PassivateIdle()
 			runtime.Gosched()
 		}
 	})
@@ -936,7 +966,7 @@ func TestHostStress(t *testing.T) {
 				k := (i*7 + i/3) % perSender
 				seq[k]++
 				id := fmt.Sprintf("s%d-e%d", s, k)
-				h.deliver(k%5, id, req(id, strconv.Itoa(seq[k])))
+				h.Deliver(k%5, id, req(id, strconv.Itoa(seq[k])))
 				if i%64 == 0 {
 					runtime.Gosched()
 				}
@@ -947,7 +977,7 @@ func TestHostStress(t *testing.T) {
 	natstest.Eventually(t, 5*time.Second, "all answered", func() bool { return replies.Load() == senders*msgs })
 	close(done)
 	sweeper.Wait()
-	if err := h.stopAll(context.Background()); err != nil {
+	if err := h.StopAll(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := failures.Load(); n > 0 {
@@ -982,10 +1012,10 @@ func TestHostMemoryPerIdleEntity(t *testing.T) {
 	)
 	var handled atomic.Int64
 	f := func(context.Context, string) (Entity, error) { return nopEntity{}, nil }
-	h := newHost(hostConfig{
+	h := New(Config{
 		Factory: f,
 		Logger:  discardLogger(),
-		Reply:   func(*nats.Msg, []byte, error) { handled.Add(1) },
+		Conn:    answers(func(captured) { handled.Add(1) }),
 	})
 	measure := func() uint64 {
 		runtime.GC()
@@ -998,7 +1028,7 @@ func TestHostMemoryPerIdleEntity(t *testing.T) {
 	for i := 0; i < n; i += batch {
 		for j := i; j < i+batch; j++ {
 			id := "entity-" + strconv.Itoa(j)
-			h.deliver(j%shards, id, &nats.Msg{Subject: "shard.t." + strconv.Itoa(j%shards) + "." + id, Reply: "r"})
+			h.Deliver(j%shards, id, &nats.Msg{Subject: "shard.t." + strconv.Itoa(j%shards) + "." + id, Reply: "r"})
 		}
 		for handled.Load() < int64(i+batch) {
 			time.Sleep(100 * time.Microsecond)
@@ -1006,7 +1036,7 @@ func TestHostMemoryPerIdleEntity(t *testing.T) {
 	}
 	natstest.Eventually(t, 5*time.Second, "all idle", func() bool { return quiet(h) })
 	after := measure()
-	if a := h.active(); a != n {
+	if a := h.Active(); a != n {
 		t.Fatalf("active = %d, want %d", a, n)
 	}
 	per := float64(int64(after)-int64(before)) / n
@@ -1040,19 +1070,19 @@ func TestHostEntityContext(t *testing.T) {
 	}
 	h := newTestHost(t, factory, newRecorder(), nil)
 	for shard := range 3 {
-		h.deliver(shard, strconv.Itoa(shard), pub(strconv.Itoa(shard), "x"))
+		h.Deliver(shard, strconv.Itoa(shard), pub(strconv.Itoa(shard), "x"))
 	}
 	got := map[int]context.Context{}
 	for range 3 {
 		s := <-ctxs
 		got[s.shard] = s.ctx
 	}
-	h.deliver(0, "0", pub("0", "block"))
+	h.Deliver(0, "0", pub("0", "block"))
 	natstest.Eventually(t, 5*time.Second, "shard 0 busy", func() bool { return !quiet(h) })
 
 	// A handoff's stop: the context lives while an entity still works.
 	stopped := make(chan error, 1)
-	go func() { stopped <- h.stopShard(context.Background(), 0) }()
+	go func() { stopped <- h.StopShard(context.Background(), 0) }()
 	natstest.Eventually(t, 5*time.Second, "shard 0 closing", func() bool {
 		se := h.lookup(0)
 		se.mu.Lock()
@@ -1071,7 +1101,7 @@ func TestHostEntityContext(t *testing.T) {
 	}
 
 	// A drop or fence: at once, and only the shard's.
-	h.abortShard(1)
+	h.AbortShard(1)
 	if got[1].Err() == nil {
 		t.Fatal("abortShard(1) left shard 1's context alive")
 	}
@@ -1093,7 +1123,7 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	f := &testFactory{
 		fail: func(int) error {
 			if fails.Add(-1) >= 0 {
-				return fmt.Errorf("load state: %w", ErrUnavailable)
+				return fmt.Errorf("load state: %w", kvstate.ErrUnavailable)
 			}
 			return nil
 		},
@@ -1110,11 +1140,8 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, nil)
 	done := make(chan string, 10)
-	durable := func(data string, seq uint64) *durableMsg {
-		return &durableMsg{seq: seq, done: func() { done <- data }}
-	}
-	h.deliverDurable(0, "a", req("a", "first"), durable("first", 1))
-	h.deliverDurable(0, "a", req("a", "bad"), durable("bad", 2))
+	h.DeliverDurable(0, "a", req("a", "first"), 1, func() { done <- "first" })
+	h.DeliverDurable(0, "a", req("a", "bad"), 2, func() { done <- "bad" })
 	for _, want := range []string{"first", "bad"} {
 		select {
 		case got := <-done:
@@ -1145,12 +1172,12 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 	var tries atomic.Int32
 	f.handle = func(int, *Message) ([]byte, error) {
 		tries.Add(1)
-		return nil, fmt.Errorf("save: %w", ErrUnavailable)
+		return nil, fmt.Errorf("save: %w", kvstate.ErrUnavailable)
 	}
-	h.deliverDurable(1, "b", req("b", "stuck"), durable("stuck", 3))
+	h.DeliverDurable(1, "b", req("b", "stuck"), 3, func() { done <- "stuck" })
 	natstest.Eventually(t, 10*time.Second, "the stuck message given 3 times", func() bool { return tries.Load() >= 3 })
-	h.abortShard(1)
-	if err := h.stopShard(context.Background(), 1); err != nil {
+	h.AbortShard(1)
+	if err := h.StopShard(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -1181,25 +1208,25 @@ func TestHostActiveLimitLRU(t *testing.T) {
 		stop: func(inc int) error { mu.Lock(); stopped = append(stopped, inc); mu.Unlock(); return nil },
 	}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.MaxActive = 3
 		c.Passivation = passivation.LRU
 		c.Now = clock.Now
 	})
 	// Busy first (the least recently used of all), then e1..e5, one
 	// second apart, in two shards; e1 is used again last.
-	h.deliver(0, "busy", req("busy", ""))
+	h.Deliver(0, "busy", req("busy", ""))
 	<-entered
 	for i := 1; i <= 5; i++ {
 		clock.Advance(time.Second)
 		id := fmt.Sprintf("e%d", i)
-		h.deliver(i%2, id, req(id, ""))
+		h.Deliver(i%2, id, req(id, ""))
 		rec.next(t)
 	}
 	clock.Advance(time.Second)
-	h.deliver(1, "e1", req("e1", ""))
+	h.Deliver(1, "e1", req("e1", ""))
 	rec.next(t)
-	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return h.active() == 6 && f.calls.Load() == 6 })
+	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return h.Active() == 6 && f.calls.Load() == 6 })
 	natstest.Eventually(t, 5*time.Second, "only busy runs", func() bool {
 		n := 0
 		for se := range h.table.each() {
@@ -1216,16 +1243,16 @@ func TestHostActiveLimitLRU(t *testing.T) {
 
 	// 6 held, limit 3: the three least recently used idle ones go (e2, e3,
 	// e4), not busy (older, but busy), not e1 (used again).
-	if n := h.passivateOverLimit(); n != 3 {
+	if n := h.PassivateOverLimit(); n != 3 {
 		t.Fatalf("passivateOverLimit = %d, want 3", n)
 	}
-	natstest.Eventually(t, 5*time.Second, "three stopped", func() bool { return h.active() == 3 })
-	got := append(h.shardEntities(0), h.shardEntities(1)...)
+	natstest.Eventually(t, 5*time.Second, "three stopped", func() bool { return h.Active() == 3 })
+	got := append(h.Entities(0), h.Entities(1)...)
 	slices.Sort(got)
 	if want := []string{"busy", "e1", "e5"}; !slices.Equal(got, want) {
 		t.Fatalf("entities left %v, want %v", got, want)
 	}
-	if n := h.passivateOverLimit(); n != 0 {
+	if n := h.PassivateOverLimit(); n != 0 {
 		t.Fatalf("at the limit, passivateOverLimit = %d", n)
 	}
 	if c := h.overLimit.Load(); c != 3 {
@@ -1265,45 +1292,45 @@ func testLimitCountsNextIncarnation(t *testing.T, checkDuringStop bool) {
 		return nil
 	}}
 	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+	h := newTestHost(t, f.factory, rec, func(c *Config) {
 		c.MaxActive = 1
 		c.Passivation = passivation.LRU
 	})
 	for _, id := range []string{"a", "b"} { // a is the least recently used
-		h.deliver(0, id, req(id, ""))
+		h.Deliver(0, id, req(id, ""))
 		rec.next(t)
 	}
 	natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
-	if n := h.passivateOverLimit(); n != 1 {
+	if n := h.PassivateOverLimit(); n != 1 {
 		t.Fatalf("passivateOverLimit = %d, want 1", n)
 	}
 	<-stopping // a's Stop runs
-	h.deliver(0, "a", req("a", "again"))
+	h.Deliver(0, "a", req("a", "again"))
 	if checkDuringStop {
 		// b used after a: the check chooses a's entry (attached again by
 		// its message) and leaves it detached, a being stopped.
-		h.deliver(0, "b", req("b", ""))
+		h.Deliver(0, "b", req("b", ""))
 		rec.next(t)
-		if n := h.passivateOverLimit(); n != 0 {
+		if n := h.PassivateOverLimit(); n != 0 {
 			t.Fatalf("a check during a's Stop started %d stops", n)
 		}
 	}
 	close(release)
 	rec.next(t)
-	natstest.Eventually(t, 5*time.Second, "a's next incarnation idle", func() bool { return quiet(h) && h.active() == 2 })
+	natstest.Eventually(t, 5*time.Second, "a's next incarnation idle", func() bool { return quiet(h) && h.Active() == 2 })
 	for range 3 { // messages whose touches wait for the next check
-		h.deliver(0, "a", req("a", "more"))
+		h.Deliver(0, "a", req("a", "more"))
 		rec.next(t)
 	}
 	natstest.Eventually(t, 5*time.Second, "idle again", func() bool { return quiet(h) })
-	if n := h.passivateOverLimit(); n != 1 {
+	if n := h.PassivateOverLimit(); n != 1 {
 		t.Fatalf("over the limit again: passivateOverLimit = %d, want 1", n)
 	}
 	h.limitMu.Lock()
 	held := h.limit.Len()
 	h.limitMu.Unlock()
-	if held != 1 || h.active() > 2 {
-		t.Fatalf("after the check: the limit's policy holds %d entities (want 1), %d active", held, h.active())
+	if held != 1 || h.Active() > 2 {
+		t.Fatalf("after the check: the limit's policy holds %d entities (want 1), %d active", held, h.Active())
 	}
 }
 
@@ -1314,11 +1341,11 @@ func TestHostActiveLimitOff(t *testing.T) {
 	h := newTestHost(t, f.factory, rec, nil)
 	for i := range 10 {
 		id := fmt.Sprintf("e%d", i)
-		h.deliver(0, id, req(id, ""))
+		h.Deliver(0, id, req(id, ""))
 		rec.next(t)
 	}
-	if n := h.passivateOverLimit(); n != 0 || h.active() != 10 {
-		t.Fatalf("passivateOverLimit = %d, active = %d, with no limit", n, h.active())
+	if n := h.PassivateOverLimit(); n != 0 || h.Active() != 10 {
+		t.Fatalf("passivateOverLimit = %d, active = %d, with no limit", n, h.Active())
 	}
 }
 
@@ -1334,13 +1361,13 @@ func TestHostActiveLimitWTinyLFU(t *testing.T) {
 		t.Run(cmp.Or(tc.policy, "default"), func(t *testing.T) {
 			f := &testFactory{}
 			rec := newRecorder()
-			h := newTestHost(t, f.factory, rec, func(c *hostConfig) {
+			h := newTestHost(t, f.factory, rec, func(c *Config) {
 				c.MaxActive = 10 // W-TinyLFU: a window of 1, a main area of 9
 				c.Passivation = tc.policy
 			})
 			send := func(shard int, id string) {
 				t.Helper()
-				h.deliver(shard, id, req(id, ""))
+				h.Deliver(shard, id, req(id, ""))
 				rec.next(t)
 			}
 			for range 5 {
@@ -1352,13 +1379,13 @@ func TestHostActiveLimitWTinyLFU(t *testing.T) {
 			for i := range 30 {
 				send(i%2, fmt.Sprintf("scan%d", i))
 				natstest.Eventually(t, 5*time.Second, "idle", func() bool { return quiet(h) })
-				if n := h.passivateOverLimit(); n != 1 {
+				if n := h.PassivateOverLimit(); n != 1 {
 					t.Fatalf("scan %d: passivateOverLimit = %d, want 1", i, n)
 				}
-				natstest.Eventually(t, 5*time.Second, "at the limit", func() bool { return h.active() == 10 && quiet(h) })
+				natstest.Eventually(t, 5*time.Second, "at the limit", func() bool { return h.Active() == 10 && quiet(h) })
 			}
-			if kept := slices.Contains(h.shardEntities(0), "hot"); kept != tc.hotKept {
-				t.Fatalf("hot entity active after the scan: %v, want %v (shard 0 holds %v)", kept, tc.hotKept, h.shardEntities(0))
+			if kept := slices.Contains(h.Entities(0), "hot"); kept != tc.hotKept {
+				t.Fatalf("hot entity active after the scan: %v, want %v (shard 0 holds %v)", kept, tc.hotKept, h.Entities(0))
 			}
 			if c := h.overLimit.Load(); c != 30 {
 				t.Fatalf("overLimit = %d, want 30", c)
@@ -1386,7 +1413,7 @@ func TestHostCellSize(t *testing.T) {
 // both; docs/BENCHMARKS.md). Bytes, not time, so that the test is
 // deterministic.
 func TestHostShardCostFlat(t *testing.T) {
-	h := newHost(hostConfig{Factory: benchFactory, Logger: discardLogger()})
+	h := New(Config{Factory: benchFactory, Logger: discardLogger()})
 	allocated := func(from, to int) uint64 {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
