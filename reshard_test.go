@@ -234,24 +234,27 @@ func TestReshardDurable(t *testing.T) {
 	sent := map[string][]int{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	const lanes = 4 // goroutines per publisher, each with its own entities
 	for name, send := range pubs {
 		n := make([]int, len(ids))
 		sent[name] = n
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+		for lane := range lanes {
+			wg.Go(func() {
+				for i := lane; ; i += lanes {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					e := i % len(ids)
+					if err := send(ids[e], n[e]+1); err != nil {
+						t.Errorf("publisher %s: %v", name, err)
+						return
+					}
+					n[e]++
 				}
-				e := i % len(ids)
-				if err := send(ids[e], n[e]+1); err != nil {
-					t.Errorf("publisher %s: %v", name, err)
-					return
-				}
-				n[e]++
-			}
-		})
+			})
+		}
 	}
 	ctx := t.Context()
 	pause := func() { time.Sleep(500 * time.Millisecond) } // lets load flow between the steps
