@@ -51,6 +51,9 @@ const attemptTimeout = 5 * time.Second
 // type's configuration tells it the new count once every region serves it,
 // and it sends by that count from then on (messages sent by the old count
 // still reach their entities). The watch lasts as long as the connection.
+// A type of durable delivery is the exception: a Client keeps the count it
+// learnt first, so that its messages keep their order (their owners
+// forward them to the children); a new Client learns the new count.
 // It is safe for concurrent use. The
 // core requests of every Client of a connection wait for their answers on
 // one subscription of the connection (a wildcard on a new inbox;
