@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region"
 )
 
@@ -95,7 +96,7 @@ func (e *Env) Remind(ctx context.Context, name string, at time.Time, data []byte
 	if e.h == nil || e.h.stream == nil {
 		return ErrNotDurable
 	}
-	if err := e.h.stream.Remind(ctx, e.Shard, e.ID, name, at, data); err != nil {
+	if err := e.h.stream.Remind(ctx, e.reminderShard(), e.ID, name, at, data); err != nil {
 		return fmt.Errorf("natshard: %w", err)
 	}
 	return nil
@@ -112,10 +113,23 @@ func (e *Env) CancelReminder(ctx context.Context, name string) error {
 	if e.h == nil || e.h.stream == nil {
 		return ErrNotDurable
 	}
-	if err := e.h.stream.CancelReminder(ctx, e.Shard, e.ID, name); err != nil {
+	if err := e.h.stream.CancelReminder(ctx, e.reminderShard(), e.ID, name); err != nil {
 		return fmt.Errorf("natshard: %w", err)
 	}
 	return nil
+}
+
+// reminderShard is the shard number under which the entity's reminders
+// are kept: its shard under the type's first count, which no split
+// changes, so that a reminder set again after a split replaces the one set
+// before, and a cancel finds it. A reminder comes on that shard's subject;
+// its owner forwards it down to the entity's shard (docs/PROTOCOL.md,
+// Resharding).
+func (e *Env) reminderShard() int {
+	if e.h.agent == nil {
+		return e.Shard
+	}
+	return protocol.ShardOf(e.ID, e.h.agent.Layout().Counts()[0])
 }
 
 // SeqFrom returns the stream sequence of the message being handled, from

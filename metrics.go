@@ -60,7 +60,7 @@ var (
 	mBuffered   = metricDesc{"natshard_messages_buffered_total", "Messages of shards paused for a handoff appended to the buffer by this region (refusals included).", prometheus.CounterValue, nil}
 	mReplayed   = metricDesc{"natshard_messages_replayed_total", "Buffered messages replayed to entities.", prometheus.CounterValue, nil}
 	mHeld       = metricDesc{"natshard_messages_held_total", "Messages that arrived while their shard's buffer was replayed, or while the region was suspended (reconnecting to NATS), held until then.", prometheus.CounterValue, nil}
-	mOldSubject = metricDesc{"natshard_region_old_subject_messages_total", "Messages taken from a shard's ancestor subject: published with a shard count the type had before a split (PROTOCOL.md, Resharding). When it stays at 0, no publisher uses an old count any more.", prometheus.CounterValue, nil}
+	mOldSubject = metricDesc{"natshard_region_old_subject_messages_total", "Messages taken from a shard's ancestor subject (durable delivery: forwarded from a parent's subject to a child's, once per step): published with a shard count the type had before a split (PROTOCOL.md, Resharding). When it stays at 0, no publisher uses an old count any more.", prometheus.CounterValue, nil}
 	mDupes      = metricDesc{"natshard_messages_duplicates_skipped_total", "Copies skipped: a message with their key (a Nats-Msg-Id, or a reply subject marked unique) was delivered since the shard was bound.", prometheus.CounterValue, nil}
 
 	mActivations  = metricDesc{"natshard_entity_activations_total", "Entities activated (their factory returned one).", prometheus.CounterValue, nil}

@@ -2,13 +2,17 @@ package natshard_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard"
+	"github.com/natshard/natshard/entities"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/natshardtest"
 	"github.com/natshard/natshard/protocol"
@@ -188,4 +192,143 @@ func handledAll(rec *counting, sent map[string]int) bool {
 		}
 	}
 	return true
+}
+
+// TestReshardDurable (issue 35, durable delivery): a kv type of durable
+// delivery, 8 shards on three nodes, under load from a publisher that
+// keeps the count of 8 throughout (JetStream publishes, a key on every
+// other message) and natshard.Client (a key on every other message), is
+// split to 16; a child moves to another node; a node crashes; then a
+// second split, to 64. Each entity's array holds every message of each
+// publisher once, in the order it was published: nothing lost, nothing
+// applied twice (the parents' owners forward to the children; the kv
+// entity's applied sequence skips what it applied), order per publisher.
+func TestReshardDurable(t *testing.T) {
+	typ := natshard.Type{Name: "rsd", Kind: "kv", Shards: 8, Delivery: natshard.Durable, Entity: entities.KV(nil)}
+	c := natshardtest.Run(t, natshardtest.Config{Nodes: 3, Types: []natshard.Type{typ}})
+	subjects := protocol.MustSubjects("", "", "rsd")
+	ids := entityIDs(60)
+	js := natstest.JetStream(t, natstest.Connect(t, c.URL()))
+	client := c.Client()
+	body := func(pub string, seq int) []byte {
+		return fmt.Appendf(nil, `{"op":"append","key":"l","value":"%s-%d"}`, pub, seq)
+	}
+	pubs := map[string]func(id string, seq int) error{
+		"old": func(id string, seq int) error {
+			m := nats.NewMsg(subjects.EntityOf(id, 8))
+			m.Data = body("old", seq)
+			if seq%2 == 0 {
+				m.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("old/%s/%d", id, seq))
+			}
+			_, err := js.PublishMsg(context.Background(), m)
+			return err
+		},
+		"client": func(id string, seq int) error {
+			var opts []natshard.SendOption
+			if seq%2 == 0 {
+				opts = append(opts, natshard.MsgID(fmt.Sprintf("client/%s/%d", id, seq)))
+			}
+			return client.Publish(context.Background(), "rsd", id, body("client", seq), opts...)
+		},
+	}
+	sent := map[string][]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	const lanes = 4 // goroutines per publisher, each with its own entities
+	for name, send := range pubs {
+		n := make([]int, len(ids))
+		sent[name] = n
+		for lane := range lanes {
+			wg.Go(func() {
+				for i := lane; ; i += lanes {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					e := i % len(ids)
+					if err := send(ids[e], n[e]+1); err != nil {
+						t.Errorf("publisher %s: %v", name, err)
+						return
+					}
+					n[e]++
+				}
+			})
+		}
+	}
+	ctx := t.Context()
+	pause := func() { time.Sleep(500 * time.Millisecond) } // lets load flow between the steps
+	pause()
+	if from, err := natshard.Reshard(ctx, natstest.Connect(t, c.URL()), "rsd", 16); err != nil || from != 8 {
+		t.Fatalf("Reshard = %d, %v", from, err)
+	}
+	c.Settle()
+	pause()
+	child := protocol.ShardOf(ids[0], 16)
+	if child < 8 {
+		child += 8
+	}
+	c.Move("rsd", child, (c.Owner("rsd", child)+1)%3)
+	pause()
+	c.Crash(1)
+	c.Settle()
+	pause()
+	if from, err := c.Node(0).Reshard(ctx, "rsd", 64); err != nil || from != 16 {
+		t.Fatalf("second Reshard = %d, %v", from, err)
+	}
+	c.Settle()
+	pause()
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if oldSubject(c, "rsd") == 0 {
+		t.Errorf("no message forwarded from an old subject")
+	}
+	want := func(id string, e int) error {
+		data, err := client.Request(ctx, "rsd", id, []byte(`{"op":"get","key":"l"}`))
+		if err != nil {
+			return err
+		}
+		var got struct{ Value []string }
+		if err := json.Unmarshal(data, &got); err != nil {
+			return fmt.Errorf("%s: %w", data, err)
+		}
+		next := map[string]int{}
+		for _, v := range got.Value {
+			pub, seq, _ := strings.Cut(v, "-")
+			n, _ := strconv.Atoi(seq)
+			if n != next[pub]+1 {
+				return fmt.Errorf("%s's message %d applied after %d (lost, twice or out of order): %v", pub, n, next[pub], got.Value)
+			}
+			next[pub] = n
+		}
+		for pub, n := range sent {
+			if next[pub] != n[e] {
+				return fmt.Errorf("%d of %s's %d messages applied", next[pub], pub, n[e])
+			}
+		}
+		return nil
+	}
+	for e, id := range ids {
+		var last error
+		natstest.Eventually(t, time.Minute, "entity "+id+" to apply every message once, in order", func() error {
+			last = want(id, e)
+			if last != nil && strings.Contains(last.Error(), "after") {
+				return nil // settled wrong: fail below
+			}
+			return last
+		})
+		if last != nil {
+			t.Fatalf("entity %s: %v", id, last)
+		}
+	}
+	var total int
+	for _, n := range sent {
+		for _, k := range n {
+			total += k
+		}
+	}
+	t.Logf("%d messages to %d entities, %d forwarded from old subjects", total, len(ids), oldSubject(c, "rsd"))
 }

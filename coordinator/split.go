@@ -56,9 +56,6 @@ func (c *Core) Reshard(n int) (acts []Action, note string, err error) {
 		// (the coordinator that took it died), or a repeated command.
 		return nil, fmt.Sprintf("the type has %d shards already", n), nil
 	}
-	if c.typeCfg.DeliveryOf() == protocol.DeliveryDurable {
-		return nil, "", fmt.Errorf("%w: the type's delivery is durable, whose split this version cannot do (docs/PROTOCOL.md, Resharding)", ErrBadRequest)
-	}
 	next, err := c.layout.To(n)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", ErrBadRequest, err)

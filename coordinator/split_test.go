@@ -131,13 +131,15 @@ func TestSplitRefused(t *testing.T) {
 	if s.config.Shards != 0 {
 		t.Fatalf("a refused split wrote %+v", s.config)
 	}
-	// Durable delivery.
+	// Durable delivery splits as core delivery does (the regions forward
+	// a parent's messages to its children: region.splitDurable).
 	cfg := testConfig(8)
 	cfg.TypeConfig = protocol.TypeConfig{Shards: 8, Delivery: protocol.DeliveryDurable}
 	d := newSim(t, cfg)
 	d.join("a")
-	if _, _, err := d.c.Reshard(16); !errors.Is(err, ErrBadRequest) {
-		t.Fatalf("Reshard of a durable type: %v", err)
+	d.ticks(20)
+	if acts, _, err := d.c.Reshard(16); err != nil || len(acts) == 0 {
+		t.Fatalf("Reshard of a durable type: %d actions, %v", len(acts), err)
 	}
 }
 

@@ -38,6 +38,7 @@ func TestStream(t *testing.T) {
 			testStreamReset(t, js, s, subjects)
 			testStreamFirstOf(t, js, s, subjects)
 			testStreamReminders(t, js, s, subjects)
+			testStreamForward(t, js, s, subjects)
 		})
 	}
 }
@@ -293,4 +294,59 @@ func testStreamFirstOf(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, 
 		first, err := s.FirstOf(ctx, shard)
 		return err == nil && first == 0
 	})
+}
+
+// testStreamForward: a split's forwarding stores a copy on the child's
+// subject with the original's data and headers, its key moved to
+// HeaderKey (the original's Nats-Msg-Id would make the stream drop the
+// copy), JetStream's own headers dropped; forwarded again (its forwarder
+// crashed before acknowledging it), it is stored once.
+func testStreamForward(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, subjects protocol.Subjects) {
+	ctx := testCtx(t)
+	const parent, child = 3, 11 // of 8, of 16
+	id := "fw"
+	for i := 0; protocol.ShardOf(id, 16) != child; i++ {
+		id = fmt.Sprintf("fw%d", i)
+	}
+	m := nats.NewMsg(subjects.Entity(parent, id))
+	m.Data = []byte("payload")
+	m.Header.Set(protocol.HeaderMsgID, "key-1")
+	m.Header.Set(protocol.HeaderReply, "_INBOX.r")
+	m.Header.Set("Nats-Expected-Stream", kvstate.MessageStream(subjects.Type()))
+	ack, err := js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := s.Forward(ctx, m, ack.Sequence, child, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := s.ResetConsumer(ctx, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(2, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	for c := range msgs.Messages() {
+		got = append(got, c)
+		_ = c.Ack()
+	}
+	if len(got) != 1 {
+		t.Fatalf("%d copies on the child's subject, want 1", len(got))
+	}
+	c := got[0]
+	h := c.Headers()
+	if c.Subject() != subjects.Entity(child, id) || string(c.Data()) != "payload" ||
+		h.Get(protocol.HeaderKey) != "key-1" || protocol.IdempotencyKey(h) != "key-1" ||
+		h.Get(protocol.HeaderReply) != "_INBOX.r" || h.Get(protocol.HeaderForwarded) != fmt.Sprint(ack.Sequence) ||
+		h.Get("Nats-Expected-Stream") != "" {
+		t.Fatalf("the copy: %s %q %v", c.Subject(), c.Data(), h)
+	}
+	if err := s.Forward(ctx, m, ack.Sequence, protocol.MaxShards, id); err == nil {
+		t.Fatal("Forward to a shard out of range: no error")
+	}
 }

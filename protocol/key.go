@@ -40,10 +40,15 @@ func MessageKey(h nats.Header, reply string) string {
 // which it never sends again in another call) or the message is a
 // reminder's. An entity's runtime keeps the answers to the messages with
 // such keys and answers a message with a key it has seen with the first
-// answer. "" when the message has none; it reads no header when h is nil.
+// answer. A copy that a split's forwarding made carries its original's
+// key in HeaderKey. "" when the message has none; it reads no header when
+// h is nil.
 func IdempotencyKey(h nats.Header) string {
 	if h == nil {
 		return ""
+	}
+	if k := h.Get(HeaderKey); k != "" {
+		return k // a forwarded copy's (HeaderForwarded)
 	}
 	id := h.Get(HeaderMsgID)
 	if id == "" || strings.HasPrefix(id, UniqueReplyMark) || h.Get(HeaderReminder) != "" {

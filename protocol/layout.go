@@ -108,6 +108,30 @@ func (l Layout) Children(shard, from int) []int {
 	return out
 }
 
+// Forward returns the shard to which the owner of shard token moves a
+// message of entity id published on token's subject (durable delivery,
+// docs/PROTOCOL.md, Resharding): the entity's shard under the first count
+// that gives it another number than token, the next step down its line of
+// shards, so that each step keeps the order in which the messages came.
+// It returns token when the entity is token's under the layout's count
+// (the message is token's own), and -1 when token is not the entity's
+// shard under any count.
+func (l Layout) Forward(token int, id string) int {
+	own := false
+	for _, n := range l.counts {
+		switch s := ShardOf(id, n); {
+		case s == token:
+			own = true
+		case own:
+			return s
+		}
+	}
+	if !own {
+		return -1
+	}
+	return token
+}
+
 // String is the counts, "128>256>512".
 func (l Layout) String() string {
 	parts := make([]string, len(l.counts))

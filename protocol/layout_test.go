@@ -73,6 +73,35 @@ func TestLayoutChildren(t *testing.T) {
 	}
 }
 
+// TestLayoutForward: a message published under any count reaches its
+// entity's shard step by step, each step one count further, and never
+// goes back.
+func TestLayoutForward(t *testing.T) {
+	l := MustLayout(128, 256, 1024)
+	for i := range 10_000 {
+		id := fmt.Sprintf("e-%d", i)
+		own := l.ShardOf(id)
+		if got := l.Forward(own, id); got != own {
+			t.Fatalf("%s: Forward(%d) of its own shard = %d", id, own, got)
+		}
+		for _, n := range l.Counts() {
+			tok, steps := ShardOf(id, n), 0
+			for next := l.Forward(tok, id); next != tok; next = l.Forward(tok, id) {
+				if next < tok || !slices.Contains(l.Tokens(own), next) || steps > 2 {
+					t.Fatalf("%s: from %d (of %d) to %d after %d steps; its shard is %d", id, ShardOf(id, n), n, next, steps, own)
+				}
+				tok, steps = next, steps+1
+			}
+			if tok != own {
+				t.Fatalf("%s: from shard %d of %d ends at %d, not %d", id, ShardOf(id, n), n, tok, own)
+			}
+		}
+		if got := l.Forward((own+1)%128, id); got != -1 {
+			t.Fatalf("%s: Forward of a shard that is none of its = %d", id, got)
+		}
+	}
+}
+
 func TestLayoutParseEntity(t *testing.T) {
 	s := MustSubjects("", "", "orders")
 	one := MustLayout(128)

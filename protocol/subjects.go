@@ -63,6 +63,14 @@ const (
 	// entities): the answers to the last keyed messages the state
 	// applied, a JSON array of {"key","data" (base64),"error"}.
 	HeaderAnswers = "Natshard-Answers"
+	// HeaderForwarded is set on a message of durable delivery that a
+	// parent shard's owner moved onto a child's subject after a split
+	// (PROTOCOL.md, Resharding): its value is the stream sequence of the
+	// message it copies. HeaderKey carries the copied message's
+	// idempotency key (its Nats-Msg-Id, which the copy cannot keep: the
+	// stream would drop the copy as a duplicate of the original).
+	HeaderForwarded = "Natshard-Forwarded"
+	HeaderKey       = "Natshard-Key"
 )
 
 // Subjects builds and parses the subjects of one entity type.

@@ -452,32 +452,81 @@ func (ss *streamShard) reset() bool {
 	}
 }
 
-// deliver gives one pulled message to its entity, if the shard is live.
+// deliver gives one pulled message to its entity, if the shard is live,
+// or, for an entity that a split gave to a child, forwards it (see
+// forward).
 func (ss *streamShard) deliver(m jetstream.Msg) {
 	a := ss.a
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	if ss.mode != modeLive {
+		ss.mu.Unlock()
 		_ = m.Nak()
 		return
 	}
 	msg := &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
 	msg.Reply = msg.Header.Get(protocol.HeaderReply)
-	_, id, err := a.cfg.Subjects.ParseEntity(msg.Subject, a.cfg.Shards)
+	// The layout is read under mu: a split switches it under the
+	// parents' locks (splitDurable).
+	layout := a.layoutNow()
+	_, _, id, err := layout.ParseEntity(a.cfg.Subjects, msg.Subject)
+	next := -1
+	if err == nil {
+		if next = layout.Forward(ss.n, id); next < 0 {
+			err = fmt.Errorf("%w: %q is not in shard %d under any of the counts %s", protocol.ErrWrongShard, id, ss.n, layout)
+		}
+	}
 	if err != nil {
+		ss.mu.Unlock()
 		a.malformed(msg, err)
 		_ = m.Term()
 		return
 	}
 	md, err := m.Metadata()
 	if err != nil {
+		ss.mu.Unlock()
 		a.limit.log(a.log, "bad-metadata", "a pulled message has no stream metadata; left to the next owner", "shard", ss.n, "err", err)
 		return
 	}
 	ss.ackMu.Lock()
 	gen := ss.gen
 	ss.ackMu.Unlock()
-	a.host.DeliverDurable(ss.n, id, msg, md.Sequence.Stream, func() { ss.handled(m, gen) })
+	if next == ss.n {
+		a.host.DeliverDurable(ss.n, id, msg, md.Sequence.Stream, func() { ss.handled(m, gen) })
+		ss.mu.Unlock()
+		return
+	}
+	ss.mu.Unlock()
+	ss.forward(m, msg, md.Sequence.Stream, next, id, gen)
+}
+
+// forward moves a message of the shard's subject whose entity a split
+// gave to a child (next, the next step down the entity's line of shards:
+// Layout.Forward) onto the child's subject, and acknowledges it once the
+// stream stored the copy: a copy with a new stream sequence, after every
+// message the child's consumer has delivered, so the entity's applied
+// sequence lets it through. It runs on the pull's goroutine, one message
+// at a time, so the copies keep the order of the originals. Forwarded
+// again after a crash, the copy is stored once within the stream's
+// duplicate window (kvstate.Stream.Forward). A message that cannot be
+// stored is tried again while the shard is live; once it is not, it stays
+// in the stream for the shard's next owner.
+func (ss *streamShard) forward(m jetstream.Msg, msg *nats.Msg, seq uint64, next int, id string, gen uint64) {
+	a := ss.a
+	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+		err := a.cfg.Stream.Forward(a.ctx, msg, seq, next, id)
+		if err == nil {
+			a.stats.OldSubject.Add(1)
+			ss.handled(m, gen)
+			return
+		}
+		a.limit.log(a.log, "forward-failed", "cannot forward a message to the shard that a split gave its entity; retrying", "shard", ss.n, "to", next, "err", err)
+		ss.mu.Lock()
+		live := ss.mode == modeLive
+		ss.mu.Unlock()
+		if !live || !wait.Sleep(a.ctx, backoff) {
+			return
+		}
+	}
 }
 
 // handled acknowledges the message that was handled before m and keeps m:
@@ -495,10 +544,12 @@ func (ss *streamShard) handled(m jetstream.Msg, gen uint64) {
 	}
 	prev := ss.last
 	ss.last = m
-	ss.ackMu.Unlock()
 	if prev != nil {
+		// Under ackMu: an acknowledgement confirmed by confirm comes
+		// after every one sent before it.
 		_ = prev.Ack()
 	}
+	ss.ackMu.Unlock()
 }
 
 // pause stops pulling; what the iterator still had goes back to the
@@ -539,6 +590,13 @@ func (ss *streamShard) settle(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	return ss.confirm(ctx)
+}
+
+// confirm acknowledges the last message handled synchronously and waits
+// until the stream removed it: every message handled before it is out of
+// the stream then (settle; a split, before its children go live).
+func (ss *streamShard) confirm(ctx context.Context) error {
 	ss.ackMu.Lock()
 	last := ss.last
 	ss.last = nil

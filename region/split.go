@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -154,8 +155,8 @@ func (a *Agent) checkSplit(count int) (protocol.Layout, error) {
 	return protocol.NewLayout(counts[:i+1]...)
 }
 
-// splitShards carries out a SplitShards (core delivery; a type of durable
-// delivery is never split: the coordinator refuses it). Under the locks of
+// splitShards carries out a SplitShards (core delivery; durable delivery:
+// splitDurable). Under the locks of
 // every parent, the children are registered on their subscriptions (the
 // parents', and their own), and then every subscription of the region
 // routes by the new layout: each of a parent's messages goes either to
@@ -163,6 +164,10 @@ func (a *Agent) checkSplit(count int) (protocol.Layout, error) {
 // (after), never both, never neither. Then the parents' entities that are
 // now the children's stop, and each child serves once they have.
 func (a *Agent) splitShards(act SplitShards) {
+	if a.cfg.Stream != nil {
+		a.splitDurable(act)
+		return
+	}
 	layout := act.Layout
 	var (
 		errs    []error
@@ -264,6 +269,101 @@ func (a *Agent) childrenLive(evictions []<-chan struct{}, kids [][]*shardState) 
 			for _, st := range kids[i] {
 				ev.Shards, ev.Lives = append(ev.Shards, st.n), append(ev.Lives, st.lifeN)
 			}
+		}
+		a.post(ev)
+	}
+}
+
+// splitDurable carries out a SplitShards in durable delivery. Each child
+// has a consumer of its own subject; a message on a parent's subject for
+// an entity that is now a child's is forwarded by the parent's owner onto
+// the child's subject (streamShard.forward), so a child's entities get all
+// their messages from the child's consumer, in its stream order, and the
+// entity's applied sequence keeps working. Under the locks of every
+// parent the region routes by the new layout: each message a parent pulls
+// is either delivered (before) or forwarded (after). Then the parents'
+// entities that are now the children's stop (after what they were given),
+// each parent acknowledges synchronously what it handled (confirm: none
+// of those can be forwarded later, as a copy of a new sequence that the
+// entity would apply again), and the children get their consumers and go
+// live.
+func (a *Agent) splitDurable(act SplitShards) {
+	layout := act.Layout
+	var (
+		errs    []error
+		parents []*streamShard
+		kids    [][]*streamShard
+	)
+	a.mu.Lock()
+	for i, p := range act.Parents {
+		parent, _ := a.shards[p].(*streamShard)
+		if parent == nil {
+			errs = append(errs, fmt.Errorf("shard %d: not held in durable delivery", p))
+			continue
+		}
+		var ks []*streamShard
+		for j, k := range act.Children[i] {
+			st := &streamShard{a: a, n: k, lifeN: act.Lives[i][j], mode: modeHold}
+			a.shards[k] = st
+			ks = append(ks, st)
+		}
+		parents, kids = append(parents, parent), append(kids, ks)
+	}
+	a.mu.Unlock()
+	for _, p := range parents {
+		p.mu.Lock()
+	}
+	a.layout.Store(&layout)
+	for _, p := range parents {
+		p.mu.Unlock()
+	}
+	evictions := make([]<-chan struct{}, len(parents))
+	for i, p := range parents {
+		evictions[i] = a.host.Evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
+	}
+	a.goDo(func() { a.durableChildrenLive(parents, evictions, kids) })
+	a.post(Bound{ID: act.ID, Err: errors.Join(errs...)})
+}
+
+// durableChildrenLive waits for each parent's eviction, confirms what the
+// parent handled, gives each of its children a new consumer and reports
+// them live (SplitLive), a parent's children at a time. A child whose
+// consumer cannot be made is tried again while the region runs.
+func (a *Agent) durableChildrenLive(parents []*streamShard, evictions []<-chan struct{}, kids [][]*streamShard) {
+	for i, p := range parents {
+		select {
+		case <-evictions[i]:
+		case <-a.ctx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(a.ctx, settleWait)
+		if err := p.confirm(ctx); err != nil {
+			// Not fatal: the parent's next acknowledgements carry it. A
+			// crash before them may give a message handled here to a
+			// child again (docs/PROTOCOL.md, Resharding).
+			a.log.Warn("a split could not confirm what a parent shard handled", "shard", p.n, "err", err)
+		}
+		cancel()
+		var ev SplitLive
+		for _, st := range kids[i] {
+			a.mu.Lock()
+			held := a.shards[st.n] == intake(st)
+			a.mu.Unlock()
+			if !held {
+				continue // moved or dropped meanwhile: its consumer is its owner's
+			}
+			for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
+				cons, err := a.cfg.Stream.ResetConsumer(a.ctx, st.n)
+				if err == nil {
+					st.cons = cons
+					break
+				}
+				a.limit.log(a.log, "reset-failed", "cannot make a child shard's consumer; retrying", "shard", st.n, "err", err)
+				if !wait.Sleep(a.ctx, backoff) {
+					return
+				}
+			}
+			ev.Shards, ev.Lives = append(ev.Shards, st.n), append(ev.Lives, st.lifeN)
 		}
 		a.post(ev)
 	}

@@ -51,6 +51,9 @@ const attemptTimeout = 5 * time.Second
 // type's configuration tells it the new count once every region serves it,
 // and it sends by that count from then on (messages sent by the old count
 // still reach their entities). The watch lasts as long as the connection.
+// A type of durable delivery is the exception: a Client keeps the count it
+// learnt first, so that its messages keep their order (their owners
+// forward them to the children); a new Client learns the new count.
 // It is safe for concurrent use. The
 // core requests of every Client of a connection wait for their answers on
 // one subscription of the connection (a wildcard on a new inbox;
@@ -114,7 +117,8 @@ type Client struct {
 type clientType struct {
 	subjects protocol.Subjects
 	// shards is the type's announced shard count, shared by the clients
-	// of the connection and kept up to date by one watch (countOf).
+	// of the connection and kept up to date by one watch (countOf); in
+	// durable delivery the count the client learnt first (Learn).
 	shards  *atomic.Int64
 	durable bool // durable delivery: sent through the type's stream
 }
@@ -502,8 +506,11 @@ func (c *Client) typeOf(ctx context.Context, until time.Time, typ string) (clien
 		}
 		switch {
 		case err == nil:
-			// The watch of the count starts before the first message.
-			follow(c.nc, c.js, typ, cfg.Shards)
+			// The watch of the count starts before the first message
+			// (core delivery; a durable type's count is kept: Learn).
+			if cfg.DeliveryOf() != protocol.DeliveryDurable {
+				follow(c.nc, c.js, typ, cfg.Shards)
+			}
 			return c.Learn(subjects, cfg.Shards, cfg.DeliveryOf()), nil
 		case errors.Is(err, kvstate.ErrNotFound):
 			return t, fmt.Errorf("%w %q: NATS has no bucket %s (does a node host it?)", ErrUnknownType, typ, kvstate.BucketName(typ))
@@ -534,7 +541,19 @@ func (c *Client) jetStream() error {
 // type knows them: the client then does not read them from the type's
 // KV bucket. A program that only sends has no need of it.
 func (c *Client) Learn(subjects protocol.Subjects, shards int, delivery string) clientType {
-	t := clientType{subjects: subjects, shards: countOf(c.nc, subjects.Type(), shards), durable: delivery == protocol.DeliveryDurable}
+	t := clientType{durable: delivery == protocol.DeliveryDurable, subjects: subjects}
+	if t.durable {
+		// The count learnt first, kept for the client's life: after a
+		// split the owners of the parent shards forward what comes on
+		// their subjects to the children, in order, and a client that
+		// switched to the new count could have its first messages on a
+		// child's subject handled before its last ones on the parent's,
+		// still waiting there (docs/PROTOCOL.md, Resharding).
+		t.shards = new(atomic.Int64)
+		t.shards.Store(int64(shards))
+	} else {
+		t.shards = countOf(c.nc, subjects.Type(), shards)
+	}
 	c.mu.Lock()
 	types := map[string]clientType{}
 	if old := c.types.Load(); old != nil {

@@ -237,8 +237,9 @@ there). natshard's Client learns the new count at once.
 
 shardctl waits until the split is announced (every region has split) and
 prints how long it took; while shards are moving it asks again until
---timeout (default 1m). A type of durable delivery cannot be resharded
-yet, nor a daemon's type.`,
+--timeout (default 1m). A type of durable delivery is resharded too
+(the parents' owners forward what comes on old subjects through the
+stream); a daemon's type cannot be.`,
 			examples: `# 128 shards to 256, then spread the children at once.
 shardctl reshard --shards 256
 shardctl rebalance --wait

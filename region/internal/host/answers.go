@@ -213,6 +213,9 @@ func answerKey(h map[string][]string) (key string, ask bool) {
 			return v[0], true
 		}
 	}
+	if k := h[protocol.HeaderKey]; len(k) > 0 && k[0] != "" {
+		return k[0], false // a copy forwarded after a split carries its original's key
+	}
 	if len(id) == 0 || id[0] == "" || strings.HasPrefix(id[0], protocol.UniqueReplyMark) {
 		return "", false
 	}
