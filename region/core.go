@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"time"
+
+	"github.com/nats-io/nuid"
 
 	"github.com/natshard/natshard/protocol"
 )
@@ -54,6 +57,7 @@ type Core struct {
 	releases  []*releaseAnswer
 	token     uint64 // counts Release actions
 	tick      int
+	reg       registration // the registration life cycle (corereg.go)
 	out       []Action
 }
 
@@ -67,6 +71,14 @@ type CoreConfig struct {
 	// HandOffWait: ticks a HandOff answer waits for the paused shards'
 	// entities to stop before it says Complete=false (default 20).
 	HandOffWait int
+	// LeaseTTL is the registration's TTL (corereg.go); 0: the core has
+	// no deadline and never renews nor registers by itself (the tests of
+	// its commands).
+	LeaseTTL time.Duration
+	// Version and Instance go into the registration (protocol.RegionInfo).
+	Version, Instance string
+	// NewIncarnation names a new incarnation (default nuid.Next).
+	NewIncarnation func() string
 }
 
 // coreShard is a held shard.
@@ -100,12 +112,17 @@ type releaseAnswer struct {
 	errs    []error
 }
 
-// NewCore returns a core of a region that is registered as incarnation.
+// NewCore returns a core of a region that is registered as incarnation
+// (its last renewal sent at the zero time), or, when incarnation is "",
+// one not registered yet, whose first registration Start begins.
 func NewCore(cfg CoreConfig, incarnation string) *Core {
 	if cfg.HandOffWait <= 0 {
 		cfg.HandOffWait = 20
 	}
-	return &Core{cfg: cfg, registered: true, incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
+	if cfg.NewIncarnation == nil {
+		cfg.NewIncarnation = nuid.Next
+	}
+	return &Core{cfg: cfg, registered: incarnation != "", incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
 }
 
 // Event is an input of Core.Step.
@@ -152,12 +169,6 @@ type ReleaseDone struct {
 	Err   error
 }
 
-// RegistrationWritten: a WriteRegistration action ended.
-type RegistrationWritten struct {
-	ID  uint64
-	Err error
-}
-
 // Fenced: the region must stop serving every shard at once (its
 // connection dropped, its registration was lost or not renewed in time).
 // Incarnation is the one fenced: a fence of an earlier incarnation (one
@@ -176,48 +187,52 @@ type SourceFenced struct {
 	Life  uint64
 }
 
-// Registered: the region registered a new incarnation (after a fence).
-type Registered struct{ Incarnation string }
-
 // Suspended: the region's connection to NATS dropped. Every held shard
 // rides it through rather than being dropped: a live one is suspended
 // (arrivals held), a replaying one stops delivering where it is (its
 // place in the buffer and the keys it delivered are kept) and holds
 // arrivals, a paused one keeps diverting. Incarnation is the one
-// suspended.
-type Suspended struct{ Incarnation string }
+// suspended ("": the current one).
+type Suspended struct {
+	Incarnation string
+	Reason      string
+}
 
 // Confirmed: back on NATS, the region renewed its registration (so the
 // coordinator had not removed it) and then read the shard table, Rows
-// (every row, from the stream leader, after the renewal). Each suspended
-// shard is kept, paused or dropped as its row says (see Core.confirmed).
+// (every row, from the stream leader, after the renewal): the outcome of
+// ReadTable. Each suspended shard is kept, paused or dropped as its row
+// says (see Core.confirmed), if no drop came since the round began
+// (Drops, the count of Suspended events) and the read worked (Err).
 type Confirmed struct {
 	Incarnation string
+	Drops       uint64
 	Rows        []protocol.ShardRecord
+	Err         error
 }
 
 // Leaving: the process is stopping (Agent.Leave): the region marks itself
-// leaving, for good. (Agent.Leave writes the registration itself, then.)
-// Done, when not nil, is closed once the event was taken.
-type Leaving struct{ Done chan struct{} }
+// leaving, for good, and writes its registration at once. Written, when
+// not nil, is closed once that write ended; Done once the region holds
+// no shard.
+type Leaving struct{ Written, Done chan struct{} }
 
-// Closing: the region closes.
-type Closing struct{}
+// Closing: the region closes. Done, when not nil, is closed once no
+// registration write is in flight (Core.Lease is then the last one).
+type Closing struct{ Done chan struct{} }
 
-func (CommandIn) isEvent()           {}
-func (EpochChecked) isEvent()        {}
-func (Bound) isEvent()               {}
-func (CaughtUp) isEvent()            {}
-func (EntitiesStopped) isEvent()     {}
-func (ReleaseDone) isEvent()         {}
-func (RegistrationWritten) isEvent() {}
-func (Fenced) isEvent()              {}
-func (SourceFenced) isEvent()        {}
-func (Registered) isEvent()          {}
-func (Suspended) isEvent()           {}
-func (Confirmed) isEvent()           {}
-func (Leaving) isEvent()             {}
-func (Closing) isEvent()             {}
+func (CommandIn) isEvent()       {}
+func (EpochChecked) isEvent()    {}
+func (Bound) isEvent()           {}
+func (CaughtUp) isEvent()        {}
+func (EntitiesStopped) isEvent() {}
+func (ReleaseDone) isEvent()     {}
+func (Fenced) isEvent()          {}
+func (SourceFenced) isEvent()    {}
+func (Suspended) isEvent()       {}
+func (Confirmed) isEvent()       {}
+func (Leaving) isEvent()         {}
+func (Closing) isEvent()         {}
 
 // Action is an output of Core: something the driver must do, in order.
 type Action interface{ isAction() }
@@ -298,28 +313,25 @@ type Release struct {
 	Held    bool
 }
 
-// WriteRegistration: write the registration (with the leaving mark as it
-// is now) at once; report RegistrationWritten with ID (0: nobody waits).
-type WriteRegistration struct{ ID uint64 }
-
-// Log: say it.
+// Log: say it; a Log with a Limit kind is said at most once per
+// logEvery for that kind.
 type Log struct {
 	Level slog.Level
 	Msg   string
 	Args  []any
+	Limit string
 }
 
-func (Answer) isAction()            {}
-func (CheckEpoch) isAction()        {}
-func (BindShards) isAction()        {}
-func (GoLive) isAction()            {}
-func (Suspend) isAction()           {}
-func (Resume) isAction()            {}
-func (Pause) isAction()             {}
-func (Unbind) isAction()            {}
-func (Release) isAction()           {}
-func (WriteRegistration) isAction() {}
-func (Log) isAction()               {}
+func (Answer) isAction()     {}
+func (CheckEpoch) isAction() {}
+func (BindShards) isAction() {}
+func (GoLive) isAction()     {}
+func (Suspend) isAction()    {}
+func (Resume) isAction()     {}
+func (Pause) isAction()      {}
+func (Unbind) isAction()     {}
+func (Release) isAction()    {}
+func (Log) isAction()        {}
 
 // Step takes one event and returns the actions it causes.
 func (c *Core) Step(ev Event) []Action {
@@ -346,20 +358,15 @@ func (c *Core) Step(ev Event) []Action {
 		c.answerHandoffs()
 	case ReleaseDone:
 		c.releaseDone(ev)
-	case RegistrationWritten:
-		if ev.ID != 0 {
-			r := protocol.Reply{Incarnation: c.incarnation, Epoch: c.maxEpoch, Held: c.held()}
-			if ev.Err != nil {
-				r.Error = ev.Err.Error()
-			}
-			c.emit(Answer{ID: ev.ID, Reply: r})
-		}
+	case RegisterDone:
+		c.registerDone(ev)
+	case RenewDone:
+		c.renewDone(ev)
+	case Reconnected:
+		c.reconnected()
 	case Fenced:
-		if c.registered && (ev.Incarnation == "" || ev.Incarnation == c.incarnation) {
-			c.registered, c.suspended = false, false
-			dropped := c.unbindAll("region fenced")
-			c.log(slog.LevelWarn, "fenced: stopped serving every shard", "reason", ev.Reason, "shards", len(dropped))
-			c.failWaiting(errNotRegistered)
+		if ev.Incarnation == "" || ev.Incarnation == c.incarnation {
+			c.fence(ev.Reason)
 		}
 	case SourceFenced:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
@@ -367,26 +374,16 @@ func (c *Core) Step(ev Event) []Action {
 			c.log(slog.LevelWarn, "dropped a shard paused for a handoff that the coordinator had fenced (it timed out while this region was stalled): the shard is another's now", "shard", ev.Shard, "handoff", s.handoff)
 			c.answerHandoffs()
 		}
-	case Registered:
-		c.registered, c.incarnation, c.suspended = true, ev.Incarnation, false
 	case Suspended:
-		c.suspend(ev)
+		c.onSuspended(ev)
 	case Confirmed:
-		c.confirmed(ev)
+		c.confirmedEv(ev)
 	case Leaving:
-		if !c.closed {
-			if !c.leaving {
-				c.log(slog.LevelInfo, "region leaving: waiting for its shards to be handed off")
-			}
-			c.leaving, c.going = true, true
-		}
+		c.leavingEv(ev)
 	case Closing:
-		if !c.closed {
-			c.closed = true
-			c.unbindAll("region closing")
-			c.failWaiting(ErrClosed)
-		}
+		c.closingEv(ev)
 	}
+	c.leftCheck()
 	return c.out
 }
 
@@ -403,11 +400,15 @@ func (c *Core) caughtUp(ev CaughtUp) {
 	}
 }
 
-// Tick advances the core's clock by one tick.
-func (c *Core) Tick() []Action {
+// Tick advances the core's clock by one tick, at now: handoff answers
+// whose wait ran out, the registration's renewals and deadline.
+func (c *Core) Tick(now time.Time) []Action {
 	c.out = nil
 	c.tick++
+	c.later(now)
 	c.answerHandoffs()
+	c.tickRegistration()
+	c.leftCheck()
 	return c.out
 }
 
@@ -547,7 +548,7 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 			c.log(slog.LevelInfo, "region leaving, as the coordinator asked")
 		}
 		c.leaving = true
-		c.emit(WriteRegistration{ID: ev.ID})
+		c.write(waiter{id: ev.ID})
 	case protocol.CmdSplit:
 		c.splitCommand(ev.ID, cmd, &reply, answer)
 	case protocol.CmdUndrain:
@@ -561,7 +562,7 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 				c.log(slog.LevelInfo, "region takes shards again, as the coordinator asked (undrain)")
 			}
 			c.leaving = false
-			c.emit(WriteRegistration{ID: ev.ID})
+			c.write(waiter{id: ev.ID})
 		}
 	default:
 		answer(fmt.Errorf("unknown command %s", cmd.Kind))
@@ -579,9 +580,6 @@ var errSuspended = errors.New("region suspended: reconnected to NATS, confirming
 // go on diverting (nats.go subscribes them again on reconnect). The
 // commands waiting fail (the coordinator sends them again).
 func (c *Core) suspend(ev Suspended) {
-	if !c.registered || c.closed || c.suspended || ev.Incarnation != c.incarnation {
-		return
-	}
 	c.suspended = true
 	var live, moving []int
 	for _, n := range c.held() {
@@ -601,7 +599,7 @@ func (c *Core) suspend(ev Suspended) {
 		}
 	}
 	c.failWaiting(errSuspended)
-	c.log(slog.LevelWarn, "disconnected from NATS: shards suspended until the region confirms them", "suspended", len(live), "moving", moving)
+	c.log(slog.LevelWarn, "suspended: serving no shard until it is confirmed after the reconnect", "reason", ev.Reason, "suspended", len(live), "moving", moving)
 }
 
 // verdict is what a confirmation does with a suspended shard.
