@@ -13,15 +13,18 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
-// Core decides what the region does with its shards: which to bind,
-// pause, release and drop, when to answer the coordinator and what. It
-// takes events (the coordinator's commands, the outcome of an epoch check,
-// a replay caught up, entities stopped, a release done, a fence, a new
-// registration, ticks) and returns the actions to carry out, in order. It
-// does no I/O and reads no clock (time is a count of ticks), so the same
-// inputs give the same outputs; its tests are scenarios without NATS
-// (core_test.go). The Agent's driver goroutine owns it; it is not safe
-// for concurrent use.
+// Core decides what the region does with its shards and its
+// registration: which shards to bind, pause, release and drop, when to
+// answer the coordinator and what, when to register, renew, fence,
+// suspend and confirm (corereg.go). It takes events (the coordinator's
+// commands, the outcome of an epoch check, a replay caught up, entities
+// stopped, a release done, a registration write's outcome, a fence, a
+// lost connection, ticks) and returns the actions to carry out, in order.
+// It does no I/O and reads no clock (time comes in with Tick and the
+// outcome events), so the same inputs give the same outputs; its tests
+// are scenarios without NATS (core_test.go, corereg_test.go) and a
+// simulation (sim_test.go). The Agent's driver goroutine owns it; it is
+// not safe for concurrent use.
 //
 // Every command is idempotent: the coordinator resends a command until it
 // gets an answer without error. A command with an epoch newer than any

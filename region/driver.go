@@ -68,32 +68,51 @@ func (a *Agent) run() {
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
-		var ev Event
 		if len(a.local) > 0 {
-			ev, a.local = a.local[0], a.local[1:]
-		} else {
-			select {
-			case ev = <-a.events:
-			case now := <-t.C:
-				a.carryOut(a.core.Tick(now))
-				continue
+			ev := a.local[0]
+			a.local = a.local[1:]
+			if !a.handle(ev) {
+				return
 			}
+			continue
 		}
-		var done chan struct{}
-		switch e := ev.(type) {
-		case stopLoop:
-			return
-		case commandIn:
-			a.replyTo[e.ID] = e.msg
-			ev = e.CommandIn
-		case synced:
-			ev, done = e.ev, e.done
-		}
-		a.carryOut(a.core.Step(ev))
-		if done != nil {
-			close(done)
+		select {
+		case ev := <-a.events:
+			if !a.handle(ev) {
+				return
+			}
+		case now := <-t.C:
+			// The events queued before the tick came before it: taken
+			// first, so that a renewal's success never loses a race with
+			// the deadline it met.
+			for n := len(a.events); n > 0; n-- {
+				if !a.handle(<-a.events) {
+					return
+				}
+			}
+			a.carryOut(a.core.Tick(now))
 		}
 	}
+}
+
+// handle steps the core with ev and carries out what it returns; false:
+// the driver stops.
+func (a *Agent) handle(ev Event) bool {
+	var done chan struct{}
+	switch e := ev.(type) {
+	case stopLoop:
+		return false
+	case commandIn:
+		a.replyTo[e.ID] = e.msg
+		ev = e.CommandIn
+	case synced:
+		ev, done = e.ev, e.done
+	}
+	a.carryOut(a.core.Step(ev))
+	if done != nil {
+		close(done)
+	}
+	return true
 }
 
 // carryOut publishes the core's view and its registration deadline, then
