@@ -103,7 +103,9 @@ type Config struct {
 	// connection: the coordinator may have given them away meanwhile
 	// (stall.go). Keep it below the coordinator's handoff timeout; 0 means
 	// DefaultStallLimit, negative no stall watch (tests that play the
-	// coordinator without a shard table).
+	// coordinator without a shard table): neither a stall nor a
+	// registration deadline passed with a renewal unanswered suspends the
+	// region then (see CoreConfig.ServeOnAtDeadline).
 	StallLimit time.Duration
 	// Remember, when set, keeps the ids of the active entities, and a
 	// shard's new owner starts them again (remember.go). Entities are
@@ -298,7 +300,7 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 	a.host = newHost(hc)
 	a.core = NewCore(CoreConfig{
 		Shards: cfg.Layout.Shards(), Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery)),
-		LeaseTTL: cfg.LeaseTTL, Version: cfg.Version, Instance: a.instance,
+		LeaseTTL: cfg.LeaseTTL, Version: cfg.Version, Instance: a.instance, ServeOnAtDeadline: cfg.StallLimit < 0,
 	}, "")
 	a.opened = make(chan error, 1)
 	a.carryOut(a.core.Start(time.Now()))

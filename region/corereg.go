@@ -243,7 +243,7 @@ func (c *Core) tickRegistration() {
 		// A renewal is in flight (bounded by the deadline) or its answer
 		// waits in the driver's queue: serve nothing until it is known,
 		// and then confirm the shards, as after a stall (stall.go).
-		if !c.suspended {
+		if !c.suspended && !c.cfg.ServeOnAtDeadline {
 			c.onSuspended(Suspended{Reason: "registration deadline passed with a renewal unanswered"})
 			c.reconnected()
 		}

@@ -7,17 +7,18 @@
 //
 // # Core and driver
 //
-// Core (core.go, corereg.go) owns the region's state: what it does with
-// its shards and its registration. It takes events (the coordinator's
-// commands, an epoch check's outcome, shards bound, a replay caught up,
-// entities stopped, a release done, a registration or renewal written or
-// refused, the shard table read, a fence, a lost connection and the
-// connection back, a leave, a close, and ticks that carry the time) and
-// returns the actions to carry out, in order. It does no I/O and reads no
-// clock: time comes in with Tick and with the outcome events, deadlines
-// are package renewal's. Its tests are scenarios without NATS (core_test.go,
-// corereg_test.go) and a simulation of random histories that checks the
-// region's guarantees after every step (sim_test.go).
+// Core (core.go, corereg.go, coresuspend.go) owns the region's state:
+// what it does with its shards and its registration. It takes events (the
+// coordinator's commands, an epoch check's outcome, shards bound, a
+// replay caught up, entities stopped, a release done, a registration or
+// renewal written or refused, the shard table read, a fence, a lost
+// connection and the connection back, a leave, a close, and ticks that
+// carry the time) and returns the actions to carry out, in order. It does
+// no I/O and reads no clock: time comes in with Tick and with the outcome
+// events, deadlines are package renewal's. Its tests are scenarios
+// without NATS (core_test.go, corereg_test.go) and a simulation of random
+// histories that checks the region's guarantees after every step
+// (sim_test.go).
 //
 // The registration life cycle is the core's: it registers (Open waits for
 // the first registration; a late acknowledgement is written again as the
