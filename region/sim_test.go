@@ -3,6 +3,7 @@ package region
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -48,6 +49,7 @@ type regionSim struct {
 	sent     map[uint64]protocol.Command
 	handoffs uint64
 	log      []string
+	signals  map[chan struct{}]bool // Signal actions: whether a registration write was under way then
 }
 
 // simIO is an action of the core under way: done gives its outcome,
@@ -62,7 +64,7 @@ const simRegionID = "r"
 func newRegionSim(t *testing.T, seed uint64) *regionSim {
 	s := &regionSim{
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		ttl: 4 * time.Second, connected: true, table: map[int]protocol.ShardRecord{}, sent: map[uint64]protocol.Command{},
+		ttl: 4 * time.Second, connected: true, table: map[int]protocol.ShardRecord{}, sent: map[uint64]protocol.Command{}, signals: map[chan struct{}]bool{},
 	}
 	c := NewCore(CoreConfig{Shards: 8, Region: simRegionID, HandOffWait: 5, LeaseTTL: s.ttl, Instance: "me", NewIncarnation: func() string {
 		s.incs++
@@ -170,6 +172,8 @@ func (s *regionSim) run(acts []Action) {
 			})
 		case Fail:
 			s.t.Fatalf("the region failed: %v", a.Err)
+		case Signal:
+			s.signals[a.Ch] = s.c.Writing() || slices.ContainsFunc(s.pending, func(io simIO) bool { return io.what == "renew" || io.what == "register" })
 		}
 	}
 	s.coordinate()
@@ -353,6 +357,30 @@ func (s *regionSim) settle() {
 	}
 }
 
+// close closes the region: it unbinds everything, signals once no
+// registration write is in flight, and writes nothing after.
+func (s *regionSim) close() {
+	s.t.Helper()
+	if s.rng.IntN(2) == 0 {
+		s.tick(time.Second) // a renewal in flight, most likely
+	}
+	quiet := make(chan struct{})
+	s.step(Closing{Done: quiet})
+	s.deliverAll()
+	if writing, ok := s.signals[quiet]; !ok || writing {
+		s.fail("closing signalled %v, with a registration write under way %v", ok, writing)
+	}
+	if len(s.c.Held()) != 0 || slices.Contains(slices.Collect(maps.Values(s.live)), true) {
+		s.fail("a closed region holds shards")
+	}
+	for range 100 {
+		s.tick(50 * time.Millisecond)
+	}
+	if len(s.pending) != 0 {
+		s.fail("a closed region started I/O: %d under way", len(s.pending))
+	}
+}
+
 func (s *regionSim) fail(format string, args ...any) {
 	s.t.Helper()
 	tail := s.log[max(0, len(s.log)-60):]
@@ -400,9 +428,14 @@ func TestRegionSim(t *testing.T) {
 					s.reconnect()
 				case x < 99:
 					s.send(protocol.CmdProbe, nil, nil)
+				case !s.c.Leaving():
+					// The process starts to stop: the coordinator would move
+					// the shards off; this one goes on as before.
+					s.step(Leaving{})
 				}
 			}
 			s.settle()
+			s.close()
 		})
 	}
 }
