@@ -15,8 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"github.com/natshard/natshard/internal/passivation"
-	"github.com/natshard/natshard/internal/renewal"
-	"github.com/natshard/natshard/internal/wait"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region/internal/host"
@@ -106,7 +104,9 @@ type Config struct {
 	// connection: the coordinator may have given them away meanwhile
 	// (stall.go). Keep it below the coordinator's handoff timeout; 0 means
 	// DefaultStallLimit, negative no stall watch (tests that play the
-	// coordinator without a shard table).
+	// coordinator without a shard table): neither a stall nor a
+	// registration deadline passed with a renewal unanswered suspends the
+	// region then (see CoreConfig.ServeOnAtDeadline).
 	StallLimit time.Duration
 	// Remember, when set, keeps the ids of the active entities, and a
 	// shard's new owner starts them again (remember.go). Entities are
@@ -148,14 +148,13 @@ type Agent struct {
 	loopDone chan struct{} // closed when the driver returned
 	replays  chan struct{} // a slot per replay reading its buffer (maxReplays)
 
-	// The driver's own, touched by no other goroutine.
+	// The driver's own, touched by no other goroutine (Open's before the
+	// driver starts, Close's after it returned).
 	core    *Core
 	replyTo map[uint64]*nats.Msg // commands waiting for their answer
 	local   []Event              // events the driver caused itself, taken first
-
-	renewMu        sync.Mutex // serializes the writes of the registration, and guards:
-	pendingInc     string     // the incarnation being registered (see register)
-	pendingStarted int64
+	opened  chan error           // the first registration's outcome, for Open
+	closing atomic.Bool          // Close was called
 
 	// layout is the type's shard counts as the region routes by them:
 	// changed by the driver when the region splits (split.go).
@@ -166,30 +165,12 @@ type Agent struct {
 	subsMu sync.Mutex
 	subs   map[int]*subjectSub
 
-	mu          sync.Mutex            // guards what follows
-	shards      map[int]intake        // the data plane of the held shards, by the driver
-	stopping    map[int]chan struct{} // shard -> closed when its entities have stopped
-	held        []int                 // the core's held shards after its last step (never changed: replaced)
-	modes       map[int]mode          // and their modes (never changed: replaced)
-	leaving     bool                  // the core's leaving mark after its last step
-	epoch       uint64                // the core's newest epoch obeyed after its last step
-	incarnation string
-	started     int64           // unix ms of the current incarnation's registration
-	conn        protocol.ConnID // the connection the registration names
-	lease       kvstate.Lease
-	registered  bool
-	renewedAt   time.Time // when the last successful registration write was sent
-	closed      bool
-	// suspended: the connection dropped and the shards have not been
-	// confirmed since (see Suspend); disconnects counts the drops, so that
-	// a confirmation that a drop overtook is made again; confirming: a
-	// confirm goroutine runs.
-	suspended   bool
-	disconnects uint64
-	confirming  bool
-	// servingCh is closed (and made again by Serving) when what Serving
-	// reports may have changed: registered, suspended, closed, modes.
-	servingCh chan struct{}
+	mu       sync.Mutex            // guards what follows
+	shards   map[int]intake        // the data plane of the held shards, by the driver
+	stopping map[int]chan struct{} // shard -> closed when its entities have stopped
+	// view is the core's state after the driver's last step (serving.go),
+	// written by the driver alone.
+	view *view
 
 	clock stallClock // beats of the stall watch, registration deadline (stall.go)
 
@@ -292,7 +273,8 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		a.clock.limit = int64(cfg.StallLimit)
 	}
 	a.traceMsgs = a.log.Enabled(context.Background(), slog.LevelDebug)
-	if err := a.checkIDFree(ctx); err != nil {
+	err := a.checkIDFree(ctx)
+	if err != nil {
 		return nil, err
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
@@ -318,43 +300,57 @@ func Open(ctx context.Context, cfg Config) (*Agent, error) {
 		hc.Remember, hc.Forget = a.recorder.remember, a.recorder.forget
 	}
 	a.host = host.New(hc)
-	err := a.register(ctx)
-	for try := 1; errors.Is(err, errLateAck) && try < 3; try++ {
-		err = a.register(ctx)
+	a.core = NewCore(CoreConfig{
+		Shards: cfg.Layout.Shards(), Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery)),
+		LeaseTTL: cfg.LeaseTTL, Version: cfg.Version, Instance: a.instance, ServeOnAtDeadline: cfg.StallLimit < 0,
+	}, "")
+	a.opened = make(chan error, 1)
+	a.carryOut(a.core.Start(time.Now()))
+	go a.run()
+	select {
+	case err = <-a.opened:
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	if err != nil {
-		a.cancel()
+		a.stop()
 		return nil, err
 	}
-	a.core = NewCore(CoreConfig{Shards: cfg.Layout.Shards(), Region: cfg.ID, HandOffWait: max(1, int(cfg.HandOffWait/tickEvery))}, a.incarnation)
 	sub, err := cfg.Conn.Subscribe(cfg.Subjects.Region(cfg.ID), a.onCommand)
 	if err != nil {
-		a.cancel()
+		a.stop()
 		return nil, fmt.Errorf("region: subscribe to commands: %w", err)
 	}
 	a.cmdSub = sub
 	if a.querySub, err = cfg.Conn.Subscribe(cfg.Subjects.Query(cfg.ID), a.onQuery); err != nil {
-		a.cancel()
 		_ = sub.Unsubscribe()
+		a.stop()
 		return nil, fmt.Errorf("region: subscribe to queries: %w", err)
 	}
 	if err := cfg.Conn.Flush(); err != nil {
-		a.cancel()
 		_ = sub.Unsubscribe()
 		_ = a.querySub.Unsubscribe()
+		a.stop()
 		return nil, fmt.Errorf("region: %w", err)
 	}
-	a.wg.Add(3)
-	go a.leaseLoop(a.ctx)
+	a.wg.Add(2)
 	go a.passivationLoop(a.ctx)
 	go a.stallWatch(a.ctx)
 	if a.recorder != nil {
 		a.wg.Add(1)
 		go a.recorder.run(a.recorder.ctx)
 	}
-	go a.run()
-	a.log.Info("region registered", "incarnation", a.incarnation)
+	a.log.Info("region registered", "incarnation", a.viewNow().incarnation)
 	return a, nil
+}
+
+// stop ends an Agent that Open gives up on: the driver, then what it
+// started.
+func (a *Agent) stop() {
+	a.post(stopLoop{})
+	<-a.loopDone
+	a.cancel()
+	a.wg.Wait()
 }
 
 // ID is the region's id.
@@ -379,184 +375,13 @@ func (a *Agent) layoutNow() protocol.Layout {
 
 // Held returns the shards the region holds (serving, replaying or
 // handing off), ascending.
-func (a *Agent) Held() []int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.held)
-}
+func (a *Agent) Held() []int { return slices.Clone(a.viewNow().held) }
 
 // Stats returns the agent's counters.
 func (a *Agent) Stats() *Stats { return &a.stats }
 
 // Active returns how many entities the region holds.
 func (a *Agent) Active() int { return a.host.Active() }
-
-// register writes a new registration with a new incarnation. A region
-// starts every incarnation holding no shard.
-func (a *Agent) register(ctx context.Context) error {
-	a.renewMu.Lock()
-	defer a.renewMu.Unlock()
-	// A registration whose answer did not come (a timeout, a cut network)
-	// may be stored later still: retries reuse its incarnation, so that
-	// such a late write does not announce yet another one.
-	if a.pendingInc == "" {
-		a.pendingInc, a.pendingStarted = nuid.Next(), time.Now().UnixMilli()
-	}
-	inc, started := a.pendingInc, a.pendingStarted
-	a.mu.Lock()
-	leaving := a.leaving
-	a.mu.Unlock()
-	info := protocol.RegionInfo{ID: a.cfg.ID, Incarnation: inc, Version: a.cfg.Version, Leaving: leaving, Started: started, Instance: a.instance, Conn: protocol.ConnIDOf(a.cfg.Conn)}
-	sent := time.Now()
-	lease, err := a.cfg.Store.RegisterRegion(ctx, info, a.cfg.LeaseTTL)
-	if err != nil {
-		return fmt.Errorf("region: register %s: %w", a.cfg.ID, err)
-	}
-	if !time.Now().Before(renewal.Deadline(sent, a.cfg.LeaseTTL)) {
-		// Acknowledged so late that the rule counts it expired already:
-		// write it again, as the same incarnation.
-		return fmt.Errorf("region: register %s: %w (%s after it was sent)", a.cfg.ID, errLateAck, time.Since(sent).Round(time.Millisecond))
-	}
-	a.pendingInc = ""
-	a.mu.Lock()
-	a.incarnation, a.started, a.conn, a.lease, a.renewedAt, a.registered = inc, started, info.Conn, lease, sent, true
-	a.servingChangedLocked()
-	a.clock.deadline.Store(a.clock.at(renewal.Deadline(sent, a.cfg.LeaseTTL)))
-	a.mu.Unlock()
-	return nil
-}
-
-// infoLocked is the registration's value; a.mu is held.
-func (a *Agent) infoLocked() protocol.RegionInfo {
-	return protocol.RegionInfo{ID: a.cfg.ID, Incarnation: a.incarnation, Version: a.cfg.Version, Leaving: a.leaving, Started: a.started, Instance: a.instance, Conn: a.conn}
-}
-
-// errLateAck: a registration was acknowledged after the renewal deadline;
-// it is written again.
-var errLateAck = errors.New("registration acknowledged too late")
-
-// errNotRegistered: the region has no registration to renew (fenced; the
-// lease loop registers a new incarnation).
-var errNotRegistered = errors.New("region is not registered")
-
-// renew rewrites the registration with a fresh TTL and the current value
-// (leaving or not). It fences the region when the registration was lost,
-// or could not be renewed for 3/4 of the TTL. The lease loop and Leave
-// both call it; renewMu keeps their compare-and-set writes in order.
-func (a *Agent) renew(ctx context.Context) error {
-	a.renewMu.Lock()
-	defer a.renewMu.Unlock()
-	a.mu.Lock()
-	registered, lease, info, renewedAt := a.registered, a.lease, a.infoLocked(), a.renewedAt
-	a.mu.Unlock()
-	if !registered {
-		return errNotRegistered
-	}
-	sent := time.Now()
-	fenceAt := renewal.Deadline(renewedAt, a.cfg.LeaseTTL)
-	rctx, cancel := context.WithDeadline(ctx, renewal.AttemptDeadline(renewedAt, sent, a.cfg.LeaseTTL))
-	next, err := a.cfg.Store.Renew(rctx, lease, info)
-	if errors.Is(err, kvstate.ErrConflict) && rctx.Err() == nil {
-		if rev, ok := a.ownLaterRegistration(rctx, lease, info); ok {
-			lease.Revision = rev
-			next, err = a.cfg.Store.Renew(rctx, lease, info)
-		}
-	}
-	cancel()
-	if err != nil && ctx.Err() == nil {
-		a.stats.RenewalsFailed.Add(1)
-	}
-	switch {
-	case err == nil:
-		a.mu.Lock()
-		if a.registered && a.incarnation == info.Incarnation {
-			a.lease, a.renewedAt = next, sent
-			a.clock.deadline.Store(a.clock.at(renewal.Deadline(sent, a.cfg.LeaseTTL)))
-		}
-		a.mu.Unlock()
-	case ctx.Err() != nil:
-		// Our own caller gave up (Close): no verdict on the registration.
-	case errors.Is(err, kvstate.ErrConflict):
-		a.Fence("registration lost (removed by the coordinator, or taken over)")
-	case !time.Now().Before(fenceAt):
-		a.Fence(fmt.Sprintf("cannot renew the registration in time: %v", err))
-	default:
-		// Rate-limited: a full JetStream store refuses every renewal,
-		// retried every 250 ms.
-		a.limit.log(a.log, "renew-failed", "registration renewal failed; will retry", "err", err)
-	}
-	return err
-}
-
-// ownLaterRegistration looks, after a renewal at lease's revision was
-// refused, for a registration of this very agent and incarnation stored at
-// a later revision: a renewal the server stored after the agent stopped
-// waiting for its answer (the connection dropped with its server, or an
-// election timed it out). kvstate.Store.Renew finds such a write only when
-// it holds exactly the value renewed now, but a region back from a lost
-// connection names its new connection (RegionInfo.Conn), so the late
-// write differs; fencing then turned a disconnect into a crash (one run in
-// about eight of TestServerLossWhileReplaying). Nobody else writes a
-// registration naming this agent's instance (the coordinator only
-// deletes one, at the revision it read), so such a value is this agent's
-// own, and the renewal goes on from its revision.
-func (a *Agent) ownLaterRegistration(ctx context.Context, lease kvstate.Lease, info protocol.RegionInfo) (uint64, bool) {
-	stored, rev, err := a.cfg.Store.Region(ctx, a.cfg.ID)
-	if err != nil || rev <= lease.Revision || stored.Instance != a.instance || stored.Incarnation != info.Incarnation {
-		return 0, false
-	}
-	a.log.Info("a renewal of the registration was stored after its answer was lost; renewing from it", "revision", rev, "was", lease.Revision)
-	return rev, true
-}
-
-// nextRenewal is how long the lease loop waits before it renews (or
-// registers) again.
-func (a *Agent) nextRenewal(failed bool) time.Duration {
-	a.mu.Lock()
-	renewed := a.renewedAt
-	a.mu.Unlock()
-	return renewal.Wait(renewed, a.cfg.LeaseTTL, failed, time.Now())
-}
-
-// leaseLoop renews the registration, fences the region when it cannot, and
-// registers a new incarnation after a fence.
-func (a *Agent) leaseLoop(ctx context.Context) {
-	defer a.wg.Done()
-	t := time.NewTimer(a.nextRenewal(false))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		err := a.renew(ctx)
-		if !errors.Is(err, errNotRegistered) {
-			t.Reset(a.nextRenewal(err != nil))
-			continue
-		}
-		if err := a.checkNotTakenOver(ctx); err != nil {
-			if errors.Is(err, ErrRegionInUse) {
-				a.fail(err)
-				return
-			}
-			a.log.Warn("cannot check who holds the registration; retrying", "err", err)
-			t.Reset(a.nextRenewal(true))
-			continue
-		}
-		if err := a.register(ctx); err != nil {
-			a.limit.log(a.log, "register-failed", "cannot register; retrying", "err", err)
-			t.Reset(a.nextRenewal(true))
-			continue
-		}
-		t.Reset(a.nextRenewal(false))
-		a.mu.Lock()
-		inc := a.incarnation
-		a.mu.Unlock()
-		a.post(Registered{Incarnation: inc})
-		a.log.Info("registered as a new incarnation", "incarnation", inc)
-	}
-}
 
 // limitEvery: how often the region checks its entities against MaxActive.
 const limitEvery = 100 * time.Millisecond
@@ -596,26 +421,14 @@ func (a *Agent) passivationLoop(ctx context.Context) {
 }
 
 // Fence stops serving every shard at once and forgets the registration;
-// the lease loop registers a new incarnation, which starts with no shard.
-// The region fences itself when its registration is lost or cannot be
+// the core registers a new incarnation, which starts with no shard. The
+// region fences itself when its registration is lost or cannot be
 // renewed in time, and the process calls Fence when its NATS connection
-// drops, so that a region cut off from NATS never serves a shard that the
-// coordinator may have given to another. Shards being handed off are
-// dropped too, without end marker: the coordinator re-homes them as after
-// a crash.
-func (a *Agent) Fence(reason string) {
-	a.mu.Lock()
-	if !a.registered {
-		a.mu.Unlock()
-		return
-	}
-	a.registered, a.suspended = false, false
-	a.servingChangedLocked()
-	inc := a.incarnation
-	a.mu.Unlock()
-	a.stats.Fenced.Add(1)
-	a.post(Fenced{Reason: reason, Incarnation: inc})
-}
+// is closed, so that a region cut off from NATS never serves a shard
+// that the coordinator may have given to another. Shards being handed
+// off are dropped too, without end marker: the coordinator re-homes them
+// as after a crash. Fence returns once the driver has carried it out.
+func (a *Agent) Fence(reason string) { a.postWait(Fenced{Reason: reason}) }
 
 // Suspend is what the process calls when its NATS connection drops
 // (nats.RECONNECTING). The region keeps its registration and its shards,
@@ -633,100 +446,14 @@ func (a *Agent) Fence(reason string) {
 // (Core.confirmed): live again (what it held first, in order), replaying
 // on, diverting on, paused for a handoff the coordinator started
 // meanwhile, or dropped. If the registration cannot be renewed before its
-// deadline, the region fences.
-func (a *Agent) Suspend(reason string) {
-	a.mu.Lock()
-	if !a.registered || a.closed {
-		a.mu.Unlock()
-		return
-	}
-	a.disconnects++
-	first := !a.suspended
-	a.suspended = true
-	a.servingChangedLocked()
-	inc := a.incarnation
-	held := make([]intake, 0, len(a.shards))
-	for _, st := range a.shards {
-		held = append(held, st)
-	}
-	a.mu.Unlock()
-	// At once, not when the driver gets to it: nats.go may resubscribe
-	// within milliseconds. The core's Suspend actions (driver) suspend
-	// again the shards that went live between this and the core's turn.
-	for _, st := range held {
-		st.suspend()
-	}
-	if first {
-		a.stats.Suspended.Add(1)
-		a.log.Warn("suspended: serving no shard until it is confirmed after the reconnect", "reason", reason)
-		a.post(Suspended{Incarnation: inc})
-	}
-}
+// deadline, the region fences (corereg.go). Suspend returns once the
+// driver has suspended the shards: nats.go may resubscribe within
+// milliseconds, and a delivery that found a stall looks again after it.
+func (a *Agent) Suspend(reason string) { a.postWait(Suspended{Reason: reason}) }
 
 // Reconnected is what the process calls when its NATS connection is back
 // (nats.CONNECTED): a suspended region confirms its shards (see Suspend).
-func (a *Agent) Reconnected() {
-	a.mu.Lock()
-	start := a.suspended && a.registered && !a.closed && !a.confirming
-	a.confirming = a.confirming || start
-	a.mu.Unlock()
-	if start {
-		a.goDo(a.confirm)
-	}
-}
-
-// confirm renews the registration of a suspended region, naming its new
-// connection, then reads the shard table, until it has both with no
-// disconnect in between, or is fenced or closed; the core decides what
-// the rows mean for each shard.
-func (a *Agent) confirm() {
-	defer func() {
-		a.mu.Lock()
-		a.confirming = false
-		a.mu.Unlock()
-	}()
-	t0 := time.Now()
-	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
-		a.mu.Lock()
-		ok := a.suspended && a.registered && !a.closed
-		inc, drops := a.incarnation, a.disconnects
-		a.conn = protocol.ConnIDOf(a.cfg.Conn)
-		a.mu.Unlock()
-		if !ok || a.ctx.Err() != nil {
-			return
-		}
-		err := a.renew(a.ctx)
-		var rows []protocol.ShardRecord
-		if err == nil {
-			if rows, err = a.cfg.Store.Shards(a.ctx); err != nil {
-				err = fmt.Errorf("read the shard table: %w", err)
-			}
-		}
-		if errors.Is(err, errNotRegistered) {
-			return // fenced
-		}
-		if err == nil {
-			a.mu.Lock()
-			ok = a.suspended && a.registered && a.incarnation == inc && a.disconnects == drops && a.cfg.Conn.IsConnected()
-			if ok {
-				a.suspended = false
-				a.servingChangedLocked()
-			}
-			a.mu.Unlock()
-			if ok {
-				a.stats.Confirmed.Add(1)
-				a.log.Info("reconnected: registration renewed and shards confirmed", "took", time.Since(t0).Round(time.Millisecond))
-				a.post(Confirmed{Incarnation: inc, Rows: rows})
-				return
-			}
-			err = errors.New("the connection dropped again meanwhile")
-		}
-		a.limit.log(a.log, "confirm-failed", "cannot confirm the shards after the reconnect yet; retrying", "err", err)
-		if !wait.Sleep(a.ctx, backoff) {
-			return
-		}
-	}
-}
+func (a *Agent) Reconnected() { a.post(Reconnected{}) }
 
 // tableShards reads the shard table (every write made before the read)
 // and returns the shards it gives to incarnation inc of this region:
@@ -753,40 +480,30 @@ func (a *Agent) tableShards(ctx context.Context, inc string) ([]int, error) {
 // ends first: the shards still held are then re-homed by the coordinator
 // as after a crash once the region closes. Call Close afterwards.
 func (a *Agent) Leave(ctx context.Context) error {
-	a.mu.Lock()
-	closed := a.closed
-	a.mu.Unlock()
-	if closed {
+	if a.closing.Load() {
 		return ErrClosed
 	}
-	taken := make(chan struct{})
-	a.post(Leaving{Done: taken})
+	written, done := make(chan struct{}), make(chan struct{})
+	a.post(Leaving{Written: written, Done: done})
+	// The leaving registration is written even when ctx is done already
+	// (the write is bounded by its renewal deadline).
 	select {
-	case <-taken:
+	case <-written:
 	case <-a.loopDone:
 		return ErrClosed
 	}
-	// Written at once even when ctx is done already (the store bounds the
-	// write by its own timeout).
-	if err := a.renew(context.WithoutCancel(ctx)); err != nil {
-		a.log.Warn("cannot write the leaving registration now; the next renewal will", "err", err)
+	select {
+	case <-done:
+		return nil
+	default:
 	}
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		a.mu.Lock()
-		held, leaving := len(a.held), a.leaving
-		a.mu.Unlock()
-		if leaving && held == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-a.loopDone:
-			return ErrClosed
-		case <-t.C:
-		}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.loopDone:
+		return ErrClosed
 	}
 }
 
@@ -796,19 +513,21 @@ func (a *Agent) Leave(ctx context.Context) error {
 // coordinator re-homes them are not delivered; call Leave first to hand
 // the shards off without loss.
 func (a *Agent) Close(ctx context.Context) error {
-	a.mu.Lock()
-	if a.closed {
-		a.mu.Unlock()
+	if !a.closing.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
-	a.closed = true
-	a.servingChangedLocked()
-	held := len(a.held)
-	a.mu.Unlock()
-	// The driver unbinds every shard and fails what waits, then stops.
+	held := len(a.viewNow().held)
+	// The driver unbinds every shard and fails what waits; once no
+	// registration write is in flight, it stops.
 	_ = a.cmdSub.Unsubscribe()
 	_ = a.querySub.Unsubscribe()
-	a.post(Closing{})
+	quiet := make(chan struct{})
+	a.post(Closing{Done: quiet})
+	select {
+	case <-quiet:
+	case <-ctx.Done():
+	case <-a.loopDone:
+	}
 	a.post(stopLoop{})
 	<-a.loopDone
 	a.cancel()
@@ -817,19 +536,14 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.recorder.stop() // after the entities' forgets
 	}
 	a.wg.Wait()
-	// The lease loop has ended: no renewal races the release.
-	a.renewMu.Lock()
-	a.mu.Lock()
-	lease, registered := a.lease, a.registered
-	a.registered = false
-	a.servingChangedLocked()
-	a.mu.Unlock()
-	a.renewMu.Unlock()
-	if registered {
-		if rerr := a.cfg.Store.Release(ctx, lease); rerr != nil && !errors.Is(rerr, kvstate.ErrConflict) {
+	// The driver has returned: the core is Close's, and no write races
+	// the release.
+	if a.core.Registered() {
+		if rerr := a.cfg.Store.Release(ctx, a.core.Lease()); rerr != nil && !errors.Is(rerr, kvstate.ErrConflict) {
 			err = errors.Join(err, fmt.Errorf("region: deregister: %w", rerr))
 		}
 	}
+	a.publish(false)
 	a.log.Info("region closed", "shards", held)
 	return err
 }

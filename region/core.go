@@ -6,19 +6,25 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"time"
+
+	"github.com/nats-io/nuid"
 
 	"github.com/natshard/natshard/protocol"
 )
 
-// Core decides what the region does with its shards: which to bind,
-// pause, release and drop, when to answer the coordinator and what. It
-// takes events (the coordinator's commands, the outcome of an epoch check,
-// a replay caught up, entities stopped, a release done, a fence, a new
-// registration, ticks) and returns the actions to carry out, in order. It
-// does no I/O and reads no clock (time is a count of ticks), so the same
-// inputs give the same outputs; its tests are scenarios without NATS
-// (core_test.go). The Agent's driver goroutine owns it; it is not safe
-// for concurrent use.
+// Core decides what the region does with its shards and its
+// registration: which shards to bind, pause, release and drop, when to
+// answer the coordinator and what, when to register, renew, fence,
+// suspend and confirm (corereg.go). It takes events (the coordinator's
+// commands, the outcome of an epoch check, a replay caught up, entities
+// stopped, a release done, a registration write's outcome, a fence, a
+// lost connection, ticks) and returns the actions to carry out, in order.
+// It does no I/O and reads no clock (time comes in with Tick and the
+// outcome events), so the same inputs give the same outputs; its tests
+// are scenarios without NATS (core_test.go, corereg_test.go) and a
+// simulation (sim_test.go). The Agent's driver goroutine owns it; it is
+// not safe for concurrent use.
 //
 // Every command is idempotent: the coordinator resends a command until it
 // gets an answer without error. A command with an epoch newer than any
@@ -54,6 +60,7 @@ type Core struct {
 	releases  []*releaseAnswer
 	token     uint64 // counts Release actions
 	tick      int
+	reg       registration // the registration life cycle (corereg.go)
 	out       []Action
 }
 
@@ -67,6 +74,21 @@ type CoreConfig struct {
 	// HandOffWait: ticks a HandOff answer waits for the paused shards'
 	// entities to stop before it says Complete=false (default 20).
 	HandOffWait int
+	// LeaseTTL is the registration's TTL (corereg.go); 0: the core has
+	// no deadline and never renews nor registers by itself (the tests of
+	// its commands).
+	LeaseTTL time.Duration
+	// Version and Instance go into the registration (protocol.RegionInfo).
+	Version, Instance string
+	// NewIncarnation names a new incarnation (default nuid.Next).
+	NewIncarnation func() string
+	// ServeOnAtDeadline: when the registration deadline passes with a
+	// renewal unanswered, serve on until its outcome (which the renewal's
+	// own deadline bounds) instead of suspending and then confirming the
+	// shards against the table: for an Agent without a stall watch
+	// (Config.StallLimit < 0: tests that play the coordinator without a
+	// shard table, which a confirmation would empty).
+	ServeOnAtDeadline bool
 }
 
 // coreShard is a held shard.
@@ -100,12 +122,17 @@ type releaseAnswer struct {
 	errs    []error
 }
 
-// NewCore returns a core of a region that is registered as incarnation.
+// NewCore returns a core of a region that is registered as incarnation
+// (its last renewal sent at the zero time), or, when incarnation is "",
+// one not registered yet, whose first registration Start begins.
 func NewCore(cfg CoreConfig, incarnation string) *Core {
 	if cfg.HandOffWait <= 0 {
 		cfg.HandOffWait = 20
 	}
-	return &Core{cfg: cfg, registered: true, incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
+	if cfg.NewIncarnation == nil {
+		cfg.NewIncarnation = nuid.Next
+	}
+	return &Core{cfg: cfg, registered: incarnation != "", incarnation: incarnation, shards: map[int]*coreShard{}, binds: map[uint64]protocol.Reply{}}
 }
 
 // Event is an input of Core.Step.
@@ -152,12 +179,6 @@ type ReleaseDone struct {
 	Err   error
 }
 
-// RegistrationWritten: a WriteRegistration action ended.
-type RegistrationWritten struct {
-	ID  uint64
-	Err error
-}
-
 // Fenced: the region must stop serving every shard at once (its
 // connection dropped, its registration was lost or not renewed in time).
 // Incarnation is the one fenced: a fence of an earlier incarnation (one
@@ -176,48 +197,52 @@ type SourceFenced struct {
 	Life  uint64
 }
 
-// Registered: the region registered a new incarnation (after a fence).
-type Registered struct{ Incarnation string }
-
 // Suspended: the region's connection to NATS dropped. Every held shard
 // rides it through rather than being dropped: a live one is suspended
 // (arrivals held), a replaying one stops delivering where it is (its
 // place in the buffer and the keys it delivered are kept) and holds
 // arrivals, a paused one keeps diverting. Incarnation is the one
-// suspended.
-type Suspended struct{ Incarnation string }
+// suspended ("": the current one).
+type Suspended struct {
+	Incarnation string
+	Reason      string
+}
 
 // Confirmed: back on NATS, the region renewed its registration (so the
 // coordinator had not removed it) and then read the shard table, Rows
-// (every row, from the stream leader, after the renewal). Each suspended
-// shard is kept, paused or dropped as its row says (see Core.confirmed).
+// (every row, from the stream leader, after the renewal): the outcome of
+// ReadTable. Each suspended shard is kept, paused or dropped as its row
+// says (see Core.confirmed), if no drop came since the round began
+// (Drops, the count of Suspended events) and the read worked (Err).
 type Confirmed struct {
 	Incarnation string
+	Drops       uint64
 	Rows        []protocol.ShardRecord
+	Err         error
 }
 
 // Leaving: the process is stopping (Agent.Leave): the region marks itself
-// leaving, for good. (Agent.Leave writes the registration itself, then.)
-// Done, when not nil, is closed once the event was taken.
-type Leaving struct{ Done chan struct{} }
+// leaving, for good, and writes its registration at once. Written, when
+// not nil, is closed once that write ended; Done once the region holds
+// no shard.
+type Leaving struct{ Written, Done chan struct{} }
 
-// Closing: the region closes.
-type Closing struct{}
+// Closing: the region closes. Done, when not nil, is closed once no
+// registration write is in flight (Core.Lease is then the last one).
+type Closing struct{ Done chan struct{} }
 
-func (CommandIn) isEvent()           {}
-func (EpochChecked) isEvent()        {}
-func (Bound) isEvent()               {}
-func (CaughtUp) isEvent()            {}
-func (EntitiesStopped) isEvent()     {}
-func (ReleaseDone) isEvent()         {}
-func (RegistrationWritten) isEvent() {}
-func (Fenced) isEvent()              {}
-func (SourceFenced) isEvent()        {}
-func (Registered) isEvent()          {}
-func (Suspended) isEvent()           {}
-func (Confirmed) isEvent()           {}
-func (Leaving) isEvent()             {}
-func (Closing) isEvent()             {}
+func (CommandIn) isEvent()       {}
+func (EpochChecked) isEvent()    {}
+func (Bound) isEvent()           {}
+func (CaughtUp) isEvent()        {}
+func (EntitiesStopped) isEvent() {}
+func (ReleaseDone) isEvent()     {}
+func (Fenced) isEvent()          {}
+func (SourceFenced) isEvent()    {}
+func (Suspended) isEvent()       {}
+func (Confirmed) isEvent()       {}
+func (Leaving) isEvent()         {}
+func (Closing) isEvent()         {}
 
 // Action is an output of Core: something the driver must do, in order.
 type Action interface{ isAction() }
@@ -298,28 +323,25 @@ type Release struct {
 	Held    bool
 }
 
-// WriteRegistration: write the registration (with the leaving mark as it
-// is now) at once; report RegistrationWritten with ID (0: nobody waits).
-type WriteRegistration struct{ ID uint64 }
-
-// Log: say it.
+// Log: say it; a Log with a Limit kind is said at most once per
+// logEvery for that kind.
 type Log struct {
 	Level slog.Level
 	Msg   string
 	Args  []any
+	Limit string
 }
 
-func (Answer) isAction()            {}
-func (CheckEpoch) isAction()        {}
-func (BindShards) isAction()        {}
-func (GoLive) isAction()            {}
-func (Suspend) isAction()           {}
-func (Resume) isAction()            {}
-func (Pause) isAction()             {}
-func (Unbind) isAction()            {}
-func (Release) isAction()           {}
-func (WriteRegistration) isAction() {}
-func (Log) isAction()               {}
+func (Answer) isAction()     {}
+func (CheckEpoch) isAction() {}
+func (BindShards) isAction() {}
+func (GoLive) isAction()     {}
+func (Suspend) isAction()    {}
+func (Resume) isAction()     {}
+func (Pause) isAction()      {}
+func (Unbind) isAction()     {}
+func (Release) isAction()    {}
+func (Log) isAction()        {}
 
 // Step takes one event and returns the actions it causes.
 func (c *Core) Step(ev Event) []Action {
@@ -346,20 +368,15 @@ func (c *Core) Step(ev Event) []Action {
 		c.answerHandoffs()
 	case ReleaseDone:
 		c.releaseDone(ev)
-	case RegistrationWritten:
-		if ev.ID != 0 {
-			r := protocol.Reply{Incarnation: c.incarnation, Epoch: c.maxEpoch, Held: c.held()}
-			if ev.Err != nil {
-				r.Error = ev.Err.Error()
-			}
-			c.emit(Answer{ID: ev.ID, Reply: r})
-		}
+	case RegisterDone:
+		c.registerDone(ev)
+	case RenewDone:
+		c.renewDone(ev)
+	case Reconnected:
+		c.reconnected()
 	case Fenced:
-		if c.registered && (ev.Incarnation == "" || ev.Incarnation == c.incarnation) {
-			c.registered, c.suspended = false, false
-			dropped := c.unbindAll("region fenced")
-			c.log(slog.LevelWarn, "fenced: stopped serving every shard", "reason", ev.Reason, "shards", len(dropped))
-			c.failWaiting(errNotRegistered)
+		if ev.Incarnation == "" || ev.Incarnation == c.incarnation {
+			c.fence(ev.Reason)
 		}
 	case SourceFenced:
 		if s := c.shards[ev.Shard]; s != nil && s.life == ev.Life && s.mode == modeDivert {
@@ -367,26 +384,16 @@ func (c *Core) Step(ev Event) []Action {
 			c.log(slog.LevelWarn, "dropped a shard paused for a handoff that the coordinator had fenced (it timed out while this region was stalled): the shard is another's now", "shard", ev.Shard, "handoff", s.handoff)
 			c.answerHandoffs()
 		}
-	case Registered:
-		c.registered, c.incarnation, c.suspended = true, ev.Incarnation, false
 	case Suspended:
-		c.suspend(ev)
+		c.onSuspended(ev)
 	case Confirmed:
-		c.confirmed(ev)
+		c.confirmedEv(ev)
 	case Leaving:
-		if !c.closed {
-			if !c.leaving {
-				c.log(slog.LevelInfo, "region leaving: waiting for its shards to be handed off")
-			}
-			c.leaving, c.going = true, true
-		}
+		c.leavingEv(ev)
 	case Closing:
-		if !c.closed {
-			c.closed = true
-			c.unbindAll("region closing")
-			c.failWaiting(ErrClosed)
-		}
+		c.closingEv(ev)
 	}
+	c.leftCheck()
 	return c.out
 }
 
@@ -403,11 +410,15 @@ func (c *Core) caughtUp(ev CaughtUp) {
 	}
 }
 
-// Tick advances the core's clock by one tick.
-func (c *Core) Tick() []Action {
+// Tick advances the core's clock by one tick, at now: handoff answers
+// whose wait ran out, the registration's renewals and deadline.
+func (c *Core) Tick(now time.Time) []Action {
 	c.out = nil
 	c.tick++
+	c.later(now)
 	c.answerHandoffs()
+	c.tickRegistration()
+	c.leftCheck()
 	return c.out
 }
 
@@ -547,7 +558,7 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 			c.log(slog.LevelInfo, "region leaving, as the coordinator asked")
 		}
 		c.leaving = true
-		c.emit(WriteRegistration{ID: ev.ID})
+		c.write(waiter{id: ev.ID})
 	case protocol.CmdSplit:
 		c.splitCommand(ev.ID, cmd, &reply, answer)
 	case protocol.CmdUndrain:
@@ -561,156 +572,11 @@ func (c *Core) run(ev CommandIn, epochErr error) {
 				c.log(slog.LevelInfo, "region takes shards again, as the coordinator asked (undrain)")
 			}
 			c.leaving = false
-			c.emit(WriteRegistration{ID: ev.ID})
+			c.write(waiter{id: ev.ID})
 		}
 	default:
 		answer(fmt.Errorf("unknown command %s", cmd.Kind))
 	}
-}
-
-// errSuspended refuses a command while the region confirms its shards
-// after a reconnect; the coordinator sends it again.
-var errSuspended = errors.New("region suspended: reconnected to NATS, confirming its shards")
-
-// suspend: the connection dropped. No shard is dropped: nothing crashed,
-// and a shard dropped in the middle of a move made the region lose its
-// place (PROTOCOL.md, Riding through a lost connection). Live shards are
-// suspended; replaying ones stop delivering where they are; paused ones
-// go on diverting (nats.go subscribes them again on reconnect). The
-// commands waiting fail (the coordinator sends them again).
-func (c *Core) suspend(ev Suspended) {
-	if !c.registered || c.closed || c.suspended || ev.Incarnation != c.incarnation {
-		return
-	}
-	c.suspended = true
-	var live, moving []int
-	for _, n := range c.held() {
-		s := c.shards[n]
-		switch s.mode {
-		case modeLive:
-			s.mode = modeSuspended
-			c.emit(Suspend{Shard: n, Life: s.life})
-			live = append(live, n)
-		case modeHold:
-			s.suspended = true
-			c.emit(Suspend{Shard: n, Life: s.life})
-			moving = append(moving, n)
-		case modeDivert:
-			s.suspended = true
-			moving = append(moving, n)
-		}
-	}
-	c.failWaiting(errSuspended)
-	c.log(slog.LevelWarn, "disconnected from NATS: shards suspended until the region confirms them", "suspended", len(live), "moving", moving)
-}
-
-// verdict is what a confirmation does with a suspended shard.
-type verdict uint8
-
-const (
-	keepShard  verdict = iota // as it was: live again, replaying again, or still diverting
-	pauseShard                // paused for the row's handoff, as the handoff command would have
-	dropShard                 // not this region's any more: dropped, what it held refused
-)
-
-// confirmVerdict decides what becomes of suspended shard s once the region
-// has read its row (the zero row when the table has none). The table
-// "gives" a shard to this region as its owner (Region and Incarnation:
-// binding there, active there, or handoff from there) or as the source of
-// a move (Source and SourceIncarnation: handoff or binding). The cases
-// (PROTOCOL.md, Riding through a lost connection, has the table and why):
-//
-//   - live (suspended): owner of an active or binding row: live again.
-//     Source of a handoff or binding row: the coordinator started a move
-//     while the region was away and asks again; the shard pauses for the
-//     row's handoff, what it held goes to the buffer first, in order.
-//     Otherwise dropped.
-//   - replaying: owner of a binding, active or handoff row: replays on
-//     where it stopped (a handoff of a replaying shard waits until it is
-//     live). Otherwise dropped.
-//   - paused: source of a handoff or binding row, or a release under
-//     way (the coordinator's own command): diverts on. Otherwise dropped.
-//
-// A row that names neither (parked, or bound, active or handing off
-// elsewhere) means the coordinator took the shard without the region:
-// a forced reallocation after a handoff timeout, or a removal, which the
-// renewal before the read excludes.
-func (c *Core) confirmVerdict(s *coreShard, r protocol.ShardRecord) verdict {
-	mine := func(region, inc string) bool {
-		return inc == c.incarnation && (c.cfg.Region == "" || region == c.cfg.Region)
-	}
-	owner, source := mine(r.Region, r.Incarnation), mine(r.Source, r.SourceIncarnation)
-	switch s.mode {
-	case modeSuspended:
-		switch {
-		case owner && (r.State == protocol.StateActive || r.State == protocol.StateBinding):
-			return keepShard
-		case source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding):
-			return pauseShard
-		}
-	case modeHold:
-		if owner && (r.State == protocol.StateBinding || r.State == protocol.StateActive || r.State == protocol.StateHandoff) {
-			return keepShard
-		}
-	case modeDivert:
-		if s.releasing != 0 || source && (r.State == protocol.StateHandoff || r.State == protocol.StateBinding) {
-			return keepShard
-		}
-	}
-	return dropShard
-}
-
-// confirmed ends a suspension: each suspended shard is kept, paused or
-// dropped as its row in ev.Rows says (confirmVerdict).
-func (c *Core) confirmed(ev Confirmed) {
-	if !c.suspended || ev.Incarnation != c.incarnation {
-		return
-	}
-	c.suspended = false
-	rows := make(map[int]protocol.ShardRecord, len(ev.Rows))
-	for _, r := range ev.Rows {
-		rows[r.Shard] = r
-	}
-	var resumed, replaying, diverting, paused, dropped []int
-	for _, n := range c.held() {
-		s := c.shards[n]
-		if s.mode != modeSuspended && !s.suspended {
-			continue // not held through the suspension (none is: binds were refused)
-		}
-		r := rows[n]
-		switch c.confirmVerdict(s, r) {
-		case keepShard:
-			s.suspended = false
-			switch s.mode {
-			case modeSuspended:
-				s.mode = modeLive
-				c.emit(Resume{Shard: n, Life: s.life})
-				resumed = append(resumed, n)
-			case modeHold:
-				c.emit(Resume{Shard: n, Life: s.life})
-				if s.caughtUp {
-					s.mode, s.caughtUp = modeLive, false
-					c.emit(GoLive{Shard: n, Life: s.life})
-				}
-				replaying = append(replaying, n)
-			case modeDivert:
-				if s.releasing == 0 && r.Handoff != 0 && r.Handoff != s.handoff {
-					c.log(slog.LevelInfo, "shard already paused under another handoff id", "shard", n, "was", s.handoff, "now", r.Handoff)
-					s.handoff = r.Handoff
-				}
-				diverting = append(diverting, n)
-			}
-		case pauseShard:
-			// Where the handoff command, refused while suspended, would
-			// have put it: the coordinator's next one finds it paused.
-			s.mode, s.handoff, s.stopped = modeDivert, r.Handoff, false
-			c.emit(Pause{Shard: n, Handoff: s.handoff, Life: s.life})
-			paused = append(paused, n)
-		case dropShard:
-			dropped = append(dropped, c.unbind([]int{n}, fmt.Sprintf("the table gives it elsewhere after the reconnect (%s, region %q)", r.State, r.Region))...)
-		}
-	}
-	c.log(slog.LevelInfo, "shards confirmed after the reconnect", "resumed", len(resumed), "replaying", replaying, "diverting", diverting, "paused", paused, "dropped", dropped)
 }
 
 // bind binds the command's shards that are not held yet, each to be

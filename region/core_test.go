@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natshard/natshard/protocol"
 )
@@ -18,6 +19,7 @@ import (
 type world struct {
 	t       *testing.T
 	c       *Core
+	now     time.Time // what Tick is told
 	id      uint64
 	answers map[uint64]protocol.Reply // command id -> its answer
 	refused map[uint64]bool
@@ -41,7 +43,7 @@ func (w *world) step(ev Event) []Action {
 
 func (w *world) tick() []Action {
 	w.t.Helper()
-	w.record(w.c.Tick())
+	w.record(w.c.Tick(w.now))
 	return w.acts
 }
 
@@ -364,7 +366,13 @@ func TestCoreFence(t *testing.T) {
 	if len(w.acts) != 0 {
 		t.Fatalf("a second fence did something: %s", describeActions(w.acts))
 	}
-	w.step(Registered{Incarnation: "inc2"})
+	// The next tick registers a new incarnation.
+	w.c.cfg.LeaseTTL, w.c.cfg.NewIncarnation = 4*time.Second, func() string { return "inc2" }
+	reg := only[Register](w.tick())
+	if len(reg) != 1 || reg[0].Info.Incarnation != "inc2" {
+		t.Fatalf("tick after the fence: %s", describeActions(w.acts))
+	}
+	w.step(RegisterDone{Token: reg[0].Token, Sent: w.now, At: w.now})
 	if r := w.answer(w.cmd(protocol.CmdProbe, 1)); r.Error != "" || r.Incarnation != "inc2" || len(r.Held) != 0 {
 		t.Fatalf("probe of the new incarnation: %+v", r)
 	}
@@ -422,7 +430,7 @@ func TestCoreSuspend(t *testing.T) {
 		if r := w.answer(id); !strings.Contains(r.Error, errSuspended.Error()) || !w.refused[id] {
 			t.Fatalf("%s while suspended: %+v", kind, r)
 		}
-		if len(only[BindShards](w.acts))+len(only[Pause](w.acts))+len(only[Release](w.acts))+len(only[WriteRegistration](w.acts)) != 0 {
+		if len(only[BindShards](w.acts))+len(only[Pause](w.acts))+len(only[Release](w.acts))+len(only[Renew](w.acts)) != 0 {
 			t.Fatalf("%s while suspended did something: %s", kind, describeActions(w.acts))
 		}
 	}
@@ -436,7 +444,7 @@ func TestCoreSuspend(t *testing.T) {
 	// binding here; 4 was given to another region meanwhile.
 	table := slices.Concat(rows(protocol.StateActive, 1), rows(protocol.StateHandoff, 2), rows(protocol.StateBinding, 3, 7),
 		[]protocol.ShardRecord{{Shard: 4, State: protocol.StateBinding, Region: "r2", Incarnation: "x", Handoff: 9}})
-	w.step(Confirmed{Incarnation: "inc1", Rows: table})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: table})
 	resumed := only[Resume](w.acts)
 	if len(resumed) != 2 || resumed[0].Shard != 1 || resumed[1].Shard != 3 {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
@@ -447,7 +455,7 @@ func TestCoreSuspend(t *testing.T) {
 	if w.c.Mode(1) != modeLive || w.c.Mode(2) != modeDivert || w.c.Mode(3) != modeHold {
 		t.Fatalf("after the confirmation: 1 %s, 2 %s, 3 %s", w.c.Mode(1), w.c.Mode(2), w.c.Mode(3))
 	}
-	w.step(Confirmed{Incarnation: "inc1", Rows: table})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: table})
 	if len(w.acts) != 0 {
 		t.Fatalf("a second confirmation did something: %s", describeActions(w.acts))
 	}
@@ -460,7 +468,7 @@ func TestCoreSuspend(t *testing.T) {
 	if u := only[Unbind](w.acts); len(u) != 4 {
 		t.Fatalf("fence while suspended: %s", describeActions(w.acts))
 	}
-	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateActive, 1)})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: rows(protocol.StateActive, 1)})
 	if len(w.acts) != 0 {
 		t.Fatalf("a confirmation after the fence did something: %s", describeActions(w.acts))
 	}
@@ -488,7 +496,7 @@ func TestCoreReplayRidesThroughDisconnect(t *testing.T) {
 	if len(only[GoLive](w.acts)) != 0 || w.c.Mode(3) != modeHold {
 		t.Fatalf("a shard went live while suspended: %s", describeActions(w.acts))
 	}
-	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateActive, 3)})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: rows(protocol.StateActive, 3)})
 	if r, g := only[Resume](w.acts), only[GoLive](w.acts); len(r) != 1 || len(g) != 1 || w.c.Mode(3) != modeLive {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
 	}
@@ -507,7 +515,7 @@ func TestCoreReplayRidesThroughDisconnect(t *testing.T) {
 	b = only[BindShards](w.acts)[0]
 	w.step(Bound{ID: bind})
 	w.step(Suspended{Incarnation: "inc1"})
-	w.step(Confirmed{Incarnation: "inc1", Rows: slices.Concat(rows(protocol.StateActive, 3), rows(protocol.StateBinding, 5))})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: slices.Concat(rows(protocol.StateActive, 3), rows(protocol.StateBinding, 5))})
 	if r := only[Resume](w.acts); len(r) != 2 || len(only[GoLive](w.acts)) != 0 || w.c.Mode(5) != modeHold {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
 	}
@@ -536,7 +544,7 @@ func TestCoreConfirmPausesHandoff(t *testing.T) {
 	if r := w.answer(refused); !strings.Contains(r.Error, errSuspended.Error()) {
 		t.Fatalf("handoff while suspended: %+v", r)
 	}
-	w.step(Confirmed{Incarnation: "inc1", Rows: rows(protocol.StateHandoff, 2)})
+	w.step(Confirmed{Incarnation: "inc1", Drops: w.c.reg.drops, Rows: rows(protocol.StateHandoff, 2)})
 	p := only[Pause](w.acts)
 	if len(p) != 1 || p[0].Shard != 2 || p[0].Handoff != 102 || p[0].Life != life || len(only[Unbind](w.acts)) != 0 {
 		t.Fatalf("confirm: %s", describeActions(w.acts))
@@ -618,10 +626,12 @@ func TestCoreLeave(t *testing.T) {
 	w := newWorld(t)
 	w.c.maxEpoch = 1
 	id := w.cmd(protocol.CmdLeave, 1)
-	if wr := only[WriteRegistration](w.acts); len(wr) != 1 || wr[0].ID != id || !w.c.Leaving() {
+	wr := only[Renew](w.acts)
+	if len(wr) != 1 || !wr[0].Info.Leaving || !w.c.Leaving() {
 		t.Fatalf("leave: %s", describeActions(w.acts))
 	}
-	w.step(RegistrationWritten{ID: id})
+	w.unanswered(id)
+	w.step(RenewDone{Token: wr[0].Token})
 	if r := w.answer(id); r.Error != "" {
 		t.Fatalf("leave answered: %+v", r)
 	}
@@ -631,7 +641,11 @@ func TestCoreLeave(t *testing.T) {
 	}
 	w.cmd(protocol.CmdDrop, 1, 1)
 	id = w.cmd(protocol.CmdUndrain, 1)
-	w.step(RegistrationWritten{ID: id, Err: errors.New("timeout")})
+	wr = only[Renew](w.acts)
+	if len(wr) != 1 || wr[0].Info.Leaving {
+		t.Fatalf("undrain: %s", describeActions(w.acts))
+	}
+	w.step(RenewDone{Token: wr[0].Token, Err: errors.New("timeout")})
 	if r := w.answer(id); !strings.Contains(r.Error, "timeout") || w.c.Leaving() {
 		t.Fatalf("undrain: %+v", r)
 	}

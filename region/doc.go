@@ -7,22 +7,41 @@
 //
 // # Core and driver
 //
-// Core (core.go) decides what the region does with its shards: it takes
-// events (the coordinator's commands, an epoch check's outcome, shards
-// bound, a replay caught up, entities stopped, a release done, a fence, a
-// registration, a lost connection and its confirmation, a leave, ticks)
-// and returns the actions to carry out, in order. It does no I/O and reads
-// no clock; its tests are scenarios without NATS (core_test.go).
+// Core (core.go, corereg.go, coresuspend.go) owns the region's state:
+// what it does with its shards and its registration. It takes events (the
+// coordinator's commands, an epoch check's outcome, shards bound, a
+// replay caught up, entities stopped, a release done, a registration or
+// renewal written or refused, the shard table read, a fence, a lost
+// connection and the connection back, a leave, a close, and ticks that
+// carry the time) and returns the actions to carry out, in order. It does
+// no I/O and reads no clock: time comes in with Tick and with the outcome
+// events, deadlines are package renewal's. Its tests are scenarios
+// without NATS (core_test.go, corereg_test.go) and a simulation of random
+// histories that checks the region's guarantees after every step
+// (sim_test.go).
+//
+// The registration life cycle is the core's: it registers (Open waits for
+// the first registration; a late acknowledgement is written again as the
+// same incarnation), renews every LeaseTTL/4 (at most 1 s) with one write
+// in flight at a time, fences on a conflict or once the deadline (3/4 of
+// LeaseTTL after the last renewal was sent) passed with no renewal in
+// flight, suspends when the deadline passes with one unanswered, registers
+// a new incarnation after a fence, suspends at a lost connection and
+// confirms its shards once back (a renewal, then a read of the shard
+// table, made again if another drop overtook it), and marks itself leaving.
 //
 // The driver (driver.go, Agent.run) is the one goroutine that owns the
 // core: it steps it with the events posted to it and a tick every 50 ms,
-// publishes the core's view of the held shards for Status and probes, and
-// carries the actions out, running the slow ones (an epoch check, a
-// flush, a release, stopping entities) in goroutines that post their
-// outcome back as events. The registration life cycle (register, renew,
-// fence, suspend, confirm, leave; agent.go) runs beside it and reaches the
-// core as events. The data plane (intake.go, shards.go, replay.go) serves
-// the shards' messages under each shard's lock, in the mode the core set.
+// publishes an immutable view of the core (registered, suspended, closing,
+// leaving, incarnation, epoch, held shards and their modes) for Serving,
+// Status and queries, and carries the actions out, running the slow ones
+// (an epoch check, a flush, a release, stopping entities, the registration
+// writes and the table read of register.go) in goroutines that post their
+// outcome back as events. Agent.Fence, Suspend, Reconnected, Leave and
+// Close post events; Fence and Suspend return once the driver carried
+// theirs out. Every fact of the region's state has one writer: the core.
+// The data plane (intake.go, shards.go, replay.go) serves the shards'
+// messages under each shard's lock, in the mode the core set.
 //
 // Entities are created on their first message by a Factory, handle their
 // messages one at a time in arrival order, run concurrently with each other
@@ -74,5 +93,5 @@
 //
 // Leave (and the leave command) marks the region leaving in its
 // registration, at once and in every renewal after; the coordinator then
-// hands its shards off.
+// hands its shards off, and Leave returns once none is held.
 package region

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -32,8 +31,16 @@ type commandIn struct {
 // stopLoop ends the driver (Close).
 type stopLoop struct{}
 
+// synced is an event whose poster waits until the driver carried it out
+// (postWait).
+type synced struct {
+	ev   Event
+	done chan struct{}
+}
+
 func (commandIn) isEvent() {}
 func (stopLoop) isEvent()  {}
+func (synced) isEvent()    {}
 
 // post gives an event to the driver. It returns at once when the agent is
 // closing.
@@ -44,50 +51,79 @@ func (a *Agent) post(ev Event) {
 	}
 }
 
+// postWait posts ev and returns once the driver has carried out what it
+// caused (or the agent closed).
+func (a *Agent) postWait(ev Event) {
+	done := make(chan struct{})
+	a.post(synced{ev: ev, done: done})
+	select {
+	case <-done:
+	case <-a.loopDone:
+	}
+}
+
 // run is the driver: the only goroutine that touches the core.
 func (a *Agent) run() {
 	defer close(a.loopDone)
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
-		var ev Event
 		if len(a.local) > 0 {
-			ev, a.local = a.local[0], a.local[1:]
-		} else {
-			select {
-			case ev = <-a.events:
-			case <-t.C:
-				a.carryOut(a.core.Tick())
-				continue
+			ev := a.local[0]
+			a.local = a.local[1:]
+			if !a.handle(ev) {
+				return
 			}
+			continue
 		}
-		switch e := ev.(type) {
-		case stopLoop:
-			return
-		case commandIn:
-			a.replyTo[e.ID] = e.msg
-			ev = e.CommandIn
-		}
-		a.carryOut(a.core.Step(ev))
-		if l, ok := ev.(Leaving); ok && l.Done != nil {
-			close(l.Done)
+		select {
+		case ev := <-a.events:
+			if !a.handle(ev) {
+				return
+			}
+		case now := <-t.C:
+			// The events queued before the tick came before it: taken
+			// first, so that a renewal's success never loses a race with
+			// the deadline it met.
+			for n := len(a.events); n > 0; n-- {
+				if !a.handle(<-a.events) {
+					return
+				}
+			}
+			a.carryOut(a.core.Tick(now))
 		}
 	}
 }
 
-// carryOut publishes the core's view, then does what it asks, in order.
+// handle steps the core with ev and carries out what it returns; false:
+// the driver stops.
+func (a *Agent) handle(ev Event) bool {
+	var done chan struct{}
+	switch e := ev.(type) {
+	case stopLoop:
+		return false
+	case commandIn:
+		a.replyTo[e.ID] = e.msg
+		ev = e.CommandIn
+	case synced:
+		ev, done = e.ev, e.done
+	}
+	a.carryOut(a.core.Step(ev))
+	if done != nil {
+		close(done)
+	}
+	return true
+}
+
+// carryOut publishes the core's view and its registration deadline, then
+// does what the core asks, in order.
 func (a *Agent) carryOut(acts []Action) {
-	held := a.core.Held()
-	modes := make(map[int]mode, len(held))
-	for _, n := range held {
-		modes[n] = a.core.Mode(n)
+	a.publish(true)
+	var deadline int64
+	if d := a.core.Deadline(); !d.IsZero() {
+		deadline = a.clock.at(d)
 	}
-	a.mu.Lock()
-	if !maps.Equal(a.modes, modes) {
-		a.servingChangedLocked()
-	}
-	a.held, a.modes, a.leaving, a.epoch = held, modes, a.core.Leaving(), a.core.Epoch()
-	a.mu.Unlock()
+	a.clock.deadline.Store(deadline)
 	for _, act := range acts {
 		switch act := act.(type) {
 		case Answer:
@@ -128,19 +164,41 @@ func (a *Agent) carryOut(acts []Action) {
 			a.unbind(act)
 		case Release:
 			a.release(act)
-		case WriteRegistration:
-			a.goDo(func() {
-				// Written even after Close began (the store bounds the
-				// write by its own timeout).
-				err := a.renew(context.WithoutCancel(a.ctx))
-				if act.ID == 0 && err != nil {
-					a.log.Warn("cannot write the registration now; the next renewal will", "err", err)
-				}
-				a.post(RegistrationWritten{ID: act.ID, Err: err})
-			})
+		case Register:
+			a.register(act)
+		case Renew:
+			a.renew(act)
+		case ReadTable:
+			a.readTable(act)
+		case Opened:
+			a.opened <- act.Err
+		case Fail:
+			a.fail(act.Err)
+		case Signal:
+			close(act.Ch)
+		case Count:
+			a.count(act.What)
 		case Log:
-			a.log.Log(context.Background(), act.Level, act.Msg, act.Args...)
+			if act.Limit != "" {
+				a.limit.log(a.log, act.Limit, act.Msg, act.Args...)
+			} else {
+				a.log.Log(context.Background(), act.Level, act.Msg, act.Args...)
+			}
 		}
+	}
+}
+
+// count adds one to the counter of Stats that w names.
+func (a *Agent) count(w counter) {
+	switch w {
+	case countFenced:
+		a.stats.Fenced.Add(1)
+	case countSuspended:
+		a.stats.Suspended.Add(1)
+	case countConfirmed:
+		a.stats.Confirmed.Add(1)
+	case countRenewalFailed:
+		a.stats.RenewalsFailed.Add(1)
 	}
 }
 

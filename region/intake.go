@@ -326,9 +326,7 @@ func (ss *streamShard) missing(cons jetstream.Consumer) bool {
 func (ss *streamShard) stillOwned() bool {
 	a := ss.a
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
-		a.mu.Lock()
-		inc := a.incarnation
-		a.mu.Unlock()
+		inc := a.viewNow().incarnation
 		ss.mu.Lock()
 		live := ss.mode == modeLive
 		ss.mu.Unlock()

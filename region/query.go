@@ -54,10 +54,9 @@ func (a *Agent) query(body []byte) (protocol.QueryAnswer, error) {
 		req.Limit = protocol.DefaultEntityLimit
 	}
 
-	a.mu.Lock()
-	ans := protocol.QueryAnswer{Region: a.cfg.ID, Incarnation: a.incarnation, Instance: a.instance, Shards: []protocol.ShardReport{}}
-	held, modes := a.held, a.modes
-	a.mu.Unlock()
+	v := a.viewNow()
+	ans := protocol.QueryAnswer{Region: a.cfg.ID, Incarnation: v.incarnation, Instance: a.instance, Shards: []protocol.ShardReport{}}
+	held, modes := v.held, v.modes
 
 	loads, _ := a.loads(held)
 	// Entity ids fill at most half of a NATS message, whatever the limit.

@@ -258,7 +258,7 @@ func (a *Agent) liveIn(n int, life uint64) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.shards[n]
-	return st != nil && st.life() == life && a.modes[n] == modeLive
+	return st != nil && st.life() == life && a.viewLocked().modes[n] == modeLive
 }
 
 // startRemembered starts entity id of shard n unless it is active, if the
@@ -269,7 +269,7 @@ func (a *Agent) startRemembered(n int, life uint64, id string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.shards[n]
-	if st == nil || st.life() != life || a.modes[n] != modeLive {
+	if st == nil || st.life() != life || a.viewLocked().modes[n] != modeLive {
 		return false
 	}
 	if a.host.Start(n, id) {

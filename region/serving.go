@@ -1,5 +1,10 @@
 package region
 
+import (
+	"maps"
+	"slices"
+)
+
 // Serving tells code that runs on its own, outside the messages (natshard's
 // daemon workers), when the region serves a shard: only then may it act
 // for the shard, since the shard is this region's alone only while it is
@@ -17,19 +22,62 @@ package region
 // fences itself or closes; it is served again only once the core confirmed
 // it after a suspension, or the shard went live after a bind.
 func (a *Agent) Serving(n int) (serving bool, changed <-chan struct{}) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.servingCh == nil {
-		a.servingCh = make(chan struct{})
-	}
-	return a.registered && !a.suspended && !a.closed && a.modes[n] == modeLive, a.servingCh
+	v := a.viewNow()
+	return v.registered && !v.suspended && !v.closed && v.modes[n] == modeLive, v.changed
 }
 
-// servingChangedLocked wakes the callers of Serving waiting for a change;
-// a.mu is held.
-func (a *Agent) servingChangedLocked() {
-	if a.servingCh != nil {
-		close(a.servingCh)
-		a.servingCh = nil
+// view is the core's state as the driver published it after its last
+// step, for the other goroutines (Serving, Status, Held, queries, the
+// restarts of remembered entities). It is never changed, only replaced
+// (under a.mu), by the driver alone (Close's once the driver returned).
+type view struct {
+	registered, suspended, closed, leaving bool
+	incarnation                            string
+	epoch                                  uint64
+	held                                   []int
+	modes                                  map[int]mode
+	changed                                chan struct{} // closed when the view is replaced
+}
+
+// viewNow is the view published last.
+func (a *Agent) viewNow() *view {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.viewLocked()
+}
+
+// viewLocked is viewNow, a.mu held (an empty view for an Agent made
+// without Open: tests).
+func (a *Agent) viewLocked() *view {
+	if a.view == nil {
+		return &view{}
+	}
+	return a.view
+}
+
+// publish replaces the view with the core's state when it differs
+// (registered as the core says, or false: Close, once deregistered).
+func (a *Agent) publish(registered bool) {
+	c := a.core
+	held := c.Held()
+	v := &view{
+		registered: registered && c.Registered(), suspended: c.Suspended(), closed: c.Closed(), leaving: c.Leaving(),
+		incarnation: c.Incarnation(), epoch: c.Epoch(), held: held, modes: make(map[int]mode, len(held)),
+	}
+	for _, n := range held {
+		v.modes[n] = c.Mode(n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.view
+	if old != nil && old.registered == v.registered && old.suspended == v.suspended && old.closed == v.closed &&
+		old.leaving == v.leaving && old.incarnation == v.incarnation && old.epoch == v.epoch &&
+		slices.Equal(old.held, v.held) && maps.Equal(old.modes, v.modes) {
+		return
+	}
+	v.changed = make(chan struct{})
+	a.view = v
+	if old != nil {
+		close(old.changed)
 	}
 }

@@ -109,10 +109,7 @@ func (a *Agent) stallCount(check bool) uint64 {
 // reconnect. Only then does the beat move on, so that a delivery that
 // sees the old beat has found its shard suspended when it looks again.
 func (a *Agent) stalled(gap time.Duration, now int64) {
-	a.mu.Lock()
-	serving := a.registered && !a.closed // fenced or closing: nothing to suspend
-	a.mu.Unlock()
-	if serving {
+	if v := a.viewNow(); v.registered && !v.closed { // fenced or closing: nothing to suspend
 		a.stats.Stalls.Add(1)
 		a.limit.log(a.log, "stalled", "the region was not running for a while (stopped, a long GC pause, a VM stall), or its registration deadline passed: it may have lost shards meanwhile; suspending them until it has confirmed them", "gap", gap.Round(time.Millisecond))
 		a.Suspend("stalled for " + gap.Round(time.Millisecond).String())

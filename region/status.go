@@ -31,13 +31,12 @@ type Status struct {
 
 // Status returns the agent's status.
 func (a *Agent) Status() Status {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	v := a.viewNow()
 	st := Status{
-		Registered: a.registered, Leaving: a.leaving, Closed: a.closed,
-		Incarnation: a.incarnation, Epoch: a.epoch,
+		Registered: v.registered, Leaving: v.leaving, Closed: v.closed,
+		Incarnation: v.incarnation, Epoch: v.epoch,
 	}
-	for _, m := range a.modes {
+	for _, m := range v.modes {
 		switch m {
 		case modeHold:
 			st.Replaying++
