@@ -158,7 +158,7 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 	deadline := time.Now().Add(cfg.timeout)
 	for {
 		time.Sleep(100 * time.Millisecond)
-		st, err := sys.status()
+		st, err := sys.Status()
 		if err == nil && len(st.Regions) == 4 {
 			all, lo, hi := spread(st)
 			quiet := now() - res.join
@@ -171,7 +171,7 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 			}
 		}
 		if time.Now().After(deadline) {
-			st, _ := sys.status()
+			st, _ := sys.Status()
 			_, lo, hi := spread(st)
 			tb.Fatalf("rebalance not settled %v after the join: spread %d..%d", cfg.timeout, lo, hi)
 		}
