@@ -699,14 +699,3 @@ func (t *tracer) since(from time.Duration) []event {
 }
 
 func (e *event) about(shard int) bool { return slices.Contains(e.shards, shard) }
-
-// percentile is the nearest-rank q-quantile of sorted values (q in 0..1).
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(sorted))+0.999999) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

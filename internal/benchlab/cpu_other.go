@@ -4,5 +4,5 @@ package benchlab
 
 import "time"
 
-// processCPU is not measured on this platform: CPU figures are 0.
-func processCPU() time.Duration { return 0 }
+// ProcessCPU is not measured on this platform: CPU figures are 0.
+func ProcessCPU() time.Duration { return 0 }

@@ -123,7 +123,7 @@ func (b *bench) handoff() (*HandoffResult, error) {
 		}
 		d := time.Duration(b.tally.probe(target).first.Load() - t0)
 		samples = append(samples, d)
-		res.Samples = append(res.Samples, ms(d))
+		res.Samples = append(res.Samples, Millis(d))
 		if err := b.waitOwner(shard, target); err != nil {
 			return nil, err
 		}
@@ -131,7 +131,7 @@ func (b *bench) handoff() (*HandoffResult, error) {
 		owner = target
 	}
 	slices.Sort(samples)
-	res.P50MS, res.P99MS, res.MaxMS = ms(percentile(samples, 0.5)), ms(percentile(samples, 0.99)), ms(percentile(samples, 1))
+	res.P50MS, res.P99MS, res.MaxMS = Millis(Percentile(samples, 0.5)), Millis(Percentile(samples, 0.99)), Millis(Percentile(samples, 1))
 	return res, nil
 }
 
@@ -210,7 +210,7 @@ func (b *bench) failover() (*FailoverResult, error) {
 		}
 		d := time.Since(t0)
 		parked, rehomed = append(parked, parkedAt), append(rehomed, d)
-		res.Rehomed = append(res.Rehomed, ms(d))
+		res.Rehomed = append(res.Rehomed, Millis(d))
 		if _, err := b.sys.StartRegion(b.ctx, ""); err != nil {
 			return nil, err
 		}
@@ -226,13 +226,13 @@ func (b *bench) failover() (*FailoverResult, error) {
 			return nil, err
 		}
 		took = append(took, d)
-		res.Coordinator = append(res.Coordinator, ms(d))
+		res.Coordinator = append(res.Coordinator, Millis(d))
 	}
 	slices.Sort(took)
-	res.CoordinatorP50MS, res.CoordinatorMaxMS = ms(percentile(took, 0.5)), ms(percentile(took, 1))
+	res.CoordinatorP50MS, res.CoordinatorMaxMS = Millis(Percentile(took, 0.5)), Millis(Percentile(took, 1))
 	slices.Sort(parked)
 	slices.Sort(rehomed)
-	res.ParkedP50MS, res.ParkedMaxMS = ms(percentile(parked, 0.5)), ms(percentile(parked, 1))
-	res.RehomedP50MS, res.RehomedP99MS, res.RehomedMaxMS = ms(percentile(rehomed, 0.5)), ms(percentile(rehomed, 0.99)), ms(percentile(rehomed, 1))
+	res.ParkedP50MS, res.ParkedMaxMS = Millis(Percentile(parked, 0.5)), Millis(Percentile(parked, 1))
+	res.RehomedP50MS, res.RehomedP99MS, res.RehomedMaxMS = Millis(Percentile(rehomed, 0.5)), Millis(Percentile(rehomed, 0.99)), Millis(Percentile(rehomed, 1))
 	return res, nil
 }

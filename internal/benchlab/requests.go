@@ -160,9 +160,9 @@ func (r *RequestRuns) alternate(run func(nat bool) (float64, int64, error)) erro
 		}
 		r.RoundsRatio = append(r.RoundsRatio, r.Natshard.RoundsPerSec[round]/r.Raw.RoundsPerSec[round])
 	}
-	r.Natshard.ReqsPerSec = median(r.Natshard.RoundsPerSec)
-	r.Raw.ReqsPerSec = median(r.Raw.RoundsPerSec)
-	r.Ratio = median(r.RoundsRatio)
+	r.Natshard.ReqsPerSec = Median(r.Natshard.RoundsPerSec)
+	r.Raw.ReqsPerSec = Median(r.Raw.RoundsPerSec)
+	r.Ratio = Median(r.RoundsRatio)
 	return nil
 }
 
@@ -316,28 +316,6 @@ func (b *bench) publishHandled(nat bool, subject string) (time.Duration, error) 
 
 func latencyOf(d []time.Duration, errs int) LatencySide {
 	slices.Sort(d)
-	us := func(q float64) float64 { return float64(percentile(d, q)) / 1e3 }
+	us := func(q float64) float64 { return float64(Percentile(d, q)) / 1e3 }
 	return LatencySide{Count: len(d), Errors: errs, P50US: us(0.50), P99US: us(0.99), P999US: us(0.999), MaxUS: us(1)}
 }
-
-// percentile is the nearest-rank q-quantile of sorted d (0 for none).
-func percentile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(d))+0.999999) - 1
-	return d[min(max(i, 0), len(d)-1)]
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(v))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func ms(d time.Duration) float64 { return float64(d) / 1e6 }

@@ -173,13 +173,13 @@ func (b *bench) rounds(t *ThroughputResult) error {
 		return err
 	}
 	for _, s := range sides {
-		s.res.CPUPerMsgUS = median(s.cpu)
-		s.res.MsgsPerSec = median(s.res.RoundsPerSec)
+		s.res.CPUPerMsgUS = Median(s.cpu)
+		s.res.MsgsPerSec = Median(s.res.RoundsPerSec)
 	}
-	t.CPURatio = median(cpuRatios)
-	t.Ratio = median(t.RoundsRatio)
+	t.CPURatio = Median(cpuRatios)
+	t.Ratio = Median(t.RoundsRatio)
 	if best != nil {
-		t.BestRatio, t.BestCPURatio = median(t.BestRoundsRatio), median(bestCPURatios)
+		t.BestRatio, t.BestCPURatio = Median(t.BestRoundsRatio), Median(bestCPURatios)
 	}
 	return nil
 }
@@ -199,7 +199,7 @@ func (b *bench) throughput(label string, subjects []string, counter *recvCounter
 	window := int64(b.cfg.Window)
 	b.prog.phase(label, total, counter.n.Load)
 	defer b.prog.clear()
-	start, cpu0 := since0(), processCPU()
+	start, cpu0 := since0(), ProcessCPU()
 	errs := make(chan error, len(b.pubs))
 	for p := range b.pubs {
 		go func() {
@@ -228,7 +228,7 @@ func (b *bench) throughput(label string, subjects []string, counter *recvCounter
 	for {
 		select {
 		case <-done:
-			cpu := float64(processCPU()-cpu0) / 1e3 / float64(total)
+			cpu := float64(ProcessCPU()-cpu0) / 1e3 / float64(total)
 			return float64(total) / time.Duration(counter.end.Load()-start).Seconds(), cpu, total, nil
 		case <-b.ctx.Done():
 			return 0, 0, counter.n.Load(), b.ctx.Err()
