@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -313,52 +312,14 @@ func (s *system) owner(shard int) string {
 	return st.Table[shard].Region
 }
 
-// touch sends one request to each of ids (concurrently, a bounded number
-// in flight), so that each entity is active; a request that fails is
-// retried for a while (a shard may be moving).
+// touch sends one request to each of ids, so that each entity is active
+// (benchlab.Touch).
 func (s *system) touch(nc *nats.Conn, ids []string) error {
-	const inFlight = 64
-	work := make(chan string)
-	errs := make(chan error, inFlight)
-	var wg sync.WaitGroup
-	for range inFlight {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range work {
-				subj := s.subjects.EntityOf(id, shardCount)
-				var err error
-				for try := 0; try < 50; try++ {
-					var m *nats.Msg
-					m, err = nc.Request(subj, []byte("r"), 5*time.Second)
-					if err == nil && m.Header.Get(protocol.HeaderError) != "" {
-						err = errors.New(m.Header.Get(protocol.HeaderError))
-					}
-					if err == nil {
-						break
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-				if err != nil {
-					select {
-					case errs <- fmt.Errorf("touch %s: %w", id, err):
-					default:
-					}
-				}
-			}
-		}()
+	subjects := make([]string, len(ids))
+	for i, id := range ids {
+		subjects[i] = s.subjects.EntityOf(id, shardCount)
 	}
-	for _, id := range ids {
-		work <- id
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		return err
-	default:
-		return nil
-	}
+	return benchlab.Touch(nc, subjects, []byte("r"), 5*time.Second)
 }
 
 // idsOfShard returns n entity ids that hash to shard.

@@ -38,10 +38,10 @@ func (b *bench) background(subjects []string, rate float64) (stop func()) {
 	return func() { close(quit); <-done }
 }
 
-// touch sends one request to each subject (a bounded number in flight),
-// retrying failures for a while (a shard may be moving), so that every
-// entity is active.
-func (b *bench) touch(subjects []string) error {
+// Touch sends body as a request to each subject on nc (64 in flight,
+// each waiting up to timeout), retrying failures for a while (a shard may
+// be moving), so that every entity is active.
+func Touch(nc *nats.Conn, subjects []string, body []byte, timeout time.Duration) error {
 	const inFlight = 64
 	work := make(chan string)
 	var failed atomic.Pointer[error]
@@ -52,7 +52,7 @@ func (b *bench) touch(subjects []string) error {
 				var err error
 				for try := 0; try < 100; try++ {
 					var m *nats.Msg
-					if m, err = b.requester.Request(subj, b.reqBody, b.cfg.Timeout); err == nil && m.Header.Get(protocol.HeaderError) != "" {
+					if m, err = nc.Request(subj, body, timeout); err == nil && m.Header.Get(protocol.HeaderError) != "" {
 						err = errors.New(m.Header.Get(protocol.HeaderError))
 					}
 					if err == nil {
@@ -104,7 +104,7 @@ func (b *bench) handoff() (*HandoffResult, error) {
 	b.prog.phase("handoffs", int64(b.cfg.Moves), moved.Load)
 	defer b.prog.clear()
 	for range b.cfg.Moves {
-		if err := b.touch(subjects); err != nil {
+		if err := Touch(b.requester, subjects, b.reqBody, b.cfg.Timeout); err != nil {
 			return nil, err
 		}
 		ids := b.sys.RegionIDs()
