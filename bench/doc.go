@@ -1,6 +1,9 @@
 // Package bench holds natshard's benchmarks of docs/BENCHMARKS.md's "Targets"
 // that need a whole system in one process: an embedded NATS server with
 // JetStream, several regions (each on its own connection) and a coordinator.
+// The system is shardctl bench's (internal/benchlab: OpenServer,
+// NewSystem); system_test.go adds the probes, the tracer and the publisher
+// these benchmarks measure with.
 //
 // The package has test files only. `go test ./bench/` runs one cheap test
 // that exercises every scenario once with tiny sizes; the benchmarks run

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -53,13 +54,13 @@ func BenchmarkHandoff(b *testing.B) {
 				samples = append(samples, r.moveOnce())
 			}
 			s := summarize(samples)
-			b.ReportMetric(ms(s.total.p50), "p50-ms")
-			b.ReportMetric(ms(s.total.p99), "p99-ms")
-			b.ReportMetric(ms(s.total.max), "max-ms")
-			b.ReportMetric(ms(s.delay.p50), s.delay.metric)
+			b.ReportMetric(benchlab.Millis(s.total.p50), "p50-ms")
+			b.ReportMetric(benchlab.Millis(s.total.p99), "p99-ms")
+			b.ReportMetric(benchlab.Millis(s.total.max), "max-ms")
+			b.ReportMetric(benchlab.Millis(s.delay.p50), s.delay.metric)
 			for _, st := range s.steps {
 				if st.metric != "" {
-					b.ReportMetric(ms(st.p50), st.metric)
+					b.ReportMetric(benchlab.Millis(st.p50), st.metric)
 				}
 			}
 			b.Log(strings.TrimSuffix(r.describe(s, false), "\n"))
@@ -272,7 +273,7 @@ func distribution(name, metric string, vals []time.Duration) stat {
 	slices.Sort(vals)
 	st := stat{name: name, metric: metric, n: len(vals)}
 	if len(vals) > 0 {
-		st.p50, st.p90, st.p99, st.max = percentile(vals, 0.5), percentile(vals, 0.9), percentile(vals, 0.99), vals[len(vals)-1]
+		st.p50, st.p90, st.p99, st.max = benchlab.Percentile(vals, 0.5), benchlab.Percentile(vals, 0.9), benchlab.Percentile(vals, 0.99), vals[len(vals)-1]
 	}
 	return st
 }
@@ -345,7 +346,7 @@ func (r *handoffRun) describe(s handoffSummary, full bool) string {
 	fmt.Fprintf(&b, "shard %d, %d active entities, publisher %.0f msg/s (window full %d ms), %d moves; per move %d Stop hooks, %d messages buffered, %d replayed; %d HandOff answers incomplete\n",
 		r.cfg.shard, r.cfg.entities, r.cfg.rate, r.pub.stalled.Load(), s.n, s.stops/int64(n), s.buffered/n, s.replayed/n, s.incomplete)
 	row := func(st stat) {
-		fmt.Fprintf(&b, "  %-66s %8.1f %8.1f %8.1f %8.1f  (n=%d)\n", st.name, ms(st.p50), ms(st.p90), ms(st.p99), ms(st.max), st.n)
+		fmt.Fprintf(&b, "  %-66s %8.1f %8.1f %8.1f %8.1f  (n=%d)\n", st.name, benchlab.Millis(st.p50), benchlab.Millis(st.p90), benchlab.Millis(st.p99), benchlab.Millis(st.max), st.n)
 	}
 	fmt.Fprintf(&b, "  %-66s %8s %8s %8s %8s\n", "ms", "p50", "p90", "p99", "max")
 	row(s.total)
@@ -360,7 +361,7 @@ func (r *handoffRun) describe(s handoffSummary, full bool) string {
 		}
 		b.WriteString("  each move, ms: first message handled / pause+stop / release (Release sent -> answered) / longest message delay\n   ")
 		for i, m := range s.samples {
-			fmt.Fprintf(&b, " %.0f/%.0f/%.0f/%.0f", ms(m.total), ms(orUnknown(m.paused, m.handoff)), ms(orUnknown(m.released, m.release)), ms(m.delay))
+			fmt.Fprintf(&b, " %.0f/%.0f/%.0f/%.0f", benchlab.Millis(m.total), benchlab.Millis(orUnknown(m.paused, m.handoff)), benchlab.Millis(orUnknown(m.released, m.release)), benchlab.Millis(m.delay))
 			if i%10 == 9 && i+1 < len(s.samples) {
 				b.WriteString("\n   ")
 			}

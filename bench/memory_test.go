@@ -95,7 +95,7 @@ func runIdle(tb testing.TB, n int) idleReport {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t1 := time.Now()
-	if err := region.node.Close(ctx); err != nil {
+	if err := region.Node.Close(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	r.stop = time.Since(t1)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/protocol"
 )
 
@@ -54,7 +55,7 @@ func BenchmarkRebalanceDip(b *testing.B) {
 	b.ReportMetric(med(func(r dipResult) float64 { return r.min / r.baseline }), "min/baseline")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.baselineMin / r.baseline }), "baseline-min/baseline")
 	b.ReportMetric(med(func(r dipResult) float64 { return r.settle.Seconds() }), "settle-s")
-	b.ReportMetric(med(func(r dipResult) float64 { return ms(r.delay) }), "delay-max-ms")
+	b.ReportMetric(med(func(r dipResult) float64 { return benchlab.Millis(r.delay) }), "delay-max-ms")
 	b.ReportMetric(med(func(r dipResult) float64 { return float64(r.rounds) }), "rounds")
 	b.ReportMetric(med(func(r dipResult) float64 { return float64(r.moves) }), "moves")
 	for _, r := range results {
@@ -158,7 +159,7 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 	deadline := time.Now().Add(cfg.timeout)
 	for {
 		time.Sleep(100 * time.Millisecond)
-		st, err := sys.status()
+		st, err := sys.Status()
 		if err == nil && len(st.Regions) == 4 {
 			all, lo, hi := spread(st)
 			quiet := now() - res.join
@@ -171,7 +172,7 @@ func runDip(tb testing.TB, cfg dipConfig) dipResult {
 			}
 		}
 		if time.Now().After(deadline) {
-			st, _ := sys.status()
+			st, _ := sys.Status()
 			_, lo, hi := spread(st)
 			tb.Fatalf("rebalance not settled %v after the join: spread %d..%d", cfg.timeout, lo, hi)
 		}
@@ -263,9 +264,9 @@ func (r dipResult) describe(cfg dipConfig, full bool) string {
 		how = "rounds stopped moving"
 	}
 	fmt.Fprintf(&b, "  settled (%s, %d..%d shards per region) %.2fs after the join: %d moves in %d rounds; one move (row handoff -> row active) p50 %.0f ms, max %.0f ms\n",
-		how, r.spread[0], r.spread[1], r.settle.Seconds(), r.moves, r.rounds, ms(r.move.p50), ms(r.move.max))
+		how, r.spread[0], r.spread[1], r.settle.Seconds(), r.moves, r.rounds, benchlab.Millis(r.move.p50), benchlab.Millis(r.move.max))
 	fmt.Fprintf(&b, "  longest publish -> Handle delay of a message: %.1f ms in the baseline, %.1f ms from the join until the end\n",
-		ms(r.baseDelay), ms(r.delay))
+		benchlab.Millis(r.baseDelay), benchlab.Millis(r.delay))
 	if !full {
 		return b.String()
 	}

@@ -81,7 +81,7 @@ func runRegions(tb testing.TB, shards, regions int, cluster bool) regionsReport 
 
 	t0 := now()
 	s.startRegion(fmt.Sprintf("r%02d", regions))
-	s.waitSettled(time.Minute, regions+1, shards)
+	s.waitSettled(time.Minute)
 	r.join = now() - t0
 	r.joinWrites, r.joinCommands, r.moves = s.tracer.count(t0)
 	return r

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/protocol"
 )
@@ -217,7 +217,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 			s.received.Store(0)
 			s.target.Store(int64(msgs))
 			s.done.Store(0)
-			cpu0 := processCPU()
+			cpu0 := benchlab.ProcessCPU()
 			start.Store(time.Now().UnixNano())
 			var wg sync.WaitGroup
 			var sent atomic.Int64
@@ -250,20 +250,12 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				}
 				time.Sleep(time.Millisecond)
 			}
-			s.cpus = append(s.cpus, float64(processCPU()-cpu0)/1e3/float64(msgs))
+			s.cpus = append(s.cpus, float64(benchlab.ProcessCPU()-cpu0)/1e3/float64(msgs))
 			s.rates = append(s.rates, float64(msgs)/time.Duration(s.done.Load()).Seconds())
 		}
 	}
 	for _, s := range shapes {
-		s.cpuUS, s.rate = medianOf(s.cpus), medianOf(s.rates)
+		s.cpuUS, s.rate = benchlab.Median(s.cpus), benchlab.Median(s.rates)
 	}
 	return shapes
-}
-
-func medianOf(v []float64) float64 {
-	s := slices.Sorted(slices.Values(v))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,7 +20,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/entities"
-	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
 )
@@ -84,22 +82,22 @@ type sysConfig struct {
 
 func (c sysConfig) shardCount() int { return cmp.Or(c.shards, shardCount) }
 
-func (c sysConfig) replicas() int {
+// servers is the number of NATS servers, and of the type's replicas.
+func (c sysConfig) servers() int {
 	if c.cluster {
 		return 3
 	}
 	return 1
 }
 
-// system is a NATS server with JetStream, regions and one coordinator,
-// all in this process, each on its own connection.
+// system is shardctl bench's system (benchlab.System: a NATS server with
+// JetStream, regions and one coordinator, all in this process, each on its
+// own connection) with the probes and the tracer of these benchmarks.
 type system struct {
+	*benchlab.System
 	tb       testing.TB
 	cfg      sysConfig
-	url      string
 	subjects protocol.Subjects
-	log      *slog.Logger
-	admin    *nats.Conn // admin API and tracer
 	tracer   *tracer
 
 	mu      sync.Mutex
@@ -107,66 +105,64 @@ type system struct {
 	probes  atomic.Pointer[[]*probe] // every region's, for handled()
 
 	// allocated is the time from the coordinator's start to every shard
-	// active and balanced, allocatedAt when it started (tracer time).
+	// active, balanced and served live, allocatedAt when it started
+	// (tracer time).
 	allocated, allocatedAt time.Duration
 
 	closeMu sync.Mutex
 	closers []func() // run in reverse by close
 }
 
-// node is one region: a natshard node on a connection of its own.
+// node is one region and its probe.
 type node struct {
-	id    string
-	nc    *nats.Conn
-	node  *natshard.Node
+	*benchlab.Region
 	probe *probe
 }
 
 // stats are the region's counters.
 func (n *node) stats() natshard.Stats {
-	st, _ := n.node.Stats(entityType)
+	st, _ := n.Node.Stats(entityType)
 	return st
 }
 
 // startSystem starts a system and waits until every shard is active.
 func startSystem(tb testing.TB, cfg sysConfig) *system {
 	tb.Helper()
-	s := &system{
-		tb:       tb,
-		cfg:      cfg,
-		subjects: protocol.MustSubjects("", "", entityType),
-		regions:  map[string]*node{},
-		log:      slog.New(slog.DiscardHandler),
-	}
+	s := &system{tb: tb, cfg: cfg, regions: map[string]*node{}}
 	s.probes.Store(&[]*probe{})
-	if *flagLog {
-		s.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
 	tb.Cleanup(s.close)
-	if cfg.cluster {
-		servers := natstest.RunCluster(tb, 3)
-		s.onClose(func() {
-			for _, srv := range servers {
-				natstest.Shutdown(srv)
-			}
-		})
-		s.url = natstest.ClusterURLs(servers)
-	} else {
-		srv := natstest.RunServer(tb)
-		s.onClose(func() { natstest.Shutdown(srv) })
-		s.url = natstest.URL(srv)
+	srv, err := benchlab.OpenServer("", cfg.servers())
+	if err != nil {
+		tb.Fatal(err)
 	}
-
-	s.admin = s.connect("admin")
-	s.tracer = startTracer(tb, s.admin, s.subjects)
+	s.onClose(srv.Close)
+	log := slog.New(slog.DiscardHandler)
+	if *flagLog {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.System, err = benchlab.NewSystem(ctx, srv, benchlab.SystemConfig{
+		Type: entityType, Kind: "echo", Shards: cfg.shardCount(), Replicas: cfg.servers(),
+		MinRegions: cfg.minRegions, RebalanceInterval: cfg.rebalance, ReleaseGrace: *flagGrace,
+		Logger: log, Entity: s.entity, CoordinatorInbox: coordInbox,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.onClose(s.System.Close)
+	s.subjects = s.Subjects()
+	s.tracer = startTracer(tb, s.connect("tracer"), s.subjects)
 	s.onClose(s.tracer.stop)
 
 	for _, id := range cfg.regions {
 		s.startRegion(id)
 	}
 	s.allocatedAt = now()
-	s.startCoordinator()
-	s.waitSettled(30*time.Second+time.Duration(cfg.shardCount())*5*time.Millisecond, len(cfg.regions), cfg.shardCount())
+	if err := s.StartCoordinator(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	s.waitSettled(30*time.Second + time.Duration(cfg.shardCount())*5*time.Millisecond)
 	s.allocated = now() - s.allocatedAt
 	return s
 }
@@ -177,8 +173,8 @@ func (s *system) onClose(f func()) {
 	s.closeMu.Unlock()
 }
 
-// close stops everything, newest first (the coordinator before the
-// regions it commands, the server last). Idempotent.
+// close stops everything, newest first (the tracer, the system, the
+// server last). Idempotent.
 func (s *system) close() {
 	s.closeMu.Lock()
 	cs := s.closers
@@ -191,52 +187,22 @@ func (s *system) close() {
 
 // connect opens a connection of its own to the server.
 func (s *system) connect(name string, opts ...nats.Option) *nats.Conn {
-	nc := natstest.Connect(s.tb, s.url, append([]nats.Option{nats.Name("bench-" + name)}, opts...)...)
-	s.onClose(nc.Close)
-	return nc
-}
-
-// benchType is the system's entity type, its entities made by entity.
-func (s *system) benchType(entity natshard.Factory) natshard.Type {
-	return natshard.Type{
-		Name: entityType, Kind: "echo", Entity: entity, Shards: s.cfg.shardCount(),
-		MinRegions: s.cfg.minRegions, RebalanceInterval: s.cfg.rebalance,
-		Replicas: s.cfg.replicas(),
-	}
-}
-
-// startNode starts a natshard node of the system's type on nc.
-func (s *system) startNode(nc *nats.Conn, opts natshard.Options, entity natshard.Factory) *natshard.Node {
-	s.tb.Helper()
-	opts.Conn, opts.Logger = nc, s.log
-	opts.ReleaseGrace = *flagGrace
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	n, err := natshard.Start(ctx, opts, s.benchType(entity))
+	nc, err := s.Connect(name, opts...)
 	if err != nil {
 		s.tb.Fatal(err)
 	}
-	s.onClose(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = n.Close(cctx)
-	})
-	return n
+	return nc
 }
 
-// startRegion starts region id, a node on a connection of its own,
-// hosting echo entities behind a probe.
-func (s *system) startRegion(id string) *node {
-	s.tb.Helper()
-	nc := s.connect("region-" + id)
-	p := &probe{}
-	factory := p.factory(entities.Echo())
+// entity is the system's benchlab.SystemConfig.Entity: echo entities
+// behind a probe of region id, or as they are (plain).
+func (s *system) entity(id string) (natshard.Factory, error) {
 	if s.cfg.plain {
-		factory = entities.Echo()
+		return entities.Echo(), nil
 	}
-	n := &node{id: id, nc: nc, node: s.startNode(nc, natshard.Options{Region: id, NoCoordinator: true}, factory), probe: p}
+	p := &probe{}
 	s.mu.Lock()
-	s.regions[id] = n
+	s.regions[id] = &node{probe: p}
 	s.mu.Unlock()
 	for {
 		old := s.probes.Load()
@@ -245,6 +211,27 @@ func (s *system) startRegion(id string) *node {
 			break
 		}
 	}
+	return p.factory(entities.Echo()), nil
+}
+
+// startRegion starts region id, a node on a connection of its own,
+// hosting echo entities behind a probe.
+func (s *system) startRegion(id string) *node {
+	s.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := s.StartRegion(ctx, id)
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.regions[id]
+	if n == nil { // plain
+		n = &node{}
+		s.regions[id] = n
+	}
+	n.Region = r
 	return n
 }
 
@@ -252,13 +239,6 @@ func (s *system) region(id string) *node {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.regions[id]
-}
-
-// startCoordinator runs the one coordinator candidate, a node that hosts
-// no region, on a connection whose inbox prefix the tracer watches.
-func (s *system) startCoordinator() {
-	nc := s.connect("coordinator", nats.CustomInboxPrefix(coordInbox))
-	s.startNode(nc, natshard.Options{Region: "bench", NoRegion: true}, nil)
 }
 
 // handled is the number of publisher messages handled by every region
@@ -288,28 +268,20 @@ func (s *system) maxDelay() time.Duration {
 	return time.Duration(d)
 }
 
-// status asks the coordinator for its status.
-func (s *system) status() (protocol.Status, error) {
-	var st protocol.Status
-	m, err := s.admin.Request(s.subjects.Admin(protocol.AdminStatus), nil, 2*time.Second)
-	if err != nil {
-		return st, err
-	}
-	return st, json.Unmarshal(m.Data, &st)
-}
-
 // move asks the coordinator to move shard to target.
 func (s *system) move(shard int, target string) error {
-	data, _ := json.Marshal(protocol.MoveRequest{Shard: shard, Region: target})
-	m, err := s.admin.Request(s.subjects.Admin(protocol.AdminMove), data, 5*time.Second)
-	if err != nil {
-		return err
+	return s.Admin(protocol.AdminMove, protocol.MoveRequest{Shard: shard, Region: target})
+}
+
+// waitSettled waits until the coordinator reports every shard active on
+// the running regions, balanced within one shard, and served live.
+func (s *system) waitSettled(timeout time.Duration) {
+	s.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Second)
+	defer cancel()
+	if st, err := s.WaitBalanced(ctx, timeout); err != nil {
+		s.tb.Fatalf("system not settled after %v: %+v %v", timeout, st, err)
 	}
-	var ae protocol.AdminError
-	if json.Unmarshal(m.Data, &ae) == nil && ae.Error != "" {
-		return errors.New(ae.Error)
-	}
-	return nil
 }
 
 // spread summarizes a status: whether every shard is active, and the
@@ -331,80 +303,23 @@ func spread(st protocol.Status) (allActive bool, lo, hi int) {
 	return allActive, lo, hi
 }
 
-// waitSettled waits until the coordinator reports every shard active on
-// regions live regions, balanced within one shard.
-func (s *system) waitSettled(timeout time.Duration, regions, shards int) {
-	s.tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		st, err := s.status()
-		if err == nil && len(st.Regions) == regions && len(st.Table) == shards {
-			if all, lo, hi := spread(st); all && hi-lo <= 1 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			s.tb.Fatalf("system not settled after %v: %+v %v", timeout, st, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // owner is the region shard is active on, "" if it is not active.
 func (s *system) owner(shard int) string {
-	st, err := s.status()
+	st, err := s.Status()
 	if err != nil || shard >= len(st.Table) || st.Table[shard].State != string(protocol.StateActive) {
 		return ""
 	}
 	return st.Table[shard].Region
 }
 
-// touch sends one request to each of ids (concurrently, a bounded number
-// in flight), so that each entity is active; a request that fails is
-// retried for a while (a shard may be moving).
+// touch sends one request to each of ids, so that each entity is active
+// (benchlab.Touch).
 func (s *system) touch(nc *nats.Conn, ids []string) error {
-	const inFlight = 64
-	work := make(chan string)
-	errs := make(chan error, inFlight)
-	var wg sync.WaitGroup
-	for range inFlight {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range work {
-				subj := s.subjects.EntityOf(id, shardCount)
-				var err error
-				for try := 0; try < 50; try++ {
-					var m *nats.Msg
-					m, err = nc.Request(subj, []byte("r"), 5*time.Second)
-					if err == nil && m.Header.Get(protocol.HeaderError) != "" {
-						err = errors.New(m.Header.Get(protocol.HeaderError))
-					}
-					if err == nil {
-						break
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-				if err != nil {
-					select {
-					case errs <- fmt.Errorf("touch %s: %w", id, err):
-					default:
-					}
-				}
-			}
-		}()
+	subjects := make([]string, len(ids))
+	for i, id := range ids {
+		subjects[i] = s.subjects.EntityOf(id, shardCount)
 	}
-	for _, id := range ids {
-		work <- id
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		return err
-	default:
-		return nil
-	}
+	return benchlab.Touch(nc, subjects, []byte("r"), 5*time.Second)
 }
 
 // idsOfShard returns n entity ids that hash to shard.
@@ -745,14 +660,3 @@ func (t *tracer) since(from time.Duration) []event {
 }
 
 func (e *event) about(shard int) bool { return slices.Contains(e.shards, shard) }
-
-// percentile is the nearest-rank q-quantile of sorted values (q in 0..1).
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(sorted))+0.999999) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -13,16 +13,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/pprof/profile"
 
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 )
 
 // bench runs shardctl with args and decodes its JSON output.
-func benchJSON(t testing.TB, args ...string) benchResult {
+func benchJSON(t testing.TB, args ...string) benchlab.Result {
 	t.Helper()
 	res, _ := benchJSONRaw(t, args...)
 	return res
@@ -30,14 +30,14 @@ func benchJSON(t testing.TB, args ...string) benchResult {
 
 // benchJSONRaw is benchJSON that also returns the JSON as generic
 // values, to check the field names.
-func benchJSONRaw(t testing.TB, args ...string) (benchResult, map[string]any) {
+func benchJSONRaw(t testing.TB, args ...string) (benchlab.Result, map[string]any) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("shardctl %v: %v\n%s", args, err, stderr.String())
 	}
-	var res benchResult
+	var res benchlab.Result
 	var raw map[string]any
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		t.Fatalf("shardctl %v printed no JSON: %v\n%s", args, err, stdout.String())
@@ -51,9 +51,9 @@ func benchJSONRaw(t testing.TB, args ...string) (benchResult, map[string]any) {
 // checkCounts checks what must hold whatever the machine's speed: every
 // message sent was received on each side, rates and the ratio are
 // positive, every request was answered.
-func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
+func checkCounts(t *testing.T, res benchlab.Result, msgs, rounds, requests int) {
 	t.Helper()
-	for name, side := range map[string]throughputSide{"natshard": res.Throughput.Natshard, "raw": res.Throughput.Raw} {
+	for name, side := range map[string]benchlab.ThroughputSide{"natshard": res.Throughput.Natshard, "raw": res.Throughput.Raw} {
 		if want := int64(msgs * rounds); side.Sent != want || side.Received != want {
 			t.Errorf("%s: sent %d, received %d, want %d each", name, side.Sent, side.Received, want)
 		}
@@ -68,7 +68,7 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 	if l == nil {
 		t.Fatal("no latency run")
 	}
-	for name, side := range map[string]latencySide{"natshard": l.Natshard, "raw": l.Raw} {
+	for name, side := range map[string]benchlab.LatencySide{"natshard": l.Natshard, "raw": l.Raw} {
 		if side.Count != requests || side.Errors != 0 || side.P50US <= 0 || side.P50US > side.P99US || side.P99US > side.P999US || side.P999US > side.MaxUS {
 			t.Errorf("%s latency: %+v, want %d requests answered and ordered percentiles", name, side, requests)
 		}
@@ -77,12 +77,12 @@ func checkCounts(t *testing.T, res benchResult, msgs, rounds, requests int) {
 	if cr == nil {
 		t.Fatal("no concurrent callers' run")
 	}
-	for name, side := range map[string]concurrentSide{"natshard": cr.Natshard, "raw": cr.Raw} {
-		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != requestRounds {
-			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, requestRounds)
+	for name, side := range map[string]benchlab.ConcurrentSide{"natshard": cr.Natshard, "raw": cr.Raw} {
+		if side.Errors != 0 || side.ReqsPerSec <= 0 || len(side.RoundsPerSec) != benchlab.RequestRounds {
+			t.Errorf("%s concurrent callers: %+v, want no error and %d positive rates", name, side, benchlab.RequestRounds)
 		}
 	}
-	if cr.Callers != res.Config.Callers || cr.Requests != requestFactor*requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != requestRounds {
+	if cr.Callers != res.Config.Callers || cr.Requests != benchlab.RequestFactor*requests || cr.Ratio <= 0 || len(cr.RoundsRatio) != benchlab.RequestRounds {
 		t.Errorf("concurrent callers: %+v, config %+v", cr, res.Config)
 	}
 }
@@ -115,7 +115,7 @@ func TestBench(t *testing.T) {
 	if res.Config.Server != "embedded" || res.Config.Type != "bench" {
 		t.Errorf("config %+v", res.Config)
 	}
-	if p := res.Pipelined; p == nil || p.Window != pipelineWindow || p.Requests != requestFactor*50 || len(p.RoundsRatio) != requestRounds || p.Ratio <= 0 ||
+	if p := res.Pipelined; p == nil || p.Window != benchlab.PipelineWindow || p.Requests != benchlab.RequestFactor*50 || len(p.RoundsRatio) != benchlab.RequestRounds || p.Ratio <= 0 ||
 		p.Natshard.ReqsPerSec <= 0 || p.Raw.ReqsPerSec <= 0 || p.Natshard.Errors != 0 || p.Raw.Errors != 0 {
 		t.Errorf("pipelined %+v", res.Pipelined)
 	}
@@ -131,7 +131,7 @@ func TestBench(t *testing.T) {
 // checkDurable checks the durable run's figures whatever the machine's
 // speed: every message published was acknowledged and handled on each
 // side, the rates, ratios and percentiles are positive and finite.
-func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples, replicas int) {
+func checkDurable(t *testing.T, d *benchlab.DurableResult, msgs, rounds, samples, replicas int) {
 	t.Helper()
 	if d == nil {
 		t.Fatal("no durable run")
@@ -145,7 +145,7 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples, replica
 	if tp.Best == nil {
 		t.Fatal("no best-shape side")
 	}
-	for name, side := range map[string]throughputSide{"natshard": tp.Natshard, "raw": tp.Raw, "best": *tp.Best} {
+	for name, side := range map[string]benchlab.ThroughputSide{"natshard": tp.Natshard, "raw": tp.Raw, "best": *tp.Best} {
 		if want := int64(msgs * rounds); side.Sent != want || side.Received != want || side.Acked != want || side.PublishErrors != 0 || side.Errors != 0 {
 			t.Errorf("durable %s: sent %d, received %d, acked %d, publish errors %d, errors %d; want %d sent, received and acked",
 				name, side.Sent, side.Received, side.Acked, side.PublishErrors, side.Errors, want)
@@ -176,7 +176,7 @@ func checkDurable(t *testing.T, d *durableResult, msgs, rounds, samples, replica
 	if l == nil {
 		t.Fatal("no durable latency run")
 	}
-	for name, side := range map[string]latencySide{"natshard": l.Natshard, "raw": l.Raw} {
+	for name, side := range map[string]benchlab.LatencySide{"natshard": l.Natshard, "raw": l.Raw} {
 		if side.Count != samples || side.Errors != 0 || side.P50US <= 0 || side.P50US > side.P99US || side.P99US > side.P999US || side.P999US > side.MaxUS || math.IsInf(side.MaxUS, 0) {
 			t.Errorf("durable %s latency: %+v, want %d samples and ordered percentiles", name, side, samples)
 		}
@@ -425,7 +425,7 @@ func TestBenchLoadLatency(t *testing.T) {
 	if res.Durable == nil {
 		t.Fatal("no durable run")
 	}
-	for name, rows := range map[string][]loadLatency{"core": res.LoadLatency, "durable": res.Durable.LoadLatency} {
+	for name, rows := range map[string][]benchlab.LoadLatency{"core": res.LoadLatency, "durable": res.Durable.LoadLatency} {
 		if len(rows) != 2 || rows[0].Load != "low" || rows[0].Rate != 100 || rows[0].ReqRate != 100 || rows[1].Load != "80%" || rows[1].Rate <= 0 || rows[1].ReqRate <= 0 {
 			t.Fatalf("%s: rows %+v", name, rows)
 		}
@@ -433,34 +433,13 @@ func TestBenchLoadLatency(t *testing.T) {
 			// Every message and request sent (at that rate, or as fast as
 			// the bench could) is counted.
 			for what, p := range map[string]struct {
-				latencyPoint
+				benchlab.LatencyPoint
 				rate float64
 			}{"handled": {r.Handled, r.Rate}, "request": {r.Request, r.ReqRate}} {
 				if d := p.Count - int64(0.5*p.rate); d < -1 || d > 1 || p.Errors != 0 || p.P50US <= 0 || p.P50US > p.P90US || p.P90US > p.P99US {
-					t.Errorf("%s %s at %s (%.0f/s): %+v", name, what, r.Load, p.rate, p.latencyPoint)
+					t.Errorf("%s %s at %s (%.0f/s): %+v", name, what, r.Load, p.rate, p.LatencyPoint)
 				}
 			}
-		}
-	}
-}
-
-func TestLatHist(t *testing.T) {
-	h := &latHist{}
-	for i := 1; i <= 1000; i++ {
-		h.add(time.Duration(i) * time.Microsecond)
-	}
-	for _, c := range []struct {
-		q    float64
-		want time.Duration
-	}{{0.5, 500 * time.Microsecond}, {0.9, 900 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, 1000 * time.Microsecond}} {
-		got := h.quantile(c.q)
-		if got > c.want || float64(got) < 0.96*float64(c.want) {
-			t.Errorf("quantile(%v) = %v, want %v less at most 4 %%", c.q, got, c.want)
-		}
-	}
-	for _, ns := range []uint64{0, 1, 31, 32, 33, 63, 64, 1000, 1 << 40, 1<<63 + 5} {
-		if v := histValue(histIndex(ns)); uint64(v) > ns || float64(ns-uint64(v)) > 0.04*float64(ns) {
-			t.Errorf("bucket of %d starts at %d", ns, v)
 		}
 	}
 }

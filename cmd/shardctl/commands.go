@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/natshard/natshard/internal/benchlab"
 )
 
 // command is one of shardctl's commands. Those that talk to a type run
@@ -263,7 +265,7 @@ It also runs requests from concurrent callers (--callers, 64 by default)
 through natshard.Client beside nc.Request, and pipelined requests
 (%d in flight) beside a plain responder. --handoff and
 --failover add handoffs under load, and crashes of regions and of the
-coordinator.`, pipelineWindow),
+coordinator.`, benchlab.PipelineWindow),
 			examples: `shardctl bench
 shardctl bench --delivery both --json
 shardctl bench --handoff --failover --json`,

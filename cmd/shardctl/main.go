@@ -5,7 +5,8 @@
 //
 // The commands are listed, with their help and examples, in commands.go;
 // `shardctl help` prints them. Each has a file of its own (status.go,
-// move.go, ...); bench (bench.go) and auth (auth.go) parse their own flags.
+// move.go, ...); bench (bench.go: its flags and its tables; what it measures
+// is internal/benchlab) and auth (auth.go) parse their own flags.
 // A payload of "-" is read from standard input. Exit status: 0 ok (help
 // included), 1 the operation failed, 2 a bad command line.
 package main
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/natshard/natshard/auth"
+	"github.com/natshard/natshard/internal/benchlab"
 	"github.com/natshard/natshard/internal/version"
 	"github.com/natshard/natshard/protocol"
 )
@@ -45,12 +47,13 @@ func main() {
 func errorLine(err error) string { return "shardctl: " + cleanText(err.Error()) }
 
 // exitCode is the exit status for what run returned: 0 ok (or --help), 2
-// a bad command line, 1 anything else.
+// a bad command line (bench's flags are checked by benchlab), 1 anything
+// else.
 func exitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage):
+	case errors.Is(err, errUsage), errors.Is(err, benchlab.ErrUsage):
 		return 2
 	}
 	return 1

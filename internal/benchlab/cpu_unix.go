@@ -1,14 +1,14 @@
 //go:build unix
 
-package main
+package benchlab
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is the CPU time (user and system) this process has used.
-func processCPU() time.Duration {
+// ProcessCPU is the CPU time (user and system) this process has used.
+func ProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

@@ -1,4 +1,4 @@
-package main
+package benchlab
 
 import (
 	"context"
@@ -42,17 +42,17 @@ const benchSentHeader = "Bench-Sent"
 // highLoad is the high load's share of the maximum.
 const highLoad = 0.8
 
-// loadLatency is one row of the table.
-type loadLatency struct {
+// LoadLatency is one row of the table.
+type LoadLatency struct {
 	Load    string       `json:"load"`     // "low" or "80%"
 	Rate    float64      `json:"rate"`     // msgs/s asked for
 	ReqRate float64      `json:"req_rate"` // req/s asked for
-	Handled latencyPoint `json:"handled"`  // publish to handled
-	Request latencyPoint `json:"request"`  // request round trip
+	Handled LatencyPoint `json:"handled"`  // publish to handled
+	Request LatencyPoint `json:"request"`  // request round trip
 }
 
-// latencyPoint is the percentiles of one load's samples, rates as sent.
-type latencyPoint struct {
+// LatencyPoint is the percentiles of one load's samples, rates as sent.
+type LatencyPoint struct {
 	Rate   float64 `json:"rate"` // achieved: samples over the time taken to send them
 	Count  int64   `json:"count"`
 	Errors int64   `json:"errors"` // failed, or (core publishes) never handled
@@ -66,7 +66,7 @@ const loadCallers = 64
 
 // loadLatencies measures the table: low load, then high. maxPub and
 // maxReq are the maxima in msgs/s and req/s (0: measured here).
-func (b *bench) loadLatencies(maxPub, maxReq float64) ([]loadLatency, error) {
+func (b *bench) loadLatencies(maxPub, maxReq float64) ([]LoadLatency, error) {
 	low := b.cfg.LowRate
 	if maxReq == 0 {
 		if err := b.quiesce(); err != nil {
@@ -77,12 +77,12 @@ func (b *bench) loadLatencies(maxPub, maxReq float64) ([]loadLatency, error) {
 			return nil, fmt.Errorf("the maximum request rate: %w", err)
 		}
 	}
-	var rows []loadLatency
+	var rows []LoadLatency
 	for _, l := range []struct {
 		name     string
 		pub, req float64
 	}{{"low", low, low}, {fmt.Sprintf("%.0f%%", 100*highLoad), highLoad * maxPub, highLoad * maxReq}} {
-		row := loadLatency{Load: l.name, Rate: l.pub, ReqRate: l.req}
+		row := LoadLatency{Load: l.name, Rate: l.pub, ReqRate: l.req}
 		if err := b.quiesce(); err != nil {
 			return nil, err
 		}
@@ -111,7 +111,7 @@ func (b *bench) quiesce() error {
 	deadline := time.Now().Add(time.Minute)
 	last, lastAt := int64(-1), time.Now()
 	for {
-		n := b.sys.handled.n.Load()
+		n := b.tally.handled.n.Load()
 		if n != last {
 			last, lastAt = n, time.Now()
 		}
@@ -144,7 +144,7 @@ func (b *bench) streamMessages() (uint64, error) {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 	defer cancel()
-	st, err := b.sys.js.Stream(ctx, kvstate.MessageStream(b.sys.typ))
+	st, err := b.sys.js.Stream(ctx, kvstate.MessageStream(b.sys.cfg.Type))
 	if err != nil {
 		return 0, err
 	}
@@ -173,10 +173,10 @@ func (b *bench) pace(rate float64, send func(i int) error) (time.Duration, error
 
 // loadHandled publishes at rate and takes each message's time from its
 // publish to its handling.
-func (b *bench) loadHandled(load string, rate float64) (latencyPoint, error) {
+func (b *bench) loadHandled(load string, rate float64) (LatencyPoint, error) {
 	h := &latHist{}
-	b.sys.loadHist.Store(h)
-	defer b.sys.loadHist.Store(nil)
+	b.tally.loadHist.Store(h)
+	defer b.tally.loadHist.Store(nil)
 	b.prog.note("latency at %s load: publish to handled, %.0f msgs/s for %.0f s", load, rate, b.cfg.LoadSeconds)
 	// Each publisher paces its share, as the throughput rounds share the
 	// messages among them.
@@ -221,7 +221,7 @@ func (b *bench) loadHandled(load string, rate float64) (latencyPoint, error) {
 	close(perr)
 	for err := range perr {
 		if err != nil {
-			return latencyPoint{}, err
+			return LatencyPoint{}, err
 		}
 	}
 	// Every message published is handled, or, in core delivery, dropped
@@ -235,7 +235,7 @@ func (b *bench) loadHandled(load string, rate float64) (latencyPoint, error) {
 			last, lastAt = n, time.Now()
 		} else if time.Since(lastAt) > b.cfg.Timeout {
 			if b.durable() {
-				return latencyPoint{}, fmt.Errorf("%d of %d messages handled, none for %v", n, sent, b.cfg.Timeout)
+				return LatencyPoint{}, fmt.Errorf("%d of %d messages handled, none for %v", n, sent, b.cfg.Timeout)
 			}
 			errs.Store(sent - n)
 			break
@@ -247,11 +247,11 @@ func (b *bench) loadHandled(load string, rate float64) (latencyPoint, error) {
 
 // loadRequests sends requests at rate through natshard.Client and times
 // each from the call to its answer.
-func (b *bench) loadRequests(load string, rate float64) (latencyPoint, error) {
+func (b *bench) loadRequests(load string, rate float64) (LatencyPoint, error) {
 	b.prog.note("latency at %s load: requests, %.0f req/s for %.0f s", load, rate, b.cfg.LoadSeconds)
 	client, err := b.client()
 	if err != nil {
-		return latencyPoint{}, err
+		return LatencyPoint{}, err
 	}
 	h := &latHist{}
 	var errs atomic.Int64
@@ -261,7 +261,7 @@ func (b *bench) loadRequests(load string, rate float64) (latencyPoint, error) {
 			ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 			defer cancel()
 			t0 := time.Now()
-			if _, err := client.Request(ctx, b.sys.typ, b.ids[i%len(b.ids)], b.payload); err != nil {
+			if _, err := client.Request(ctx, b.sys.cfg.Type, b.ids[i%len(b.ids)], b.payload); err != nil {
 				errs.Add(1)
 				return
 			}
@@ -271,7 +271,7 @@ func (b *bench) loadRequests(load string, rate float64) (latencyPoint, error) {
 	})
 	calls.Wait()
 	if err != nil {
-		return latencyPoint{}, err
+		return LatencyPoint{}, err
 	}
 	return h.point(took, errs.Load()), nil
 }
@@ -284,7 +284,7 @@ func (b *bench) client() (*natshard.Client, error) {
 		opts = append(opts, natshard.WithPrefix(b.cfg.DataPrefix))
 	}
 	client := natshard.NewClient(b.requester, opts...)
-	if _, err := client.Request(b.ctx, b.sys.typ, b.ids[0], b.payload); err != nil { // learns the type
+	if _, err := client.Request(b.ctx, b.sys.cfg.Type, b.ids[0], b.payload); err != nil { // learns the type
 		return nil, err
 	}
 	return client, nil
@@ -308,7 +308,7 @@ func (b *bench) requestMax() (float64, error) {
 			for time.Now().Before(end) && b.ctx.Err() == nil {
 				i := next.Add(1)
 				ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
-				_, err := client.Request(ctx, b.sys.typ, b.ids[int(i)%len(b.ids)], b.payload)
+				_, err := client.Request(ctx, b.sys.cfg.Type, b.ids[int(i)%len(b.ids)], b.payload)
 				cancel()
 				if err != nil {
 					errs <- err
@@ -373,15 +373,15 @@ func (h *latHist) quantile(q float64) time.Duration {
 
 // point is h's percentiles; its rate is the samples over took, the time
 // taken to send them.
-func (h *latHist) point(took time.Duration, errs int64) latencyPoint {
+func (h *latHist) point(took time.Duration, errs int64) LatencyPoint {
 	us := func(q float64) float64 { return float64(h.quantile(q)) / 1e3 }
 	n := h.count.Load()
-	return latencyPoint{Rate: float64(n) / took.Seconds(), Count: n, Errors: errs, P50US: us(0.5), P90US: us(0.9), P99US: us(0.99)}
+	return LatencyPoint{Rate: float64(n) / took.Seconds(), Count: n, Errors: errs, P50US: us(0.5), P90US: us(0.9), P99US: us(0.99)}
 }
 
 // noteLoad records m's time from its publish, if it is a load message.
-func (s *benchSystem) noteLoad(m *natshard.Message) {
-	h := s.loadHist.Load()
+func (t *tally) noteLoad(m *natshard.Message) {
+	h := t.loadHist.Load()
 	if h == nil {
 		return
 	}
@@ -391,25 +391,3 @@ func (s *benchSystem) noteLoad(m *natshard.Message) {
 	}
 	h.add(time.Duration(since0() - sent))
 }
-
-// loadRows are the rows of the latency table: the rates asked for, and
-// those reached where the bench could not send as fast.
-func loadRows(rows []loadLatency) [][]any {
-	ms := func(us float64) string { return fmt.Sprintf("%.2f", us/1e3) }
-	var out [][]any
-	for _, r := range rows {
-		rate := func(asked, got float64) string {
-			if got < 0.95*asked {
-				return fmt.Sprintf("%.0f (of %.0f)", got, asked)
-			}
-			return fmt.Sprintf("%.0f", asked)
-		}
-		out = append(out, []any{r.Load, rate(r.Rate, r.Handled.Rate),
-			ms(r.Handled.P50US), ms(r.Handled.P90US), ms(r.Handled.P99US),
-			rate(r.ReqRate, r.Request.Rate), ms(r.Request.P50US), ms(r.Request.P90US), ms(r.Request.P99US),
-			fmt.Sprintf("%d/%d", r.Handled.Errors, r.Request.Errors)})
-	}
-	return out
-}
-
-var loadHeader = []string{"LOAD", "MSGS/S", "HANDLED P50 MS", "P90", "P99", "REQ/S", "REQUEST P50 MS", "P90", "P99", "ERRORS"}

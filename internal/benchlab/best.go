@@ -1,4 +1,4 @@
-package main
+package benchlab
 
 import (
 	"context"
@@ -40,11 +40,11 @@ const (
 )
 
 func (b *bench) bestShard(shard int) string {
-	return bestPrefix + "." + b.sys.typ + "." + strconv.Itoa(shard) + ".>"
+	return bestPrefix + "." + b.sys.cfg.Type + "." + strconv.Itoa(shard) + ".>"
 }
 
 func (b *bench) bestEntity(shard int, id string) string {
-	return bestPrefix + "." + b.sys.typ + "." + strconv.Itoa(shard) + "." + id
+	return bestPrefix + "." + b.sys.cfg.Type + "." + strconv.Itoa(shard) + "." + id
 }
 
 // openBest creates the best shape's stream (a copy of sc, the raw
@@ -54,11 +54,11 @@ func (b *bench) openBest(sc jetstream.StreamConfig) error {
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 	defer cancel()
 	js := b.sys.js
-	sc.Name = bestPrefix + "_" + b.sys.typ
-	sc.Description = "shardctl bench: raw JetStream in its best shape beside type " + b.sys.typ
-	sc.Subjects = []string{bestPrefix + "." + b.sys.typ + ".>"}
+	sc.Name = bestPrefix + "_" + b.sys.cfg.Type
+	sc.Description = "shardctl bench: raw JetStream in its best shape beside type " + b.sys.cfg.Type
+	sc.Subjects = []string{bestPrefix + "." + b.sys.cfg.Type + ".>"}
 	if _, err := js.Stream(ctx, sc.Name); err == nil {
-		return fmt.Errorf("%w: stream %s exists on %s already; pass another --type", errUsage, sc.Name, b.sys.url)
+		return fmt.Errorf("%w: stream %s exists on %s already; pass another --type", ErrUsage, sc.Name, b.sys.url)
 	}
 	if _, err := js.CreateStream(ctx, sc); err != nil {
 		return fmt.Errorf("raw JetStream stream %s: %w", sc.Name, err)
@@ -79,7 +79,7 @@ func (b *bench) openBest(sc jetstream.StreamConfig) error {
 				cc.FilterSubjects = append(cc.FilterSubjects, b.bestShard(shard))
 			}
 		}
-		nc, err := b.sys.connect("best-" + strconv.Itoa(i))
+		nc, err := b.sys.Connect("best-" + strconv.Itoa(i))
 		if err != nil {
 			return err
 		}
