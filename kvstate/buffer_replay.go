@@ -104,9 +104,10 @@ type replay struct {
 	want    string // the handoff id of the marker that ends the replay
 	fn      func(m *nats.Msg)
 
-	next    uint64 // stream sequence to start or resume from
-	read    atomic.Uint64
-	fetches atomic.Uint64
+	next     uint64 // stream sequence to start or resume from
+	read     atomic.Uint64
+	fetches  atomic.Uint64
+	replaced atomic.Uint64 // consumers replaced after replayIdle empty fetches
 
 	// fenced: the handoff ids of the fences read so far; fencedOut counts
 	// the messages skipped for them (see Fence).
@@ -123,6 +124,15 @@ const replayWait = time.Second
 
 // replayFailures: see replay.run.
 const replayFailures = 5
+
+// replayIdle is how many fetches in a row may bring nothing before the
+// consumer is replaced (from where it was, so nothing is skipped or
+// replayed twice): a consumer's server may stop seeing the stream's new
+// messages, and a replay that waits for its marker would then wait for
+// ever (the fault campaign, core seed 9: four replays waited minutes
+// for markers their sources had written, their consumers saying nothing
+// was pending; docs/FAULTS.md).
+const replayIdle = 10
 
 // run reads from a new consumer until the marker (done), ctx's end or a
 // failure to create the consumer (err), or a gap in the delivery sequence
@@ -148,13 +158,14 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 	}
 	r.setConsumer(cons)
 	var delivered uint64 // the consumer's delivery sequence so far
-	failures := 0
+	failures, idle := 0, 0
 	for {
 		r.fetches.Add(1)
 		batch, err := cons.Fetch(replayBatch, jetstream.FetchMaxWait(replayWait))
 		if err != nil {
 			return 0, false, translate(fmt.Errorf("replay %s: %w", r.subject, err), ErrConflict)
 		}
+		got := 0
 		for msgs := batch.Messages(); ; {
 			var jm jetstream.Msg
 			var ok bool
@@ -174,6 +185,7 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 				return 0, false, nil // a gap: resume from r.next
 			}
 			delivered = md.Sequence.Consumer
+			got++
 			r.next = md.Sequence.Stream + 1
 			r.read.Add(1)
 			h := jm.Headers()
@@ -206,8 +218,15 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 		// when the consumer is gone (deleted, or lost with its server), so
 		// after replayFailures failures in a row the consumer is replaced.
 		switch err := batch.Error(); {
+		case err == nil && got == 0 && idle+1 >= replayIdle:
+			r.replaced.Add(1)
+			return 0, false, nil
 		case err == nil:
 			failures = 0
+			idle = min(idle+1, replayIdle)
+			if got > 0 {
+				idle = 0
+			}
 		case errors.Is(err, jetstream.ErrConsumerDeleted), failures+1 >= replayFailures:
 			return 0, false, nil
 		default:
@@ -253,7 +272,7 @@ func (r *replay) watch(ctx context.Context, log *slog.Logger) (stop func()) {
 	mu.Lock()
 	defer mu.Unlock()
 	t = time.AfterFunc(replayWatch, func() {
-		args := []any{"waiting", time.Since(began).Round(time.Millisecond).String(), "read", r.read.Load(), "fetches", r.fetches.Load()}
+		args := []any{"waiting", time.Since(began).Round(time.Millisecond).String(), "read", r.read.Load(), "fetches", r.fetches.Load(), "consumers_replaced", r.replaced.Load()}
 		r.mu.Lock()
 		cons := r.cons
 		r.mu.Unlock()
@@ -265,6 +284,9 @@ func (r *replay) watch(ctx context.Context, log *slog.Logger) (stop func()) {
 				args = append(args, "consumer_info_err", err)
 			} else {
 				args = append(args, "consumer", info.Name, "pending", info.NumPending, "delivered_stream_seq", info.Delivered.Stream, "waiting_pulls", info.NumWaiting)
+				if info.Cluster != nil {
+					args = append(args, "consumer_server", info.Cluster.Leader)
+				}
 			}
 		}
 		mu.Lock()

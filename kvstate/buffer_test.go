@@ -45,6 +45,7 @@ func TestBuffer(t *testing.T) {
 			t.Run("WhyNoConditionalFence", env.testWhyNoConditionalFence)
 			t.Run("ReplayCancel", env.testReplayCancel)
 			t.Run("ReplayConsumerLost", env.testReplayConsumerLost)
+			t.Run("ReplayIdleConsumerReplaced", env.testReplayIdleConsumerReplaced)
 			t.Run("FlushWhileAppending", env.testFlushWhileAppending)
 			t.Run("Bind", env.testBind)
 			t.Run("Throughput", env.testThroughput)
@@ -683,6 +684,69 @@ func (e *bufEnv) testReplayConsumerLost(t *testing.T) {
 	}
 	if deleted != 2 {
 		t.Fatalf("deleted %d consumers during the replay, want 2 (one each time)", deleted)
+	}
+	sameMsgs(t, got, want)
+}
+
+// testReplayIdleConsumerReplaced: a Replay waiting for its marker
+// replaces a consumer that has brought nothing for a while (its server
+// may have stopped seeing the stream's new messages), from where it was:
+// what comes after is replayed, nothing twice.
+func (e *bufEnv) testReplayIdleConsumerReplaced(t *testing.T) {
+	b, s := e.open(t, 0)
+	want := plain(s, 6, 100, "idle")
+	for _, m := range want[:50] {
+		b.Append(6, m, noFailure(t))
+	}
+	if err := b.Flush(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := e.js.Stream(testCtx(t), kvstate.BufferStream(s.Type()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		var out []string
+		for name := range stream.ConsumerNames(testCtx(t)).Name() {
+			out = append(out, name)
+		}
+		return out
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		got []*nats.Msg
+	)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Replay(ctx, 6, 1, func(m *nats.Msg) {
+			mu.Lock()
+			got = append(got, m)
+			mu.Unlock()
+		})
+		done <- err
+	}()
+	replayed := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	natstest.Eventually(t, 30*time.Second, "the first 50 replayed", func() bool { return replayed() == 50 })
+	first := names()
+	if len(first) != 1 {
+		t.Fatalf("consumers %v, want the replay's one", first)
+	}
+	natstest.Eventually(t, 60*time.Second, "the idle consumer replaced", func() bool {
+		now := names()
+		return len(now) == 1 && now[0] != first[0]
+	})
+	for _, m := range want[50:] {
+		b.Append(6, m, noFailure(t))
+	}
+	mark(t, b, 6, 1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 	sameMsgs(t, got, want)
 }
