@@ -126,12 +126,14 @@ const replayWait = time.Second
 const replayFailures = 5
 
 // replayIdle is how many fetches in a row may bring nothing before the
-// consumer is replaced (from where it was, so nothing is skipped or
-// replayed twice): a consumer's server may stop seeing the stream's new
-// messages, and a replay that waits for its marker would then wait for
-// ever (the fault campaign, core seed 9: four replays waited minutes
-// for markers their sources had written, their consumers saying nothing
-// was pending; docs/FAULTS.md).
+// consumer is replaced, from where the replay was (r.next: nothing is
+// skipped or replayed twice). The consumer acknowledges nothing
+// (AckNone): what it delivered into a connection that then died (a
+// partition, a route black-holed) it never delivers again, and a gap is
+// seen only when a later message comes. When the lost message was the
+// last one, the end marker, the replay waited for ever, its consumer
+// saying nothing was pending (the fault campaign, core seeds 9 and 13;
+// TestReplayTailLost; docs/FAULTS.md).
 const replayIdle = 10
 
 // run reads from a new consumer until the marker (done), ctx's end or a
