@@ -151,7 +151,7 @@ func testDurableCrash(t *testing.T, url string, cluster *natsCluster, aArgs, arg
 			// What was published to its shards while it had no
 			// subscription anywhere is lost, nothing after it confirmed
 			// its shards (it subscribed again before).
-			confirmed := procs[victim].logTime(t, "registration renewed and shards confirmed")
+			confirmed := procs[victim].logTime(t, "shards confirmed after the reconnect")
 			load.lossEnds = map[int]time.Time{}
 			for shard := range st.Shards {
 				load.lossEnds[shard] = confirmed
