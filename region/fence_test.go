@@ -12,7 +12,6 @@ import (
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
-	"github.com/natshard/natshard/region"
 )
 
 // TestZombieSourceFenced (issue 30, violation A), step by step: the test
@@ -35,21 +34,7 @@ import (
 // from its thaw on.
 func TestZombieSourceFenced(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{})
-	proxy := natstest.NewProxy(t, c.url[len("nats://"):])
-	var ncA *nats.Conn
-	a := c.addAgent("a", func(cfg *region.Config) {
-		ncA = natstest.Connect(t, proxy.URL())
-		js := natstest.JetStream(t, ncA)
-		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf, err := kvstate.OpenBuffer(context.Background(), js, c.subjects, kvstate.BufferOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Conn, cfg.Store, cfg.Buffer = ncA, store, buf
-	})
+	a, _, proxy := c.addProxiedAgent("a")
 	c.addAgent("b", nil)
 	const id = "zombie"
 	x := protocol.ShardOf(id, shards)

@@ -66,6 +66,30 @@ func newCluster(t *testing.T, bufOpts kvstate.BufferOptions) *cluster {
 	return c
 }
 
+// addProxiedAgent opens agent id with every connection of its own (its
+// subscriptions, store and buffer) through a proxy the test can freeze or
+// cut, and returns the agent, that connection and the proxy.
+func (c *cluster) addProxiedAgent(id string) (*region.Agent, *nats.Conn, *natstest.Proxy) {
+	t := c.t
+	t.Helper()
+	proxy := natstest.NewProxy(t, c.url[len("nats://"):])
+	var nc *nats.Conn
+	a := c.addAgent(id, func(cfg *region.Config) {
+		nc = natstest.Connect(t, proxy.URL())
+		js := natstest.JetStream(t, nc)
+		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := kvstate.OpenBuffer(context.Background(), js, c.subjects, kvstate.BufferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Conn, cfg.Store, cfg.Buffer = nc, store, buf
+	})
+	return a, nc, proxy
+}
+
 // addAgent opens agent id on a connection of its own; tweak may change
 // its configuration.
 func (c *cluster) addAgent(id string, tweak func(*region.Config)) *region.Agent {

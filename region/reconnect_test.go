@@ -385,21 +385,7 @@ func TestPausedSourceRidesThroughDisconnect(t *testing.T) {
 // target delivers everything from its bind in order.
 func TestSourceReconnectsAfterTargetBound(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{})
-	proxy := natstest.NewProxy(t, c.url[len("nats://"):])
-	var ncA *nats.Conn
-	a := c.addAgent("a", func(cfg *region.Config) {
-		ncA = natstest.Connect(t, proxy.URL())
-		js := natstest.JetStream(t, ncA)
-		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf, err := kvstate.OpenBuffer(context.Background(), js, c.subjects, kvstate.BufferOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Conn, cfg.Store, cfg.Buffer = ncA, store, buf
-	})
+	a, ncA, proxy := c.addProxiedAgent("a")
 	followConn(t, ncA, a)
 	// b's subscriptions come through a proxy of their own, its buffer's
 	// reads straight from the server: direct delivery to b can lag behind
