@@ -78,12 +78,13 @@ type kvEntity struct {
 
 // The window of answers a kv entity saves with its document (with a
 // store that keeps them: natshard.AnswerStore, as its type's bucket is):
-// the answers to the last KeptAnswers messages with an idempotency key
-// that changed the document, fewer while they take more than
-// KeptAnswerBytes. A message sent again with one of those keys, after a
-// move or a crash, is answered as the first time and not applied again.
-// An answer larger than KeptAnswerBytes is kept as an error saying that
-// the message was applied and its answer not kept. (While the entity is
+// the keys of the last KeptAnswers messages with an idempotency key that
+// changed the document, and their answers while they fit in
+// KeptAnswerBytes with the keys. A message sent again with one of those
+// keys, after a move or a crash, is answered as the first time (or, its
+// answer dropped for space, with an error saying it was applied) and not
+// applied again. An answer larger than KeptAnswerBytes is kept as an
+// error saying that the message was applied and its answer not kept. (While the entity is
 // active, its region keeps the answers to the last 64 keyed messages,
 // reads included, whatever their size.)
 const (
@@ -488,12 +489,7 @@ func (e *kvEntity) Handle(ctx context.Context, m *region.Message) ([]byte, error
 func (e *kvEntity) Answer(key string) (region.KeptAnswer, bool) { return e.answers.Get(key) }
 
 // answerOf is Handle's return for a kept answer.
-func answerOf(ans region.KeptAnswer) ([]byte, error) {
-	if ans.Error != "" {
-		return ans.Data, errors.New(ans.Error)
-	}
-	return ans.Data, nil
-}
+func answerOf(ans region.KeptAnswer) ([]byte, error) { return ans.Data, ans.Err() }
 
 // Stop does nothing: every change was saved when it was made.
 func (e *kvEntity) Stop(context.Context) error { return nil }

@@ -762,6 +762,51 @@ func callKeyed(t testing.TB, e region.Entity, key, request string) (string, erro
 // those keys as the first time, without applying it; an answer too
 // large to keep is kept as an error saying it was applied; a document
 // of the largest size still saves with a full window of answers.
+// TestKVKeepsKeysOfLargeAnswers (campaign core seed 14): a kv entity
+// whose answers are large (an append answers the whole list) still knows
+// the keys of its last KeptAnswers changes when their answers no longer
+// fit KeptAnswerBytes: a region killed while it replayed a shard's buffer
+// had applied an entity's keyed appends 117 to 123; the next owner replayed
+// them again, and the window of four answers of 470 bytes had kept only
+// 120 to 123, so 117 to 119 were applied twice.
+func TestKVKeepsKeysOfLargeAnswers(t *testing.T) {
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newKV(t, store, "doc")
+	long := strings.Repeat("v", 200)
+	const n = 8 // answers of 230 to 1 650 bytes: one or two fit KeptAnswerBytes
+	for i := range n {
+		if _, err := callKeyed(t, e, fmt.Sprint("append-", i), `{"op":"append","key":"l","value":"`+long+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := newKV(t, store, "doc") // the next owner's incarnation
+	for i := range n {
+		key := fmt.Sprint("append-", i)
+		ans, ok := next.(region.AnswerKeeper).Answer(key)
+		if !ok {
+			t.Fatalf("the next incarnation forgot %s: it would apply it again", key)
+		}
+		if i == n-1 && ans.Error != "" {
+			t.Fatalf("the last answer not kept whole: %+v", ans)
+		}
+		out, err := callKeyed(t, next, key, `{"op":"append","key":"l","value":"`+long+`"}`)
+		if i < n-1 && (err == nil || !strings.Contains(out+err.Error(), "applied once already")) {
+			t.Fatalf("%s given again: %.60s, %v; want an error saying it was applied", key, out, err)
+		}
+	}
+	out, err := call(t, next, `{"op":"get","key":"l"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(out, long); got != n {
+		t.Fatalf("the list holds %d values after %d keyed appends each given twice; want %d", got, n, n)
+	}
+}
+
 func TestKVKeepsAnswers(t *testing.T) {
 	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
 	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})

@@ -22,15 +22,15 @@ type KeptAnswer = host.KeptAnswer
 type AnswerKeeper = host.AnswerKeeper
 
 // Answers is a window of answers to keyed messages: the last MaxKeys
-// keys, fewer while their answers take more than MaxBytes (the last one
-// is always kept). The zero value keeps nothing; a region keeps one per
+// keys, and their answers while they fit in MaxBytes with the keys (past
+// it the oldest answers go and their keys stay, Dropped). The zero value keeps nothing; a region keeps one per
 // active entity, and a persistent entity may keep one with its state
 // (Encode, Decode). It is not safe for concurrent use.
 type Answers = host.Answers
 
 // The window of answers a persistent entity saves with its state (the kv
-// kind, natshard.State): the answers to its last SavedAnswers keyed
-// changes, fewer while they take more than SavedAnswerBytes (encoded,
+// kind, natshard.State): the keys of its last SavedAnswers keyed changes,
+// and their answers while they fit in SavedAnswerBytes (encoded,
 // they ride in a header of the state's KV message, beside a state of up
 // to 1 MiB less 4 KiB). An answer larger than that is saved as
 // AppliedAnswer's error.

@@ -22,10 +22,21 @@ type KeptAnswer struct {
 	Data  []byte `json:"data,omitempty"`
 	Error string `json:"error,omitempty"` // the answer's Natshard-Error; "" for a success
 	Code  string `json:"code,omitempty"`  // the error's code (Natshard-Error-Code), if it has one
+	// Dropped: the message with Key was applied, and its answer was
+	// dropped from a window too small for it (Answers.MaxBytes); it is
+	// answered with ErrAnswerDropped, and not applied again.
+	Dropped bool `json:"dropped,omitempty"`
 }
+
+// ErrAnswerDropped answers a message sent again with a key whose message
+// was applied, once, and whose answer its window no longer holds.
+var ErrAnswerDropped = errors.New("applied once already; its answer is no longer kept (a window of answers keeps the keys of the last changes, and their answers while they fit)")
 
 // err is the error the answer is sent with (nil for a success).
 func (a KeptAnswer) err() error {
+	if a.Dropped {
+		return ErrAnswerDropped
+	}
 	if a.Error == "" {
 		return nil
 	}
@@ -35,7 +46,19 @@ func (a KeptAnswer) err() error {
 	return errors.New(a.Error)
 }
 
-func (a KeptAnswer) size() int { return len(a.Key) + len(a.Data) + len(a.Error) + len(a.Code) }
+// Err is the error the answer is sent with (nil for a success).
+func (a KeptAnswer) Err() error { return a.err() }
+
+// droppedSize is what a dropped answer's marker counts against MaxBytes
+// besides its key: about its encoding's `,"dropped":true`.
+const droppedSize = 16
+
+func (a KeptAnswer) size() int {
+	if a.Dropped {
+		return len(a.Key) + droppedSize
+	}
+	return len(a.Key) + len(a.Data) + len(a.Error) + len(a.Code)
+}
 
 // AnswerKeeper is an Entity that keeps the answers to the keyed messages
 // it applied with its state (saved in the same compare-and-set), so that
@@ -55,8 +78,12 @@ type AnswerKeeper interface {
 }
 
 // Answers is a window of answers to keyed messages: the last MaxKeys
-// keys, fewer while their answers take more than MaxBytes (the last one
-// is always kept). The zero value keeps nothing; a region keeps one per
+// keys, and their answers while they fit in MaxBytes with the keys. Past
+// MaxBytes the answers are dropped, oldest first, and their keys kept
+// (Dropped), so that a message sent again with one of the last MaxKeys
+// keys is never applied again however large the answers; only when the
+// keys alone take more than MaxBytes are the oldest keys dropped too
+// (the last one always stays). The zero value keeps nothing; a region keeps one per
 // active entity (entityAnswers), and a persistent entity may keep one
 // with its state (Encode, Decode). It is not safe for concurrent
 // use.
@@ -77,26 +104,46 @@ func (a *Answers) Get(key string) (KeptAnswer, bool) {
 	return KeptAnswer{}, false
 }
 
-// Add keeps ans, dropping the oldest answers beyond the window. The
-// dropped ones leave the array once they are as many as MaxKeys (one
-// copy of the kept ones then): a copy at every Add would move the whole
-// window for each keyed message.
+// Add keeps ans, dropping what is beyond the window: the oldest keys
+// past MaxKeys; then, past MaxBytes, answers (their keys stay); then,
+// were the keys alone too many bytes, the oldest keys. The dropped
+// entries leave the array once they are as many as MaxKeys (one copy of
+// the kept ones then): a copy at every Add would move the whole window
+// for each keyed message.
 func (a *Answers) Add(ans KeptAnswer) {
 	if a.MaxKeys <= 0 {
 		return
 	}
 	a.list = append(a.list, ans)
 	a.bytes += ans.size()
-	for len(a.list)-a.first > 1 && (len(a.list)-a.first > a.MaxKeys || a.MaxBytes > 0 && a.bytes > a.MaxBytes) {
-		a.bytes -= a.list[a.first].size()
-		a.list[a.first] = KeptAnswer{}
-		a.first++
+	for len(a.list)-a.first > a.MaxKeys {
+		a.dropFirst()
+	}
+	// Past MaxBytes the answers go, oldest first (the last one too); their
+	// keys stay: a key forgotten is a message applied twice.
+	over := func() bool { return a.MaxBytes > 0 && a.bytes > a.MaxBytes }
+	for i := a.first; over() && i < len(a.list); i++ {
+		if !a.list[i].Dropped {
+			a.bytes -= a.list[i].size()
+			a.list[i] = KeptAnswer{Key: a.list[i].Key, Dropped: true}
+			a.bytes += a.list[i].size()
+		}
+	}
+	for len(a.list)-a.first > 1 && over() { // the keys alone are too long
+		a.dropFirst()
 	}
 	if a.first >= a.MaxKeys {
 		n := copy(a.list, a.list[a.first:])
 		clear(a.list[n:])
 		a.list, a.first = a.list[:n], 0
 	}
+}
+
+// dropFirst forgets the oldest entry kept.
+func (a *Answers) dropFirst() {
+	a.bytes -= a.list[a.first].size()
+	a.list[a.first] = KeptAnswer{}
+	a.first++
 }
 
 // Clone returns a copy of a that Add does not share.
@@ -142,8 +189,8 @@ func (a *Answers) Decode(s string) error {
 }
 
 // The window a region keeps for each active entity, whatever the entity
-// keeps itself: the answers to the last 64 keyed messages, fewer while
-// they take more than 1 MiB.
+// keeps itself: the keys of the last 64 keyed messages, and their
+// answers while they fit in 1 MiB.
 const (
 	answersKept      = 64
 	answersKeptBytes = 1 << 20

@@ -122,8 +122,10 @@ func (keeper) Answer(key string) (KeptAnswer, bool) {
 	return KeptAnswer{Key: key, Data: []byte("kept")}, key == "saved"
 }
 
-// TestAnswersWindow: Answers keeps the last MaxKeys answers, fewer while
-// they take more than MaxBytes, the last always; Encode and Decode
+// TestAnswersWindow: Answers keeps the last MaxKeys keys and their
+// answers while they fit in MaxBytes (a dropped answer keeps its key),
+// fewer keys only while the keys alone take more than MaxBytes, the last
+// always; Encode and Decode
 // round-trip (JSON, one line), and Decode refuses garbage.
 func TestAnswersWindow(t *testing.T) {
 	a := Answers{MaxKeys: 3, MaxBytes: 100}
@@ -137,21 +139,37 @@ func TestAnswersWindow(t *testing.T) {
 		t.Fatalf("k4: %+v %v", ans, ok)
 	}
 	a.Add(KeptAnswer{Key: "big", Data: []byte(strings.Repeat("x", 200))})
-	if _, ok := a.Get("big"); !ok || a.Len() != 1 {
-		t.Fatalf("after an answer larger than MaxBytes: %d kept; want it alone", a.Len())
+	for _, k := range []string{"k3", "k4", "big"} {
+		if ans, ok := a.Get(k); !ok || !ans.Dropped || a.Len() != 3 {
+			t.Fatalf("after an answer larger than MaxBytes: %s %+v %v, %d kept; want the 3 keys without their answers", k, ans, ok, a.Len())
+		}
+	}
+	if ans, _ := a.Get("big"); !errors.Is(ans.Err(), ErrAnswerDropped) {
+		t.Fatalf("a dropped answer is sent as %v", ans.Err())
 	}
 	a.Add(KeptAnswer{Key: "err\nkey", Error: "bad\r\nthing"})
-	if _, ok := a.Get("big"); ok || a.Len() != 1 {
-		t.Fatalf("the large answer stays when the next comes: %d kept", a.Len())
+	if ans, ok := a.Get("err\nkey"); !ok || ans.Dropped {
+		t.Fatalf("the last answer, small: %+v %v", ans, ok)
 	}
 	a.MaxBytes = 1000
 	a.Add(KeptAnswer{Key: "k5", Data: []byte{0, 1, 2}})
+	if a.Len() != 3 {
+		t.Fatalf("%d kept, want 3", a.Len())
+	}
+	// Keys alone past MaxBytes: the oldest go, the last stays.
+	c := Answers{MaxKeys: 10, MaxBytes: 50}
+	for i := range 4 {
+		c.Add(KeptAnswer{Key: fmt.Sprint("key-", strings.Repeat("k", 10), i), Data: []byte("d")})
+	}
+	if _, ok := c.Get(fmt.Sprint("key-", strings.Repeat("k", 10), 0)); ok || c.Len() != 1 {
+		t.Fatalf("keys of 15 bytes in a window of 50: %d kept; want 1", c.Len())
+	}
 	enc := a.Encode()
 	if strings.ContainsAny(enc, "\r\n") {
 		t.Fatalf("encoding with a line break: %q", enc)
 	}
 	b := Answers{MaxKeys: 3, MaxBytes: 1000}
-	if err := b.Decode(enc); err != nil || b.Len() != 2 {
+	if err := b.Decode(enc); err != nil || b.Len() != 3 {
 		t.Fatalf("decode: %d answers, %v", b.Len(), err)
 	}
 	if ans, ok := b.Get("k5"); !ok || string(ans.Data) != "\x00\x01\x02" {
