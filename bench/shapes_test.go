@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -43,6 +44,16 @@ import (
 // publishers, readers) and messages/s. Run with
 //
 //	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/
+var (
+	shapesOnly    = flag.String("shapes.only", "", "BenchmarkDurableShapes: the shapes to run, comma-separated (empty: the default set)")
+	shapesProfile = flag.String("shapes.profile", "", "BenchmarkDurableShapes: write a CPU profile of each shape's rounds to `PREFIX`.<case>.<shape>.prof")
+	shapesRounds  = flag.Int("shapes.rounds", 3, "BenchmarkDurableShapes: rounds per shape")
+)
+
+// shapesDefault are the shapes BenchmarkDurableShapes runs without
+// -shapes.only.
+var shapesDefault = []string{"one", "one-ackall", "regions", "shards-file", "shards-memory"}
+
 func BenchmarkDurableShapes(b *testing.B) {
 	for _, c := range []shapesCase{
 		{entities: 1000, window: 20_000},
@@ -51,7 +62,7 @@ func BenchmarkDurableShapes(b *testing.B) {
 	} {
 		b.Run(fmt.Sprintf("entities=%d/window=%d", c.entities, c.window), func(b *testing.B) {
 			for range b.N {
-				r := runShapes(b, c, 3, 20_000)
+				r := runShapes(b, c, *shapesRounds, 20_000)
 				for _, s := range r {
 					b.ReportMetric(s.cpuUS, s.name+"-cpu-us/msg")
 					b.ReportMetric(s.rate, s.name+"-msgs/s")
@@ -111,7 +122,15 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 	admin := natstest.Connect(tb, url)
 	js := natstest.JetStream(tb, admin)
 	var start atomic.Int64
-	shapes := []*shapeResult{{name: "one"}, {name: "one-ackall"}, {name: "regions"}, {name: "shards-file"}, {name: "shards-memory"}}
+	names := shapesDefault
+	if *shapesOnly != "" {
+		names = strings.Split(*shapesOnly, ",")
+	}
+	var shapes []*shapeResult
+	for _, n := range names {
+		shapes = append(shapes, &shapeResult{name: n})
+	}
+	prof := benchlab.NewSideProfiles(*shapesProfile)
 	readers := make([]*nats.Conn, shapesRegions)
 	for i := range readers {
 		readers[i] = natstest.Connect(tb, url)
@@ -123,20 +142,44 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 		if s.name == "one-ackall" {
 			retention = jetstream.InterestPolicy // a work queue takes no AckAll
 		}
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: s.streamName, Subjects: []string{prefix + ".>"}, Retention: retention,
-			Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
-			MaxConsumers: -1,
-		}); err != nil {
-			tb.Fatal(err)
+		// parts-K: K streams, stream i taking the shards s ≡ i mod K.
+		parts := 1
+		if k, ok := strings.CutPrefix(s.name, "parts-"); ok {
+			var err error
+			if parts, err = strconv.Atoi(k); err != nil || parts < 1 || shapesShards%parts != 0 {
+				tb.Fatalf("shape %s: K must divide %d", s.name, shapesShards)
+			}
+		}
+		streamOf := func(shard int) string {
+			if parts == 1 {
+				return s.streamName
+			}
+			return s.streamName + "_" + strconv.Itoa(shard%parts)
+		}
+		for i := range parts {
+			subjects := []string{prefix + ".>"}
+			if parts > 1 {
+				subjects = nil
+				for n := i; n < shapesShards; n += parts {
+					subjects = append(subjects, prefix+"."+strconv.Itoa(n)+".*")
+				}
+			}
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: streamOf(i), Subjects: subjects, Retention: retention,
+				Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
+				MaxConsumers: -1,
+			}); err != nil {
+				tb.Fatal(err)
+			}
 		}
 		for i := range c.entities {
 			id := "e-" + strconv.Itoa(i)
 			s.subjects = append(s.subjects, prefix+"."+strconv.Itoa(protocol.ShardOf(id, shapesShards))+"."+id)
 		}
-		shard := func(n int) string { return prefix + "." + strconv.Itoa(n) + ".>" }
+		shard := func(n int) string { return prefix + "." + strconv.Itoa(n) + ".*" }
 		base := jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute}
 		var configs []jetstream.ConsumerConfig
+		var streams []string // of each config
 		batch := 1000
 		switch s.name {
 		case "one", "one-ackall":
@@ -155,7 +198,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				}
 				configs = append(configs, cc)
 			}
-		default:
+		case "shards-file", "shards-memory":
 			batch = 256
 			for n := range shapesShards {
 				cc := base
@@ -163,11 +206,30 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				cc.MemoryStorage = s.name == "shards-memory"
 				configs = append(configs, cc)
 			}
+		default:
+			if parts == 1 {
+				tb.Fatalf("no shape %q", s.name)
+			}
+			batch = 256
+			for n := range shapesShards {
+				cc := base
+				cc.Durable, cc.MaxAckPending, cc.FilterSubject = "shard-"+strconv.Itoa(n), 1000, shard(n)
+				cc.MemoryStorage = true
+				configs = append(configs, cc)
+			}
+		}
+		for range configs {
+			streams = append(streams, s.streamName)
+		}
+		if parts > 1 {
+			for n := range configs {
+				streams[n] = streamOf(n)
+			}
 		}
 		s.consumers = len(configs)
 		for i, cc := range configs {
 			rjs := natstest.JetStream(tb, readers[i%len(readers)])
-			cons, err := rjs.CreateConsumer(ctx, s.streamName, cc)
+			cons, err := rjs.CreateConsumer(ctx, streams[i], cc)
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -217,6 +279,9 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 			s.received.Store(0)
 			s.target.Store(int64(msgs))
 			s.done.Store(0)
+			if err := prof.Start(); err != nil {
+				tb.Fatal(err)
+			}
 			cpu0 := benchlab.ProcessCPU()
 			start.Store(time.Now().UnixNano())
 			var wg sync.WaitGroup
@@ -251,11 +316,17 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				time.Sleep(time.Millisecond)
 			}
 			s.cpus = append(s.cpus, float64(benchlab.ProcessCPU()-cpu0)/1e3/float64(msgs))
+			if err := prof.Stop(s.name); err != nil {
+				tb.Fatal(err)
+			}
 			s.rates = append(s.rates, float64(msgs)/time.Duration(s.done.Load()).Seconds())
 		}
 	}
 	for _, s := range shapes {
 		s.cpuUS, s.rate = benchlab.Median(s.cpus), benchlab.Median(s.rates)
+	}
+	if err := prof.Write(fmt.Sprintf("e%d-w%d", c.entities, c.window)); err != nil {
+		tb.Fatal(err)
 	}
 	return shapes
 }
