@@ -19,15 +19,26 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
+var (
+	shapesOnly    = flag.String("shapes.only", "", "BenchmarkDurableShapes: the shapes to run, comma-separated (empty: the default set)")
+	shapesProfile = flag.String("shapes.profile", "", "BenchmarkDurableShapes: write a CPU profile of each shape's rounds to `PREFIX`.<case>.<shape>.prof")
+	shapesRounds  = flag.Int("shapes.rounds", 3, "BenchmarkDurableShapes: rounds per shape")
+	shapesN       = flag.Int("shapes.shards", protocol.DefaultShards, "BenchmarkDurableShapes: shards of the type")
+)
+
+// shapesDefault are the shapes BenchmarkDurableShapes runs without
+// -shapes.only.
+var shapesDefault = []string{"one", "one-ackall", "regions", "shards-file", "shards-memory"}
+
 // BenchmarkDurableShapes measures raw JetStream (no natshard) in the
 // consumer shapes that durable delivery could take, on one embedded
-// server, for docs/PROTOCOL.md's choice of one ("Durable delivery", "Why
-// a consumer per shard, stored in memory"). Each shape has a work-queue
-// stream configured as a type's message stream (file storage, 1 GiB with
-// discard-new, a 2-minute duplicate window) on subjects
-// <shape>.<shard>.<entity>, and the same two publishers (asynchronous,
-// at most window messages published and not yet received); its readers
-// count each message and acknowledge it at once:
+// server, for docs/PROTOCOL.md's choice of one ("The consumers' shape").
+// Each shape has a work-queue stream configured as a type's message
+// stream (file storage, 1 GiB with discard-new, a 2-minute duplicate
+// window) on subjects <shape>.<shard>.<entity>, and the same two
+// publishers (asynchronous, at most window messages published and not
+// yet received); its readers count each message and acknowledge it at
+// once:
 //
 //	one             one unfiltered pull consumer: the best shape
 //	one-ackall      the same on a stream of interest retention (a work
@@ -35,25 +46,23 @@ import (
 //	                acknowledged with AckAll
 //	regions         a consumer per region (2), each filtered on the
 //	                shards it owns (FilterSubjects), stored in memory
-//	shards-file     a consumer per shard (128), file-stored, 1 000 acks
-//	                pending and pulls of 256 at most: today's shape
-//	shards-memory   the same, stored in memory
+//	shards-file     a consumer per shard, file-stored, 1 000 acks
+//	                pending and pulls of 256 at most
+//	shards-memory   the same, stored in memory: natshard's shape
+//	parts-K         K streams instead of one, stream i taking the
+//	                subjects of the shards s ≡ i mod K, and a consumer
+//	                per shard as shards-memory's in its shard's stream
+//	                (K divides the shard count; not in the default set)
 //
-// The rounds take turns between the shapes; each reports the median of
-// its rounds' CPU time per message (of the whole process: server,
-// publishers, readers) and messages/s. Run with
+// -shapes.only picks the shapes (default: the first five),
+// -shapes.shards the shard count (128), -shapes.rounds the rounds per
+// shape (3), and -shapes.profile writes a CPU profile of each shape's
+// rounds. The rounds take turns between the shapes; each reports the
+// median of its rounds' CPU time per message (of the whole process:
+// server, publishers, readers) and messages/s. Run with
 //
-//	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/
-var (
-	shapesOnly    = flag.String("shapes.only", "", "BenchmarkDurableShapes: the shapes to run, comma-separated (empty: the default set)")
-	shapesProfile = flag.String("shapes.profile", "", "BenchmarkDurableShapes: write a CPU profile of each shape's rounds to `PREFIX`.<case>.<shape>.prof")
-	shapesRounds  = flag.Int("shapes.rounds", 3, "BenchmarkDurableShapes: rounds per shape")
-)
-
-// shapesDefault are the shapes BenchmarkDurableShapes runs without
-// -shapes.only.
-var shapesDefault = []string{"one", "one-ackall", "regions", "shards-file", "shards-memory"}
-
+//	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/ \
+//		-args -shapes.only one,shards-memory,parts-16 -shapes.profile /tmp/shapes
 func BenchmarkDurableShapes(b *testing.B) {
 	for _, c := range []shapesCase{
 		{entities: 1000, window: 20_000},
@@ -110,7 +119,6 @@ func shapesTable(c shapesCase, r []*shapeResult) string {
 }
 
 const (
-	shapesShards  = protocol.DefaultShards
 	shapesRegions = 2
 )
 
@@ -131,6 +139,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 		shapes = append(shapes, &shapeResult{name: n})
 	}
 	prof := benchlab.NewSideProfiles(*shapesProfile)
+	shapesShards := *shapesN
 	readers := make([]*nats.Conn, shapesRegions)
 	for i := range readers {
 		readers[i] = natstest.Connect(tb, url)
@@ -167,7 +176,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
 				Name: streamOf(i), Subjects: subjects, Retention: retention,
 				Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
-				MaxConsumers: -1,
+				MaxConsumers: 1 << 20, // -1 takes the server's default of 1 000
 			}); err != nil {
 				tb.Fatal(err)
 			}
