@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -18,15 +19,26 @@ import (
 	"github.com/natshard/natshard/protocol"
 )
 
+var (
+	shapesOnly    = flag.String("shapes.only", "", "BenchmarkDurableShapes: the shapes to run, comma-separated (empty: the default set)")
+	shapesProfile = flag.String("shapes.profile", "", "BenchmarkDurableShapes: write a CPU profile of each shape's rounds to `PREFIX`.<case>.<shape>.prof")
+	shapesRounds  = flag.Int("shapes.rounds", 3, "BenchmarkDurableShapes: rounds per shape")
+	shapesN       = flag.Int("shapes.shards", protocol.DefaultShards, "BenchmarkDurableShapes: shards of the type")
+)
+
+// shapesDefault are the shapes BenchmarkDurableShapes runs without
+// -shapes.only.
+var shapesDefault = []string{"one", "one-ackall", "regions", "shards-file", "shards-memory"}
+
 // BenchmarkDurableShapes measures raw JetStream (no natshard) in the
 // consumer shapes that durable delivery could take, on one embedded
-// server, for docs/PROTOCOL.md's choice of one ("Durable delivery", "Why
-// a consumer per shard, stored in memory"). Each shape has a work-queue
-// stream configured as a type's message stream (file storage, 1 GiB with
-// discard-new, a 2-minute duplicate window) on subjects
-// <shape>.<shard>.<entity>, and the same two publishers (asynchronous,
-// at most window messages published and not yet received); its readers
-// count each message and acknowledge it at once:
+// server, for docs/PROTOCOL.md's choice of one ("The consumers' shape").
+// Each shape has a work-queue stream configured as a type's message
+// stream (file storage, 1 GiB with discard-new, a 2-minute duplicate
+// window) on subjects <shape>.<shard>.<entity>, and the same two
+// publishers (asynchronous, at most window messages published and not
+// yet received); its readers count each message and acknowledge it at
+// once:
 //
 //	one             one unfiltered pull consumer: the best shape
 //	one-ackall      the same on a stream of interest retention (a work
@@ -34,15 +46,23 @@ import (
 //	                acknowledged with AckAll
 //	regions         a consumer per region (2), each filtered on the
 //	                shards it owns (FilterSubjects), stored in memory
-//	shards-file     a consumer per shard (128), file-stored, 1 000 acks
-//	                pending and pulls of 256 at most: today's shape
-//	shards-memory   the same, stored in memory
+//	shards-file     a consumer per shard, file-stored, 1 000 acks
+//	                pending and pulls of 256 at most
+//	shards-memory   the same, stored in memory: natshard's shape
+//	parts-K         K streams instead of one, stream i taking the
+//	                subjects of the shards s ≡ i mod K, and a consumer
+//	                per shard as shards-memory's in its shard's stream
+//	                (K divides the shard count; not in the default set)
 //
-// The rounds take turns between the shapes; each reports the median of
-// its rounds' CPU time per message (of the whole process: server,
-// publishers, readers) and messages/s. Run with
+// -shapes.only picks the shapes (default: the first five),
+// -shapes.shards the shard count (128), -shapes.rounds the rounds per
+// shape (3), and -shapes.profile writes a CPU profile of each shape's
+// rounds. The rounds take turns between the shapes; each reports the
+// median of its rounds' CPU time per message (of the whole process:
+// server, publishers, readers) and messages/s. Run with
 //
-//	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/
+//	go test -run '^$' -bench BenchmarkDurableShapes -benchtime 1x ./bench/ \
+//		-args -shapes.only one,shards-memory,parts-16 -shapes.profile /tmp/shapes
 func BenchmarkDurableShapes(b *testing.B) {
 	for _, c := range []shapesCase{
 		{entities: 1000, window: 20_000},
@@ -51,7 +71,7 @@ func BenchmarkDurableShapes(b *testing.B) {
 	} {
 		b.Run(fmt.Sprintf("entities=%d/window=%d", c.entities, c.window), func(b *testing.B) {
 			for range b.N {
-				r := runShapes(b, c, 3, 20_000)
+				r := runShapes(b, c, *shapesRounds, 20_000)
 				for _, s := range r {
 					b.ReportMetric(s.cpuUS, s.name+"-cpu-us/msg")
 					b.ReportMetric(s.rate, s.name+"-msgs/s")
@@ -99,7 +119,6 @@ func shapesTable(c shapesCase, r []*shapeResult) string {
 }
 
 const (
-	shapesShards  = protocol.DefaultShards
 	shapesRegions = 2
 )
 
@@ -111,7 +130,16 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 	admin := natstest.Connect(tb, url)
 	js := natstest.JetStream(tb, admin)
 	var start atomic.Int64
-	shapes := []*shapeResult{{name: "one"}, {name: "one-ackall"}, {name: "regions"}, {name: "shards-file"}, {name: "shards-memory"}}
+	names := shapesDefault
+	if *shapesOnly != "" {
+		names = strings.Split(*shapesOnly, ",")
+	}
+	var shapes []*shapeResult
+	for _, n := range names {
+		shapes = append(shapes, &shapeResult{name: n})
+	}
+	prof := benchlab.NewSideProfiles(*shapesProfile)
+	shapesShards := *shapesN
 	readers := make([]*nats.Conn, shapesRegions)
 	for i := range readers {
 		readers[i] = natstest.Connect(tb, url)
@@ -123,20 +151,44 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 		if s.name == "one-ackall" {
 			retention = jetstream.InterestPolicy // a work queue takes no AckAll
 		}
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: s.streamName, Subjects: []string{prefix + ".>"}, Retention: retention,
-			Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
-			MaxConsumers: -1,
-		}); err != nil {
-			tb.Fatal(err)
+		// parts-K: K streams, stream i taking the shards s ≡ i mod K.
+		parts := 1
+		if k, ok := strings.CutPrefix(s.name, "parts-"); ok {
+			var err error
+			if parts, err = strconv.Atoi(k); err != nil || parts < 1 || shapesShards%parts != 0 {
+				tb.Fatalf("shape %s: K must divide %d", s.name, shapesShards)
+			}
+		}
+		streamOf := func(shard int) string {
+			if parts == 1 {
+				return s.streamName
+			}
+			return s.streamName + "_" + strconv.Itoa(shard%parts)
+		}
+		for i := range parts {
+			subjects := []string{prefix + ".>"}
+			if parts > 1 {
+				subjects = nil
+				for n := i; n < shapesShards; n += parts {
+					subjects = append(subjects, prefix+"."+strconv.Itoa(n)+".*")
+				}
+			}
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: streamOf(i), Subjects: subjects, Retention: retention,
+				Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Discard: jetstream.DiscardNew, MaxBytes: 1 << 30,
+				MaxConsumers: 1 << 20, // -1 takes the server's default of 1 000
+			}); err != nil {
+				tb.Fatal(err)
+			}
 		}
 		for i := range c.entities {
 			id := "e-" + strconv.Itoa(i)
 			s.subjects = append(s.subjects, prefix+"."+strconv.Itoa(protocol.ShardOf(id, shapesShards))+"."+id)
 		}
-		shard := func(n int) string { return prefix + "." + strconv.Itoa(n) + ".>" }
+		shard := func(n int) string { return prefix + "." + strconv.Itoa(n) + ".*" }
 		base := jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Minute}
 		var configs []jetstream.ConsumerConfig
+		var streams []string // of each config
 		batch := 1000
 		switch s.name {
 		case "one", "one-ackall":
@@ -155,7 +207,7 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				}
 				configs = append(configs, cc)
 			}
-		default:
+		case "shards-file", "shards-memory":
 			batch = 256
 			for n := range shapesShards {
 				cc := base
@@ -163,11 +215,30 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				cc.MemoryStorage = s.name == "shards-memory"
 				configs = append(configs, cc)
 			}
+		default:
+			if parts == 1 {
+				tb.Fatalf("no shape %q", s.name)
+			}
+			batch = 256
+			for n := range shapesShards {
+				cc := base
+				cc.Durable, cc.MaxAckPending, cc.FilterSubject = "shard-"+strconv.Itoa(n), 1000, shard(n)
+				cc.MemoryStorage = true
+				configs = append(configs, cc)
+			}
+		}
+		for range configs {
+			streams = append(streams, s.streamName)
+		}
+		if parts > 1 {
+			for n := range configs {
+				streams[n] = streamOf(n)
+			}
 		}
 		s.consumers = len(configs)
 		for i, cc := range configs {
 			rjs := natstest.JetStream(tb, readers[i%len(readers)])
-			cons, err := rjs.CreateConsumer(ctx, s.streamName, cc)
+			cons, err := rjs.CreateConsumer(ctx, streams[i], cc)
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -217,6 +288,9 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 			s.received.Store(0)
 			s.target.Store(int64(msgs))
 			s.done.Store(0)
+			if err := prof.Start(); err != nil {
+				tb.Fatal(err)
+			}
 			cpu0 := benchlab.ProcessCPU()
 			start.Store(time.Now().UnixNano())
 			var wg sync.WaitGroup
@@ -251,11 +325,17 @@ func runShapes(tb testing.TB, c shapesCase, rounds, msgs int) []*shapeResult {
 				time.Sleep(time.Millisecond)
 			}
 			s.cpus = append(s.cpus, float64(benchlab.ProcessCPU()-cpu0)/1e3/float64(msgs))
+			if err := prof.Stop(s.name); err != nil {
+				tb.Fatal(err)
+			}
 			s.rates = append(s.rates, float64(msgs)/time.Duration(s.done.Load()).Seconds())
 		}
 	}
 	for _, s := range shapes {
 		s.cpuUS, s.rate = benchlab.Median(s.cpus), benchlab.Median(s.rates)
+	}
+	if err := prof.Write(fmt.Sprintf("e%d-w%d", c.entities, c.window)); err != nil {
+		tb.Fatal(err)
 	}
 	return shapes
 }

@@ -52,7 +52,7 @@ type bench struct {
 	sys   *System
 	tally *tally // what the system's entities handled
 	prog  *progress
-	sides *sideProfiles // --side-profiles (nil: none)
+	sides *SideProfiles // --side-profiles (nil: none)
 
 	pubs      []*nats.Conn // publishers, for both sides
 	requester *nats.Conn   // latency and handoff requests, for both sides

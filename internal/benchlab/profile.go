@@ -9,27 +9,29 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// sideProfiles takes a CPU profile of each throughput round
+// SideProfiles takes a CPU profile of each throughput round
 // (--side-profiles) and merges each side's rounds into one profile: both
 // sides handle the same messages, so the difference of the two (go tool
 // pprof -diff_base) is what natshard adds to raw NATS. The whole-run
 // profile (--cpuprofile) cannot tell the sides apart: they share the
-// process, the server and the publishers. A nil *sideProfiles takes none.
-type sideProfiles struct {
+// process, the server and the publishers. A nil *SideProfiles takes none.
+type SideProfiles struct {
 	prefix string
 	rounds map[string][]*profile.Profile // side: one profile per round
 	buf    bytes.Buffer
 }
 
-func newSideProfiles(prefix string) *sideProfiles {
+// NewSideProfiles returns the profiles to write under prefix ("": nil,
+// which takes none).
+func NewSideProfiles(prefix string) *SideProfiles {
 	if prefix == "" {
 		return nil
 	}
-	return &sideProfiles{prefix: prefix, rounds: map[string][]*profile.Profile{}}
+	return &SideProfiles{prefix: prefix, rounds: map[string][]*profile.Profile{}}
 }
 
-// start starts the CPU profile of a round.
-func (p *sideProfiles) start() error {
+// Start starts the CPU profile of a round.
+func (p *SideProfiles) Start() error {
 	if p == nil {
 		return nil
 	}
@@ -37,8 +39,8 @@ func (p *sideProfiles) start() error {
 	return pprof.StartCPUProfile(&p.buf)
 }
 
-// stop stops the round's profile and keeps it as side's.
-func (p *sideProfiles) stop(side string) error {
+// Stop stops the round's profile and keeps it as side's.
+func (p *SideProfiles) Stop(side string) error {
 	if p == nil {
 		return nil
 	}
@@ -51,9 +53,9 @@ func (p *sideProfiles) stop(side string) error {
 	return nil
 }
 
-// write merges each side's rounds and writes them to
+// Write merges each side's rounds and writes them to
 // <prefix>.<delivery>.<side>.prof, and forgets them.
-func (p *sideProfiles) write(delivery string) error {
+func (p *SideProfiles) Write(delivery string) error {
 	if p == nil {
 		return nil
 	}
@@ -70,8 +72,8 @@ func (p *sideProfiles) write(delivery string) error {
 	return nil
 }
 
-// sideFile is where write puts side's profile of delivery.
-func (p *sideProfiles) sideFile(delivery, side string) string {
+// sideFile is where Write puts side's profile of delivery.
+func (p *SideProfiles) sideFile(delivery, side string) string {
 	return fmt.Sprintf("%s.%s.%s.prof", p.prefix, delivery, side)
 }
 

@@ -54,7 +54,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) (*Result, error) {
 		return nil
 	}
 	res := newResult(cfg)
-	sides := newSideProfiles(cfg.SideProfiles)
+	sides := NewSideProfiles(cfg.SideProfiles)
 	for _, d := range cfg.deliveries() {
 		if err := measure(ctx, cfg, srv, d, prog, profile, sides, res); err != nil {
 			return nil, err
@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) (*Result, error) {
 
 // measure runs the workloads of delivery d on a system of its own on srv,
 // which it closes at the end, and fills res with the figures.
-func measure(ctx context.Context, cfg Config, srv *Server, d natshard.Delivery, prog *progress, profile func() error, sides *sideProfiles, res *Result) error {
+func measure(ctx context.Context, cfg Config, srv *Server, d natshard.Delivery, prog *progress, profile func() error, sides *SideProfiles, res *Result) error {
 	prog.note("starting %d regions and a coordinator of %s delivery", cfg.Regions, d)
 	t := &tally{}
 	sys, err := startLabSystem(ctx, cfg, srv, d, t)

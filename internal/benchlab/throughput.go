@@ -134,11 +134,11 @@ func (b *bench) rounds(t *ThroughputResult) error {
 				return b.ctx.Err()
 			}
 			failed, acked, pubErrs := b.tally.failed.Load(), b.acked.Load(), b.pubErrs.Load()
-			if err := b.sides.start(); err != nil {
+			if err := b.sides.Start(); err != nil {
 				return err
 			}
 			rate, cpu, received, err := b.throughput(label, s.subjects, s.counter)
-			if perr := b.sides.stop(s.profile); err == nil {
+			if perr := b.sides.Stop(s.profile); err == nil {
 				err = perr
 			}
 			r := s.res
@@ -169,7 +169,7 @@ func (b *bench) rounds(t *ThroughputResult) error {
 			}
 		}
 	}
-	if err := b.sides.write(string(b.sys.cfg.Delivery)); err != nil {
+	if err := b.sides.Write(string(b.sys.cfg.Delivery)); err != nil {
 		return err
 	}
 	for _, s := range sides {
