@@ -649,28 +649,31 @@ func (a *Agent) checkNotTakenOver(ctx context.Context) error {
 }
 
 // logLimiter logs each kind of repeated problem at most once per interval,
-// with the number of occurrences since the last line.
+// with the number of occurrences since the last line. It takes no lock:
+// each kind has an atomic count and the time of its last line, and the
+// caller that moves that time on (compare-and-swap) writes the line.
 type logLimiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-	n    map[string]int
+	kinds sync.Map // kind -> *limitedKind
+}
+
+type limitedKind struct {
+	n    atomic.Int64 // occurrences since the last line
+	last atomic.Int64 // of the last line, ns since the epoch (0: none yet)
 }
 
 const logEvery = 10 * time.Second
 
 func (l *logLimiter) log(log *slog.Logger, kind, msg string, args ...any) {
-	l.mu.Lock()
-	if l.last == nil {
-		l.last, l.n = map[string]time.Time{}, map[string]int{}
+	v, ok := l.kinds.Load(kind)
+	if !ok {
+		v, _ = l.kinds.LoadOrStore(kind, new(limitedKind))
 	}
-	l.n[kind]++
-	now := time.Now()
-	if now.Sub(l.last[kind]) < logEvery {
-		l.mu.Unlock()
+	k := v.(*limitedKind)
+	k.n.Add(1)
+	now := time.Now().UnixNano()
+	last := k.last.Load()
+	if last != 0 && now-last < int64(logEvery) || !k.last.CompareAndSwap(last, now) {
 		return
 	}
-	count := l.n[kind]
-	l.last[kind], l.n[kind] = now, 0
-	l.mu.Unlock()
-	log.Warn(msg, append(args, "occurrences", count)...)
+	log.Warn(msg, append(args, "occurrences", k.n.Swap(0))...)
 }

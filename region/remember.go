@@ -2,7 +2,7 @@ package region
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/natshard/natshard/internal/wait"
@@ -46,16 +46,15 @@ const (
 	restartBurst = 100 * time.Millisecond
 )
 
-// entityRecorder batches the changes of the remembered entities.
+// entityRecorder batches the changes of the remembered entities. Its run
+// goroutine owns the batch: the entities send it their changes through
+// queue.
 type entityRecorder struct {
 	store RememberStore
 	a     *Agent
 	ctx   context.Context // of run
 	stop  context.CancelFunc
-
-	mu    sync.Mutex
-	queue []recordReq
-	kick  chan struct{} // a change was queued
+	queue chan recordReq
 }
 
 type recordReq struct {
@@ -64,7 +63,7 @@ type recordReq struct {
 }
 
 func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
-	r := &entityRecorder{store: store, a: a, kick: make(chan struct{}, 1)}
+	r := &entityRecorder{store: store, a: a, queue: make(chan recordReq, recordBatch)}
 	// Its own context, ended by Agent.Close once the entities have
 	// stopped: the forgets of entities stopping in Close are written.
 	r.ctx, r.stop = context.WithCancel(context.Background())
@@ -74,12 +73,16 @@ func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
 // remember records entity id of shard and returns once it is stored.
 func (r *entityRecorder) remember(ctx context.Context, shard int, id string) error {
 	done := make(chan error, 1)
-	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id}, done: done})
+	if !r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id}, done: done}) {
+		return ErrClosed
+	}
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-r.ctx.Done():
+		return ErrClosed
 	}
 }
 
@@ -98,20 +101,22 @@ func (r *entityRecorder) forget(shard int, id string) {
 		r.push(recordReq{rec: kvstate.EntityRecord{Shard: t, ID: id, Forget: true}, done: make(chan error, 1)})
 	}
 	done := make(chan error, 1)
-	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done})
+	if !r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done}) {
+		return
+	}
 	select {
 	case <-done:
 	case <-r.ctx.Done():
 	}
 }
 
-func (r *entityRecorder) push(req recordReq) {
-	r.mu.Lock()
-	r.queue = append(r.queue, req)
-	r.mu.Unlock()
+// push hands req to run; false: the recorder stopped.
+func (r *entityRecorder) push(req recordReq) bool {
 	select {
-	case r.kick <- struct{}{}:
-	default:
+	case r.queue <- req:
+		return true
+	case <-r.ctx.Done():
+		return false
 	}
 }
 
@@ -119,61 +124,63 @@ func (r *entityRecorder) push(req recordReq) {
 // it fails what waits.
 func (r *entityRecorder) run(ctx context.Context) {
 	defer r.a.wg.Done()
+	batch := make([]recordReq, 0, recordBatch)
 	for {
 		select {
 		case <-ctx.Done():
-			r.mu.Lock()
-			queue := r.queue
-			r.queue = nil
-			r.mu.Unlock()
-			for _, req := range queue {
-				req.done <- ErrClosed
-			}
-			return
-		case <-r.kick:
-		}
-		for {
-			r.mu.Lock()
-			n := min(len(r.queue), recordBatch)
-			batch := r.queue[:n:n]
-			r.queue = r.queue[n:]
-			r.mu.Unlock()
-			if n == 0 {
-				break
-			}
-			recs := make([]kvstate.EntityRecord, n)
-			for i, req := range batch {
-				recs[i] = req.rec
-			}
-			wctx, cancel := context.WithTimeout(ctx, recordTimeout)
-			err := r.store.RecordEntities(wctx, recs)
-			cancel()
-			forgets := 0
-			for _, req := range batch {
-				req.done <- err
-				if req.rec.Forget {
-					forgets++
+			for {
+				select {
+				case req := <-r.queue:
+					req.done <- ErrClosed
+				default:
+					return
 				}
 			}
-			if err != nil && forgets > 0 {
-				// The entities stay remembered: they are started again
-				// after their shard's next move, and may passivate again.
-				r.a.limit.log(r.a.log, "forget-failed", "cannot forget passivated entities; they stay remembered", "entities", forgets, "err", err)
+		case req := <-r.queue:
+			batch = append(batch[:0], req)
+		}
+		// What was queued meanwhile goes in the same batch.
+	more:
+		for len(batch) < recordBatch {
+			select {
+			case req := <-r.queue:
+				batch = append(batch, req)
+			default:
+				break more
 			}
+		}
+		recs := make([]kvstate.EntityRecord, len(batch))
+		for i, req := range batch {
+			recs[i] = req.rec
+		}
+		wctx, cancel := context.WithTimeout(ctx, recordTimeout)
+		err := r.store.RecordEntities(wctx, recs)
+		cancel()
+		forgets := 0
+		for _, req := range batch {
+			req.done <- err
+			if req.rec.Forget {
+				forgets++
+			}
+		}
+		if err != nil && forgets > 0 {
+			// The entities stay remembered: they are started again
+			// after their shard's next move, and may passivate again.
+			r.a.limit.log(r.a.log, "forget-failed", "cannot forget passivated entities; they stay remembered", "entities", forgets, "err", err)
 		}
 	}
 }
 
 // pacer spaces the restarts of remembered entities: every per entity,
-// with bursts of at most restartBurst.
+// with bursts of at most restartBurst. The restarts of several shards
+// share it without a lock: each takes its slot by a compare-and-swap.
 type pacer struct {
 	every time.Duration
 	// now and sleep are the clock (nil: time.Now and wait.Sleep).
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
 
-	mu   sync.Mutex
-	next time.Time
+	next atomic.Int64 // the next slot, ns since the epoch
 }
 
 // wait returns when the next restart may go, false when ctx ended first.
@@ -182,15 +189,16 @@ func (p *pacer) wait(ctx context.Context) bool {
 	if p.now != nil {
 		now, sleep = p.now, p.sleep
 	}
-	p.mu.Lock()
-	t := now()
-	if p.next.Before(t.Add(-restartBurst)) {
-		p.next = t.Add(-restartBurst)
+	var t, at int64
+	for {
+		t = now().UnixNano()
+		next := p.next.Load()
+		at = max(next, t-int64(restartBurst))
+		if p.next.CompareAndSwap(next, at+int64(p.every)) {
+			break
+		}
 	}
-	at := p.next
-	p.next = p.next.Add(p.every)
-	p.mu.Unlock()
-	if d := at.Sub(t); d > 0 {
+	if d := time.Duration(at - t); d > 0 {
 		return sleep(ctx, d)
 	}
 	return ctx.Err() == nil
