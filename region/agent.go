@@ -154,7 +154,15 @@ type Agent struct {
 	replyTo map[uint64]*nats.Msg // commands waiting for their answer
 	local   []Event              // events the driver caused itself, taken first
 	opened  chan error           // the first registration's outcome, for Open
-	closing atomic.Bool          // Close was called
+	// shards is the data plane of the held shards, as the driver made
+	// them (an intake per life: a goroutine working for a shard holds
+	// its intake, and asks the intake's mode under the intake's lock).
+	shards map[int]intake
+	// stopping: shard -> closed when its entities have stopped (a closed
+	// one is stale: the driver replaces it at the next stop).
+	stopping map[int]chan struct{}
+
+	closing atomic.Bool // Close was called
 
 	// layout is the type's shard counts as the region routes by them:
 	// changed by the driver when the region splits (split.go).
@@ -165,12 +173,9 @@ type Agent struct {
 	subsMu sync.Mutex
 	subs   map[int]*subjectSub
 
-	mu       sync.Mutex            // guards what follows
-	shards   map[int]intake        // the data plane of the held shards, by the driver
-	stopping map[int]chan struct{} // shard -> closed when its entities have stopped
 	// view is the core's state after the driver's last step (serving.go),
 	// written by the driver alone.
-	view *view
+	view atomic.Pointer[view]
 
 	clock stallClock // beats of the stall watch, registration deadline (stall.go)
 

@@ -205,9 +205,11 @@ func (p *pacer) wait(ctx context.Context) bool {
 }
 
 // restartRemembered starts the remembered entities of shard n, live here
-// in its life life, at the region's rate, until they are all started or
-// the shard is no longer live here.
-func (a *Agent) restartRemembered(n int, life uint64) {
+// through st, at the region's rate, until they are all started or the
+// shard is no longer live here. Each start is made under st's lock, which
+// a pause takes before the driver stops the shard's entities: a start is
+// either stopped with them or not made.
+func (a *Agent) restartRemembered(st intake, n int) {
 	defer a.host.RestartsDone(n)
 	began := time.Now()
 	var ids []string
@@ -219,7 +221,7 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 		if err == nil {
 			break
 		}
-		if a.ctx.Err() != nil || !a.liveIn(n, life) {
+		if a.ctx.Err() != nil || !st.whileLive(nil) {
 			return
 		}
 		a.limit.log(a.log, "remembered-list-failed", "cannot list the remembered entities of a shard; retrying", "shard", n, "err", err)
@@ -229,7 +231,12 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 	}
 	started := 0
 	for _, id := range ids {
-		if !a.pace.wait(a.ctx) || !a.startRemembered(n, life, id) {
+		start := func() {
+			if a.host.Start(n, id) {
+				a.stats.Restarted.Add(1)
+			}
+		}
+		if !a.pace.wait(a.ctx) || !st.whileLive(start) {
 			break
 		}
 		started++
@@ -259,31 +266,6 @@ func (a *Agent) remembered(ctx context.Context, n int) ([]string, error) {
 		}
 	}
 	return ids, nil
-}
-
-// liveIn reports whether shard n is live here in its life life.
-func (a *Agent) liveIn(n int, life uint64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.shards[n]
-	return st != nil && st.life() == life && a.viewLocked().modes[n] == modeLive
-}
-
-// startRemembered starts entity id of shard n unless it is active, if the
-// shard is still live here in its life life (checked under a.mu, which
-// the driver takes to publish a pause before it stops the shard's
-// entities: a start is either stopped with them or not made).
-func (a *Agent) startRemembered(n int, life uint64, id string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.shards[n]
-	if st == nil || st.life() != life || a.viewLocked().modes[n] != modeLive {
-		return false
-	}
-	if a.host.Start(n, id) {
-		a.stats.Restarted.Add(1)
-	}
-	return true
 }
 
 // Passivate stops entity id of shard once the message it handles is done

@@ -174,7 +174,6 @@ func (a *Agent) splitShards(act SplitShards) {
 		parents []*shardState
 		kids    [][]*shardState
 	)
-	a.mu.Lock()
 	for i, p := range act.Parents {
 		parent, _ := a.shards[p].(*shardState)
 		if parent == nil {
@@ -190,7 +189,6 @@ func (a *Agent) splitShards(act SplitShards) {
 		}
 		parents, kids = append(parents, parent), append(kids, ks)
 	}
-	a.mu.Unlock()
 	for _, p := range parents {
 		p.mu.Lock()
 	}
@@ -294,7 +292,6 @@ func (a *Agent) splitDurable(act SplitShards) {
 		parents []*streamShard
 		kids    [][]*streamShard
 	)
-	a.mu.Lock()
 	for i, p := range act.Parents {
 		parent, _ := a.shards[p].(*streamShard)
 		if parent == nil {
@@ -309,7 +306,6 @@ func (a *Agent) splitDurable(act SplitShards) {
 		}
 		parents, kids = append(parents, parent), append(kids, ks)
 	}
-	a.mu.Unlock()
 	for _, p := range parents {
 		p.mu.Lock()
 	}
@@ -346,11 +342,8 @@ func (a *Agent) durableChildrenLive(parents []*streamShard, evictions []<-chan s
 		cancel()
 		var ev SplitLive
 		for _, st := range kids[i] {
-			a.mu.Lock()
-			held := a.shards[st.n] == intake(st)
-			a.mu.Unlock()
-			if !held {
-				continue // moved or dropped meanwhile: its consumer is its owner's
+			if !st.is(modeHold) {
+				continue // dropped meanwhile: its consumer is its owner's
 			}
 			for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 				cons, err := a.cfg.Stream.ResetConsumer(a.ctx, st.n)
