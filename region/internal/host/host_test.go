@@ -23,6 +23,7 @@ import (
 	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // ---- helpers ----
@@ -88,26 +89,6 @@ func (r *recorder) none(t *testing.T) {
 		t.Fatalf("unexpected reply %+v", c)
 	default:
 	}
-}
-
-// fakeClock is an injectable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -374,7 +355,7 @@ func TestHostPublishErrorNotReplied(t *testing.T) {
 }
 
 func TestHostPassivation(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var stops atomic.Int32
 	f := &testFactory{
 		handle: func(inc int, m *Message) ([]byte, error) { return []byte(strconv.Itoa(inc)), nil },
@@ -420,7 +401,7 @@ func TestHostPassivation(t *testing.T) {
 }
 
 func TestHostPassivationDisabled(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	f := &testFactory{}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, func(c *Config) { c.Now = clock.Now })
@@ -433,7 +414,7 @@ func TestHostPassivationDisabled(t *testing.T) {
 }
 
 func TestHostPassivationSkipsBusyEntity(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	var stops atomic.Int32
@@ -475,7 +456,7 @@ func TestHostPassivationSkipsBusyEntity(t *testing.T) {
 }
 
 func TestHostMessageDuringStop(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var (
 		mu     sync.Mutex
 		events []string
@@ -828,7 +809,7 @@ func TestHostPanicRecovered(t *testing.T) {
 }
 
 func TestHostFactoryAndStopPanicRecovered(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	f := &testFactory{
 		fail: func(call int) error {
 			if call == 1 {
@@ -930,7 +911,7 @@ func TestHostStress(t *testing.T) {
 			tr.mu.Unlock()
 		}}, nil
 	}
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var replies atomic.Int32
 	h := New(Config{
 		Factory:     factory,
@@ -1192,7 +1173,7 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 // least recently used idle entities are passivated; a busy one never is,
 // and one used again since keeps its place.
 func TestHostActiveLimitLRU(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	var mu sync.Mutex
