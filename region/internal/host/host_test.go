@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unsafe"
 
@@ -269,55 +270,57 @@ func TestHostConcurrentEntities(t *testing.T) {
 }
 
 // TestHostWorkersExit: the workers a burst started park when it is over,
-// maxIdleWorkers of them at most (the others exit), and reap ends them (a
-// worker parks for idleKeep to twice that); the host starts workers again
-// for its next burst.
+// maxIdleWorkers of them at most (the others exit), and reap ends them: a
+// worker parks for idleKeep to twice that (here, parked all at once, they
+// are ended by the second reap, 2*idleKeep after they parked); the host
+// starts workers again for its next burst. In a synctest bubble: the
+// time is fake and each step is checked when every goroutine waits.
 func TestHostWorkersExit(t *testing.T) {
-	const n = maxIdleWorkers + 16 // more than may park
-	baseline := runtime.NumGoroutine()
-	var (
-		block   atomic.Pointer[chan struct{}]
-		entered sync.WaitGroup
-	)
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
-		entered.Done()
-		<-*block.Load()
-		return nil, nil
-	}}
-	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, nil)
-	parked := func() int {
-		h.qmu.Lock()
-		defer h.qmu.Unlock()
-		return len(h.idle)
-	}
-	for burst := range 2 {
-		ch := make(chan struct{})
-		block.Store(&ch)
-		entered.Add(n)
-		for i := range n {
-			h.Deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+	synctest.Test(t, func(t *testing.T) {
+		const n = maxIdleWorkers + 16 // more than may park
+		baseline := runtime.NumGoroutine()
+		var (
+			block   atomic.Pointer[chan struct{}]
+			entered sync.WaitGroup
+		)
+		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+			entered.Done()
+			<-*block.Load()
+			return nil, nil
+		}}
+		rec := newRecorder()
+		h := newTestHost(t, f.factory, rec, nil)
+		parked := func() int {
+			h.qmu.Lock()
+			defer h.qmu.Unlock()
+			return len(h.idle)
 		}
-		entered.Wait() // n entities in Handle at once: n workers
-		close(ch)
-		for range n {
-			rec.next(t)
-		}
-		most := 0 // workers parked at once
-		natstest.Eventually(t, 20*idleKeep, fmt.Sprintf("burst %d: no worker parked, the goroutines as at the start", burst), func() error {
-			p := parked()
-			most = max(most, p)
-			if n := runtime.NumGoroutine(); p > 0 || n > baseline {
-				return fmt.Errorf("%d workers parked, %d goroutines (%d at the start)", p, n, baseline)
+		check := func(burst int, when string, wantParked int) {
+			t.Helper()
+			synctest.Wait()
+			if p, g := parked(), runtime.NumGoroutine(); p != wantParked || g != baseline+wantParked {
+				t.Fatalf("burst %d, %s: %d workers parked and %d goroutines (%d at the start), want %d parked", burst, when, p, g, baseline, wantParked)
 			}
-			return nil
-		})
-		// A worker stays parked for idleKeep at least: the sampling saw
-		// them, never more than the bound.
-		if most == 0 || most > maxIdleWorkers {
-			t.Fatalf("burst %d: %d workers parked at most, want 1 to %d", burst, most, maxIdleWorkers)
 		}
-	}
+		for burst := range 2 {
+			ch := make(chan struct{})
+			block.Store(&ch)
+			entered.Add(n)
+			for i := range n {
+				h.Deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+			}
+			entered.Wait() // n entities in Handle at once: n workers
+			close(ch)
+			for range n {
+				rec.next(t)
+			}
+			check(burst, "done", maxIdleWorkers)
+			time.Sleep(2*idleKeep - time.Millisecond)
+			check(burst, "just before the second reap", maxIdleWorkers)
+			time.Sleep(time.Millisecond)
+			check(burst, "after the second reap", 0)
+		}
+	})
 }
 
 func TestHostMessageFields(t *testing.T) {
