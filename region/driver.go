@@ -112,8 +112,9 @@ func (a *Agent) handle(ev Event) bool {
 	if b, ok := ev.(Bound); ok {
 		// The shards that could not be bound: the core forgot them.
 		for _, n := range b.Failed {
-			if a.core.Mode(n) == modeGone {
+			if st := a.shards[n]; st != nil && a.core.Mode(n) == modeGone {
 				delete(a.shards, n)
+				st.stop("its bind failed")
 			}
 		}
 	}
