@@ -63,9 +63,10 @@
 // The view the driver publishes, the layout, the counters (Stats), the
 // load meter, the restart pacer and the log limiter are atomics; the
 // entity recorder's batch is its goroutine's, fed through a channel.
-// Four mutexes remain, each guarding what one shard's message path or one
-// subscription's routes need at once, which no event could carry without
-// a round trip through the driver per message:
+// Four mutexes remain. The first three guard what a shard's message path
+// reads at every message, which no event could carry without a round
+// trip through the driver per message; the fourth, the subscriptions,
+// which a release's goroutine changes too:
 //
 //   - shardState.mu (core delivery, one per held shard): the shard's mode
 //     and what goes with it (held arrivals, replayed keys, the handoff).
