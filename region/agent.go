@@ -662,8 +662,8 @@ type logLimiter struct {
 }
 
 type limitedKind struct {
-	n    atomic.Int64 // occurrences since the last line
-	last atomic.Int64 // of the last line, ns since the epoch (0: none yet)
+	n    atomic.Int64              // occurrences since the last line
+	last atomic.Pointer[time.Time] // of the last line (monotonic); nil: none yet
 }
 
 const logEvery = 10 * time.Second
@@ -675,10 +675,13 @@ func (l *logLimiter) log(log *slog.Logger, kind, msg string, args ...any) {
 	}
 	k := v.(*limitedKind)
 	k.n.Add(1)
-	now := time.Now().UnixNano()
+	now := time.Now()
 	last := k.last.Load()
-	if last != 0 && now-last < int64(logEvery) || !k.last.CompareAndSwap(last, now) {
+	if last != nil && now.Sub(*last) < logEvery {
 		return
+	}
+	if at := now; !k.last.CompareAndSwap(last, &at) {
+		return // another caller writes the line
 	}
 	log.Warn(msg, append(args, "occurrences", k.n.Swap(0))...)
 }
