@@ -180,7 +180,7 @@ type pacer struct {
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
 
-	next atomic.Int64 // the next slot, ns since the epoch
+	next atomic.Pointer[time.Time] // the next slot (nil: none taken yet)
 }
 
 // wait returns when the next restart may go, false when ctx ended first.
@@ -189,16 +189,20 @@ func (p *pacer) wait(ctx context.Context) bool {
 	if p.now != nil {
 		now, sleep = p.now, p.sleep
 	}
-	var t, at int64
+	var t, at time.Time
 	for {
-		t = now().UnixNano()
+		t = now()
 		next := p.next.Load()
-		at = max(next, t-int64(restartBurst))
-		if p.next.CompareAndSwap(next, at+int64(p.every)) {
+		at = t.Add(-restartBurst)
+		if next != nil && next.After(at) {
+			at = *next
+		}
+		after := at.Add(p.every)
+		if p.next.CompareAndSwap(next, &after) {
 			break
 		}
 	}
-	if d := time.Duration(at - t); d > 0 {
+	if d := at.Sub(t); d > 0 {
 		return sleep(ctx, d)
 	}
 	return ctx.Err() == nil
