@@ -154,7 +154,15 @@ type Agent struct {
 	replyTo map[uint64]*nats.Msg // commands waiting for their answer
 	local   []Event              // events the driver caused itself, taken first
 	opened  chan error           // the first registration's outcome, for Open
-	closing atomic.Bool          // Close was called
+	// shards is the data plane of the held shards, as the driver made
+	// them (an intake per life: a goroutine working for a shard holds
+	// its intake, and asks the intake's mode under the intake's lock).
+	shards map[int]intake
+	// stopping: shard -> closed when its entities have stopped (a closed
+	// one is stale: the driver replaces it at the next stop).
+	stopping map[int]chan struct{}
+
+	closing atomic.Bool // Close was called
 
 	// layout is the type's shard counts as the region routes by them:
 	// changed by the driver when the region splits (split.go).
@@ -165,12 +173,9 @@ type Agent struct {
 	subsMu sync.Mutex
 	subs   map[int]*subjectSub
 
-	mu       sync.Mutex            // guards what follows
-	shards   map[int]intake        // the data plane of the held shards, by the driver
-	stopping map[int]chan struct{} // shard -> closed when its entities have stopped
 	// view is the core's state after the driver's last step (serving.go),
 	// written by the driver alone.
-	view *view
+	view atomic.Pointer[view]
 
 	clock stallClock // beats of the stall watch, registration deadline (stall.go)
 
@@ -649,28 +654,34 @@ func (a *Agent) checkNotTakenOver(ctx context.Context) error {
 }
 
 // logLimiter logs each kind of repeated problem at most once per interval,
-// with the number of occurrences since the last line.
+// with the number of occurrences since the last line. It takes no lock:
+// each kind has an atomic count and the time of its last line, and the
+// caller that moves that time on (compare-and-swap) writes the line.
 type logLimiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-	n    map[string]int
+	kinds sync.Map // kind -> *limitedKind
+}
+
+type limitedKind struct {
+	n    atomic.Int64              // occurrences since the last line
+	last atomic.Pointer[time.Time] // of the last line (monotonic); nil: none yet
 }
 
 const logEvery = 10 * time.Second
 
 func (l *logLimiter) log(log *slog.Logger, kind, msg string, args ...any) {
-	l.mu.Lock()
-	if l.last == nil {
-		l.last, l.n = map[string]time.Time{}, map[string]int{}
+	v, ok := l.kinds.Load(kind)
+	if !ok {
+		v, _ = l.kinds.LoadOrStore(kind, new(limitedKind))
 	}
-	l.n[kind]++
+	k := v.(*limitedKind)
+	k.n.Add(1)
 	now := time.Now()
-	if now.Sub(l.last[kind]) < logEvery {
-		l.mu.Unlock()
+	last := k.last.Load()
+	if last != nil && now.Sub(*last) < logEvery {
 		return
 	}
-	count := l.n[kind]
-	l.last[kind], l.n[kind] = now, 0
-	l.mu.Unlock()
-	log.Warn(msg, append(args, "occurrences", count)...)
+	if at := now; !k.last.CompareAndSwap(last, &at) {
+		return // another caller writes the line
+	}
+	log.Warn(msg, append(args, "occurrences", k.n.Swap(0))...)
 }

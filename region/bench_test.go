@@ -3,15 +3,13 @@ package region
 import (
 	"context"
 	"log/slog"
-	"runtime"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/protocol"
 	"github.com/natshard/natshard/region/internal/host"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // Benchmarks of the region's hot path, without NATS: the whole
@@ -21,41 +19,7 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem ./region/
 
-// benchHandled counts the messages benchEntity handled.
-var benchHandled atomic.Int64
-
-// benchEntity is as cheap as the echo entity: zero-size, no state.
-type benchEntity struct{}
-
-func (benchEntity) Handle(_ context.Context, m *Message) ([]byte, error) {
-	benchHandled.Add(1)
-	return m.Data, nil
-}
-
-func (benchEntity) Stop(context.Context) error { return nil }
-
-func benchFactory(context.Context, string) (Entity, error) { return benchEntity{}, nil }
-
-// waitHandled waits until benchHandled reaches n.
-func waitHandled(b *testing.B, n int64) {
-	deadline := time.Now().Add(time.Minute)
-	for benchHandled.Load() < n {
-		if time.Now().After(deadline) {
-			b.Fatalf("handled %d of %d messages", benchHandled.Load(), n)
-		}
-		runtime.Gosched()
-	}
-}
-
-// benchIDs returns n entity ids and their shards among DefaultShards.
-func benchIDs(n int) ([]string, []int) {
-	ids, shards := make([]string, n), make([]int, n)
-	for i := range ids {
-		ids[i] = "entity-" + strconv.Itoa(i)
-		shards[i] = protocol.ShardOf(ids[i], protocol.DefaultShards)
-	}
-	return ids, shards
-}
+func benchFactory(context.Context, string) (Entity, error) { return hosttest.Entity[*Message]{}, nil }
 
 // BenchmarkOnMessage: the subscription callback of a live shard, from the
 // NATS message to the entity's Handle (one op is one message, until it is
@@ -87,19 +51,19 @@ func benchOnMessage(b *testing.B, watch bool) {
 		subs[i].routes.Store(&routeSet{layout: layout, shards: map[int]*shardState{i: st}})
 		st.subs = []*subjectSub{subs[i]}
 	}
-	ids, shards := benchIDs(1000)
+	ids, shards := hosttest.IDs(1000)
 	msgs := make([]*nats.Msg, len(ids))
 	for i, id := range ids {
 		msgs[i] = &nats.Msg{Subject: subjects.Entity(shards[i], id), Data: []byte("payload")}
 	}
-	benchHandled.Store(0)
+	hosttest.Handled.Store(0)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		j := i % len(msgs)
 		a.onSubject(subs[shards[j]], msgs[j])
 	}
-	waitHandled(b, int64(b.N))
+	hosttest.WaitHandled(b, int64(b.N))
 	if a.stats.Malformed.Load() != 0 {
 		b.Fatal("malformed subjects")
 	}

@@ -54,6 +54,46 @@
 // connection, to the message's reply subject. Entity, Message and the
 // other types an entity sees are that package's, named here by aliases.
 //
+// # Locks
+//
+// The driver's facts need no lock: the core, the intakes of the held
+// shards by number and the stops under way by shard (Agent.shards and
+// stopping) are touched by the driver alone; a goroutine working for a
+// shard is given its intake, and goroutines report by posting events.
+// The view the driver publishes, the layout, the counters (Stats), the
+// load meter, the restart pacer and the log limiter are atomics; the
+// entity recorder's batch is its goroutine's, fed through a channel.
+// Four mutexes remain. The first three guard what a shard's message path
+// reads at every message, which no event could carry without a round
+// trip through the driver per message; the fourth, the subscriptions,
+// which a release's goroutine changes too:
+//
+//   - shardState.mu (core delivery, one per held shard): the shard's mode
+//     and what goes with it (held arrivals, replayed keys, the handoff).
+//     The subscription's callback, the replay, the clearing of a paused
+//     shard and the driver's mode changes take it; every delivery to the
+//     entities happens under it, so that once the driver changed the mode
+//     no message of the old mode reaches an entity. It is the only lock
+//     the region adds on a message's way (then the runtime's, host).
+//   - streamShard.mu (durable delivery, one per held shard): the same for
+//     the pull: mode, iterator, consumer, expected sequence. The pull's
+//     goroutine and the driver take it.
+//   - streamShard.ackMu: the last message handled, which the entities'
+//     workers acknowledge in turn (handled) and a pause or a split
+//     confirms (confirm): an acknowledgement confirmed comes after every
+//     one sent before it. Kept apart from mu so that acknowledging never
+//     waits for the pull.
+//   - Agent.subsMu: the region's subscriptions by subject and the changes
+//     of their routes (subjects.go). The driver binds, drops and splits
+//     under it; a release's goroutine takes its drained shard off its
+//     subscriptions under it (and the shard's lock) the moment they
+//     caught up, then writes the end marker: through the driver, that
+//     would wait for its turn (behind a split of a thousand shards, say)
+//     and for a driver that Close may have stopped already.
+//
+// Lock order: a shard's lock, then subsMu; a shard's lock, then the
+// runtime's (internal/host).
+//
 // # Handoff
 //
 // Each held shard is in one of three modes (shards.go):

@@ -109,6 +109,15 @@ func (a *Agent) handle(ev Event) bool {
 		ev, done = e.ev, e.done
 	}
 	a.carryOut(a.core.Step(ev))
+	if b, ok := ev.(Bound); ok {
+		// The shards that could not be bound: the core forgot them.
+		for _, n := range b.Failed {
+			if st := a.shards[n]; st != nil && a.core.Mode(n) == modeGone {
+				delete(a.shards, n)
+				st.stop("its bind failed")
+			}
+		}
+	}
 	if done != nil {
 		close(done)
 	}
@@ -143,7 +152,7 @@ func (a *Agent) carryOut(acts []Action) {
 			if st := a.shard(act.Shard, act.Life); st != nil {
 				st.goLive()
 				if a.cfg.Remember != nil {
-					a.goDo(func() { a.restartRemembered(act.Shard, act.Life) })
+					a.goDo(func() { a.restartRemembered(st, act.Shard) })
 				}
 			}
 		case Suspend:
@@ -213,8 +222,6 @@ func (a *Agent) goDo(f func()) {
 
 // shard is the data plane of shard n in its life, nil if it has another.
 func (a *Agent) shard(n int, life uint64) intake {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if st := a.shards[n]; st != nil && st.life() == life {
 		return st
 	}
@@ -291,14 +298,10 @@ func (a *Agent) bindShards(act BindShards) {
 // unbind stops serving the shard at once: its subscription, its replay,
 // what it held (refused), its entities (their context ends first).
 func (a *Agent) unbind(act Unbind) {
-	a.mu.Lock()
-	st := a.shards[act.Shard]
-	if st != nil && st.life() == act.Life {
+	st := a.shard(act.Shard, act.Life)
+	if st != nil {
 		delete(a.shards, act.Shard)
-	} else {
-		st = nil
 	}
-	a.mu.Unlock()
 	if st != nil {
 		st.stop(act.Why)
 	}
@@ -314,11 +317,9 @@ func (a *Agent) unbind(act Unbind) {
 func (a *Agent) release(act Release) {
 	var st intake
 	if act.Held {
-		a.mu.Lock()
 		if st = a.shards[act.Shard]; st != nil {
 			delete(a.shards, act.Shard)
 		}
-		a.mu.Unlock()
 	}
 	a.goDo(func() {
 		var err error
@@ -342,9 +343,15 @@ func (a *Agent) release(act Release) {
 // for a paused shard, its intake settled). A stop under way is joined.
 // The channel it returns is closed once the entities stopped.
 func (a *Agent) stopEntities(n int, life uint64, paused intake) <-chan struct{} {
-	a.mu.Lock()
-	ch, ok := a.stopping[n]
-	if !ok {
+	ch, running := a.stopping[n], false
+	if ch != nil {
+		select {
+		case <-ch: // stale
+		default:
+			running = true
+		}
+	}
+	if !running {
 		ch = make(chan struct{})
 		a.stopping[n] = ch
 		a.goDo(func() {
@@ -353,15 +360,9 @@ func (a *Agent) stopEntities(n int, life uint64, paused intake) <-chan struct{} 
 			if err := a.host.StopShard(context.Background(), n); err != nil {
 				a.log.Warn("stopping a shard's entities", "shard", n, "err", err)
 			}
-			a.mu.Lock()
-			if a.stopping[n] == ch {
-				delete(a.stopping, n)
-			}
-			a.mu.Unlock()
 			close(ch)
 		})
 	}
-	a.mu.Unlock()
 	a.goDo(func() {
 		<-ch
 		if paused != nil {

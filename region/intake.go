@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,6 +62,24 @@ type intake interface {
 	// until what they handled is acknowledged (durable delivery), or
 	// until the buffer is cleared of what it held while live (core).
 	settle(ctx context.Context) error
+	// whileLive runs f (if not nil) under the intake's lock if the shard
+	// is live (not replaying, suspended, paused or gone), and reports
+	// whether it is.
+	whileLive(f func()) bool
+}
+
+// whileIn runs f (if not nil) under mu if *md is want, and reports whether
+// it is: the intakes' whileLive, and streamShard.is.
+func whileIn(mu sync.Locker, md *mode, want mode, f func()) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if *md != want {
+		return false
+	}
+	if f != nil {
+		f()
+	}
+	return true
 }
 
 // core delivery: shardState (shards.go, replay.go).
@@ -68,6 +87,8 @@ type intake interface {
 func (st *shardState) life() uint64 { return st.lifeN }
 
 func (st *shardState) goLive() { st.a.goLive(st) }
+
+func (st *shardState) whileLive(f func()) bool { return whileIn(&st.mu, &st.mode, modeLive, f) }
 
 func (st *shardState) suspend() {
 	st.mu.Lock()
@@ -161,12 +182,20 @@ type streamShard struct {
 	// after a message the stream holds (startsLate); only pull uses it.
 	lateStarts int
 
+	// gen counts the consumers: acknowledgements of an earlier one are
+	// void. Written under ackMu, read without it by deliver.
+	gen atomic.Uint64
+	// ackMu orders the acknowledgements (see handled and confirm).
 	ackMu sync.Mutex
-	gen   uint64        // counts the consumers: acknowledgements of an earlier one are void
 	last  jetstream.Msg // the last message handled, not acknowledged yet (see handled)
 }
 
 func (ss *streamShard) life() uint64 { return ss.lifeN }
+
+func (ss *streamShard) whileLive(f func()) bool { return whileIn(&ss.mu, &ss.mode, modeLive, f) }
+
+// is reports whether the shard is in mode m now.
+func (ss *streamShard) is(m mode) bool { return whileIn(&ss.mu, &ss.mode, m, nil) }
 
 // goLive starts pulling.
 func (ss *streamShard) goLive() {
@@ -327,10 +356,7 @@ func (ss *streamShard) stillOwned() bool {
 	a := ss.a
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 		inc := a.viewNow().incarnation
-		ss.mu.Lock()
-		live := ss.mode == modeLive
-		ss.mu.Unlock()
-		if !live {
+		if !ss.is(modeLive) {
 			return false
 		}
 		owned, err := a.tableShards(a.ctx, inc)
@@ -409,10 +435,7 @@ func (ss *streamShard) startsLate(seq uint64) bool {
 			return true
 		}
 		a.limit.log(a.log, "first-check-failed", "cannot read where a shard's messages begin in the stream; retrying", "shard", ss.n, "err", err)
-		ss.mu.Lock()
-		live := ss.mode == modeLive
-		ss.mu.Unlock()
-		if !live || !wait.Sleep(a.ctx, backoff) {
+		if !ss.is(modeLive) || !wait.Sleep(a.ctx, backoff) {
 			return true // not live any more: the caller's reset finds so and returns
 		}
 	}
@@ -425,7 +448,7 @@ func (ss *streamShard) startsLate(seq uint64) bool {
 func (ss *streamShard) reset() bool {
 	a := ss.a
 	ss.ackMu.Lock()
-	ss.gen++
+	ss.gen.Add(1)
 	ss.last = nil
 	ss.ackMu.Unlock()
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
@@ -485,9 +508,7 @@ func (ss *streamShard) deliver(m jetstream.Msg) {
 		a.limit.log(a.log, "bad-metadata", "a pulled message has no stream metadata; left to the next owner", "shard", ss.n, "err", err)
 		return
 	}
-	ss.ackMu.Lock()
-	gen := ss.gen
-	ss.ackMu.Unlock()
+	gen := ss.gen.Load()
 	if next == ss.n {
 		a.host.DeliverDurable(ss.n, id, msg, md.Sequence.Stream, func() { ss.handled(m, gen) })
 		ss.mu.Unlock()
@@ -518,10 +539,7 @@ func (ss *streamShard) forward(m jetstream.Msg, msg *nats.Msg, seq uint64, next 
 			return
 		}
 		a.limit.log(a.log, "forward-failed", "cannot forward a message to the shard that a split gave its entity; retrying", "shard", ss.n, "to", next, "err", err)
-		ss.mu.Lock()
-		live := ss.mode == modeLive
-		ss.mu.Unlock()
-		if !live || !wait.Sleep(a.ctx, backoff) {
+		if !ss.is(modeLive) || !wait.Sleep(a.ctx, backoff) {
 			return
 		}
 	}
@@ -536,7 +554,7 @@ func (ss *streamShard) forward(m jetstream.Msg, msg *nats.Msg, seq uint64, next 
 // again.
 func (ss *streamShard) handled(m jetstream.Msg, gen uint64) {
 	ss.ackMu.Lock()
-	if gen != ss.gen {
+	if gen != ss.gen.Load() {
 		ss.ackMu.Unlock()
 		return // of a replaced consumer: the new one delivers it again
 	}
@@ -635,13 +653,11 @@ func (ss *streamShard) release(context.Context, uint64) error {
 func (a *Agent) bindDurable(act BindShards) {
 	shards := make([]*streamShard, len(act.Shards))
 	priors := make([]<-chan struct{}, len(act.Shards))
-	a.mu.Lock()
 	for i, n := range act.Shards {
 		ss := &streamShard{a: a, n: n, lifeN: act.Lives[i], mode: modeHold}
 		shards[i], priors[i] = ss, a.stopping[n]
 		a.shards[n] = ss
 	}
-	a.mu.Unlock()
 	a.goDo(func() {
 		var (
 			failed []int
@@ -652,12 +668,7 @@ func (a *Agent) bindDurable(act BindShards) {
 			if err != nil {
 				failed = append(failed, ss.n)
 				errs = append(errs, fmt.Errorf("shard %d: %w", ss.n, err))
-				a.mu.Lock()
-				if a.shards[ss.n] == intake(ss) {
-					delete(a.shards, ss.n)
-				}
-				a.mu.Unlock()
-				continue
+				continue // the driver forgets it (Bound)
 			}
 			ss.cons = cons
 			if p := priors[i]; p != nil {

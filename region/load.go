@@ -2,7 +2,7 @@ package region
 
 import (
 	"math"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/natshard/natshard/protocol"
@@ -22,15 +22,20 @@ const (
 	rateTau   = 5 * time.Second
 )
 
-// loadMeter holds the sampled counters and the averaged rates.
+// loadMeter holds the sampled counters and the averaged rates: a sample,
+// never changed, replaced by the next (compare-and-swap: of two callers
+// due at once, one samples; the probe and a query may ask together).
 type loadMeter struct {
-	mu     sync.Mutex
-	at     time.Time // of the last sample; zero before the first
-	shards map[int]*shardRate
+	last atomic.Pointer[loadSample]
+}
+
+type loadSample struct {
+	at     time.Time
+	shards map[int]shardRate
 }
 
 type shardRate struct {
-	delivered uint64  // the host's counter at the last sample
+	delivered uint64  // the host's counter at the sample
 	rate      float64 // messages per second, averaged
 	measured  bool    // rate holds a measurement (two samples were taken)
 }
@@ -40,23 +45,22 @@ type shardRate struct {
 // shards not in held. A counter that went down (the shard was stopped and
 // bound again, so the host started it afresh) counts from zero.
 func (lm *loadMeter) sample(now time.Time, held []int, count func(shard int) uint64) {
-	lm.mu.Lock()
-	defer lm.mu.Unlock()
-	if !lm.at.IsZero() && now.Sub(lm.at) < rateEvery {
+	old := lm.last.Load()
+	if old != nil && now.Sub(old.at) < rateEvery {
 		return
 	}
-	dt := now.Sub(lm.at).Seconds()
-	first := lm.at.IsZero()
-	lm.at = now
-	old := lm.shards
-	lm.shards = make(map[int]*shardRate, len(held))
+	next := &loadSample{at: now, shards: make(map[int]shardRate, len(held))}
 	for _, sh := range held {
 		n := count(sh)
-		r, ok := old[sh]
-		if !ok || first {
-			lm.shards[sh] = &shardRate{delivered: n}
+		r, ok := shardRate{}, false
+		if old != nil {
+			r, ok = old.shards[sh]
+		}
+		if !ok {
+			next.shards[sh] = shardRate{delivered: n}
 			continue
 		}
+		dt := now.Sub(old.at).Seconds()
 		d := n
 		if n >= r.delivered {
 			d = n - r.delivered
@@ -68,16 +72,17 @@ func (lm *loadMeter) sample(now time.Time, held []int, count func(shard int) uin
 			r.rate, r.measured = inst, true
 		}
 		r.delivered = n
-		lm.shards[sh] = r
+		next.shards[sh] = r
 	}
+	lm.last.CompareAndSwap(old, next)
 }
 
 // rate returns shard's averaged rate and whether it is measured.
 func (lm *loadMeter) rate(shard int) (float64, bool) {
-	lm.mu.Lock()
-	defer lm.mu.Unlock()
-	if r, ok := lm.shards[shard]; ok && r.measured {
-		return r.rate, true
+	if s := lm.last.Load(); s != nil {
+		if r := s.shards[shard]; r.measured {
+			return r.rate, true
+		}
 	}
 	return 0, false
 }

@@ -2,7 +2,7 @@ package region
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/natshard/natshard/internal/wait"
@@ -46,16 +46,15 @@ const (
 	restartBurst = 100 * time.Millisecond
 )
 
-// entityRecorder batches the changes of the remembered entities.
+// entityRecorder batches the changes of the remembered entities. Its run
+// goroutine owns the batch: the entities send it their changes through
+// queue.
 type entityRecorder struct {
 	store RememberStore
 	a     *Agent
 	ctx   context.Context // of run
 	stop  context.CancelFunc
-
-	mu    sync.Mutex
-	queue []recordReq
-	kick  chan struct{} // a change was queued
+	queue chan recordReq
 }
 
 type recordReq struct {
@@ -64,7 +63,7 @@ type recordReq struct {
 }
 
 func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
-	r := &entityRecorder{store: store, a: a, kick: make(chan struct{}, 1)}
+	r := &entityRecorder{store: store, a: a, queue: make(chan recordReq, recordBatch)}
 	// Its own context, ended by Agent.Close once the entities have
 	// stopped: the forgets of entities stopping in Close are written.
 	r.ctx, r.stop = context.WithCancel(context.Background())
@@ -74,12 +73,16 @@ func newEntityRecorder(a *Agent, store RememberStore) *entityRecorder {
 // remember records entity id of shard and returns once it is stored.
 func (r *entityRecorder) remember(ctx context.Context, shard int, id string) error {
 	done := make(chan error, 1)
-	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id}, done: done})
+	if !r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id}, done: done}) {
+		return ErrClosed
+	}
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-r.ctx.Done():
+		return ErrClosed
 	}
 }
 
@@ -98,20 +101,22 @@ func (r *entityRecorder) forget(shard int, id string) {
 		r.push(recordReq{rec: kvstate.EntityRecord{Shard: t, ID: id, Forget: true}, done: make(chan error, 1)})
 	}
 	done := make(chan error, 1)
-	r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done})
+	if !r.push(recordReq{rec: kvstate.EntityRecord{Shard: shard, ID: id, Forget: true}, done: done}) {
+		return
+	}
 	select {
 	case <-done:
 	case <-r.ctx.Done():
 	}
 }
 
-func (r *entityRecorder) push(req recordReq) {
-	r.mu.Lock()
-	r.queue = append(r.queue, req)
-	r.mu.Unlock()
+// push hands req to run; false: the recorder stopped.
+func (r *entityRecorder) push(req recordReq) bool {
 	select {
-	case r.kick <- struct{}{}:
-	default:
+	case r.queue <- req:
+		return true
+	case <-r.ctx.Done():
+		return false
 	}
 }
 
@@ -119,61 +124,63 @@ func (r *entityRecorder) push(req recordReq) {
 // it fails what waits.
 func (r *entityRecorder) run(ctx context.Context) {
 	defer r.a.wg.Done()
+	batch := make([]recordReq, 0, recordBatch)
 	for {
 		select {
 		case <-ctx.Done():
-			r.mu.Lock()
-			queue := r.queue
-			r.queue = nil
-			r.mu.Unlock()
-			for _, req := range queue {
-				req.done <- ErrClosed
-			}
-			return
-		case <-r.kick:
-		}
-		for {
-			r.mu.Lock()
-			n := min(len(r.queue), recordBatch)
-			batch := r.queue[:n:n]
-			r.queue = r.queue[n:]
-			r.mu.Unlock()
-			if n == 0 {
-				break
-			}
-			recs := make([]kvstate.EntityRecord, n)
-			for i, req := range batch {
-				recs[i] = req.rec
-			}
-			wctx, cancel := context.WithTimeout(ctx, recordTimeout)
-			err := r.store.RecordEntities(wctx, recs)
-			cancel()
-			forgets := 0
-			for _, req := range batch {
-				req.done <- err
-				if req.rec.Forget {
-					forgets++
+			for {
+				select {
+				case req := <-r.queue:
+					req.done <- ErrClosed
+				default:
+					return
 				}
 			}
-			if err != nil && forgets > 0 {
-				// The entities stay remembered: they are started again
-				// after their shard's next move, and may passivate again.
-				r.a.limit.log(r.a.log, "forget-failed", "cannot forget passivated entities; they stay remembered", "entities", forgets, "err", err)
+		case req := <-r.queue:
+			batch = append(batch[:0], req)
+		}
+		// What was queued meanwhile goes in the same batch.
+	more:
+		for len(batch) < recordBatch {
+			select {
+			case req := <-r.queue:
+				batch = append(batch, req)
+			default:
+				break more
 			}
+		}
+		recs := make([]kvstate.EntityRecord, len(batch))
+		for i, req := range batch {
+			recs[i] = req.rec
+		}
+		wctx, cancel := context.WithTimeout(ctx, recordTimeout)
+		err := r.store.RecordEntities(wctx, recs)
+		cancel()
+		forgets := 0
+		for _, req := range batch {
+			req.done <- err
+			if req.rec.Forget {
+				forgets++
+			}
+		}
+		if err != nil && forgets > 0 {
+			// The entities stay remembered: they are started again
+			// after their shard's next move, and may passivate again.
+			r.a.limit.log(r.a.log, "forget-failed", "cannot forget passivated entities; they stay remembered", "entities", forgets, "err", err)
 		}
 	}
 }
 
 // pacer spaces the restarts of remembered entities: every per entity,
-// with bursts of at most restartBurst.
+// with bursts of at most restartBurst. The restarts of several shards
+// share it without a lock: each takes its slot by a compare-and-swap.
 type pacer struct {
 	every time.Duration
 	// now and sleep are the clock (nil: time.Now and wait.Sleep).
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
 
-	mu   sync.Mutex
-	next time.Time
+	next atomic.Pointer[time.Time] // the next slot (nil: none taken yet)
 }
 
 // wait returns when the next restart may go, false when ctx ended first.
@@ -182,14 +189,19 @@ func (p *pacer) wait(ctx context.Context) bool {
 	if p.now != nil {
 		now, sleep = p.now, p.sleep
 	}
-	p.mu.Lock()
-	t := now()
-	if p.next.Before(t.Add(-restartBurst)) {
-		p.next = t.Add(-restartBurst)
+	var t, at time.Time
+	for {
+		t = now()
+		next := p.next.Load()
+		at = t.Add(-restartBurst)
+		if next != nil && next.After(at) {
+			at = *next
+		}
+		after := at.Add(p.every)
+		if p.next.CompareAndSwap(next, &after) {
+			break
+		}
 	}
-	at := p.next
-	p.next = p.next.Add(p.every)
-	p.mu.Unlock()
 	if d := at.Sub(t); d > 0 {
 		return sleep(ctx, d)
 	}
@@ -197,9 +209,11 @@ func (p *pacer) wait(ctx context.Context) bool {
 }
 
 // restartRemembered starts the remembered entities of shard n, live here
-// in its life life, at the region's rate, until they are all started or
-// the shard is no longer live here.
-func (a *Agent) restartRemembered(n int, life uint64) {
+// through st, at the region's rate, until they are all started or the
+// shard is no longer live here. Each start is made under st's lock, which
+// a pause takes before the driver stops the shard's entities: a start is
+// either stopped with them or not made.
+func (a *Agent) restartRemembered(st intake, n int) {
 	defer a.host.RestartsDone(n)
 	began := time.Now()
 	var ids []string
@@ -211,7 +225,7 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 		if err == nil {
 			break
 		}
-		if a.ctx.Err() != nil || !a.liveIn(n, life) {
+		if a.ctx.Err() != nil || !st.whileLive(nil) {
 			return
 		}
 		a.limit.log(a.log, "remembered-list-failed", "cannot list the remembered entities of a shard; retrying", "shard", n, "err", err)
@@ -221,7 +235,12 @@ func (a *Agent) restartRemembered(n int, life uint64) {
 	}
 	started := 0
 	for _, id := range ids {
-		if !a.pace.wait(a.ctx) || !a.startRemembered(n, life, id) {
+		start := func() {
+			if a.host.Start(n, id) {
+				a.stats.Restarted.Add(1)
+			}
+		}
+		if !a.pace.wait(a.ctx) || !st.whileLive(start) {
 			break
 		}
 		started++
@@ -251,31 +270,6 @@ func (a *Agent) remembered(ctx context.Context, n int) ([]string, error) {
 		}
 	}
 	return ids, nil
-}
-
-// liveIn reports whether shard n is live here in its life life.
-func (a *Agent) liveIn(n int, life uint64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.shards[n]
-	return st != nil && st.life() == life && a.viewLocked().modes[n] == modeLive
-}
-
-// startRemembered starts entity id of shard n unless it is active, if the
-// shard is still live here in its life life (checked under a.mu, which
-// the driver takes to publish a pause before it stops the shard's
-// entities: a start is either stopped with them or not made).
-func (a *Agent) startRemembered(n int, life uint64, id string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.shards[n]
-	if st == nil || st.life() != life || a.viewLocked().modes[n] != modeLive {
-		return false
-	}
-	if a.host.Start(n, id) {
-		a.stats.Restarted.Add(1)
-	}
-	return true
 }
 
 // Passivate stops entity id of shard once the message it handles is done

@@ -11,6 +11,7 @@ import (
 
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // memoryRemember is a RememberStore in memory, with a log of its writes.
@@ -57,7 +58,7 @@ func (m *memoryRemember) RememberedEntities(_ context.Context, shard int) ([]str
 // TestPacer: restarts go at the rate, after a burst of restartBurst's
 // worth; a pause lets a new burst go, never more.
 func TestPacer(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var slept time.Duration
 	p := &pacer{every: 10 * time.Millisecond, now: clock.Now, sleep: func(_ context.Context, d time.Duration) bool {
 		slept += d
@@ -140,24 +141,4 @@ func TestRememberedAcrossSplit(t *testing.T) {
 	if got, _ := store.RememberedEntities(context.Background(), 1); slices.Contains(got, in5[0]) {
 		t.Fatalf("forgotten entity %s still under its parent's number", in5[0])
 	}
-}
-
-// fakeClock is an injectable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }

@@ -28,8 +28,8 @@ func (a *Agent) Serving(n int) (serving bool, changed <-chan struct{}) {
 
 // view is the core's state as the driver published it after its last
 // step, for the other goroutines (Serving, Status, Held, queries, the
-// restarts of remembered entities). It is never changed, only replaced
-// (under a.mu), by the driver alone (Close's once the driver returned).
+// load reports). It is never changed, only replaced, by the driver alone
+// (Close's once the driver returned).
 type view struct {
 	registered, suspended, closed, leaving bool
 	incarnation                            string
@@ -39,20 +39,13 @@ type view struct {
 	changed                                chan struct{} // closed when the view is replaced
 }
 
-// viewNow is the view published last.
-func (a *Agent) viewNow() *view {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.viewLocked()
-}
-
-// viewLocked is viewNow, a.mu held (an empty view for an Agent made
+// viewNow is the view published last (an empty view for an Agent made
 // without Open: tests).
-func (a *Agent) viewLocked() *view {
-	if a.view == nil {
-		return &view{}
+func (a *Agent) viewNow() *view {
+	if v := a.view.Load(); v != nil {
+		return v
 	}
-	return a.view
+	return &view{}
 }
 
 // publish replaces the view with the core's state when it differs
@@ -67,16 +60,14 @@ func (a *Agent) publish(registered bool) {
 	for _, n := range held {
 		v.modes[n] = c.Mode(n)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old := a.view
+	old := a.view.Load()
 	if old != nil && old.registered == v.registered && old.suspended == v.suspended && old.closed == v.closed &&
 		old.leaving == v.leaving && old.incarnation == v.incarnation && old.epoch == v.epoch &&
 		slices.Equal(old.held, v.held) && maps.Equal(old.modes, v.modes) {
 		return
 	}
 	v.changed = make(chan struct{})
-	a.view = v
+	a.view.Store(v)
 	if old != nil {
 		close(old.changed)
 	}

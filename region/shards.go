@@ -91,8 +91,8 @@ func (m mode) String() string {
 // modeGone for ever, so the callbacks of a shard's earlier life can tell
 // that they are stale.
 //
-// Lock order: Agent.mu, then shardState.mu, then the entity runtime's
-// locks (internal/host).
+// Lock order: shardState.mu, then Agent.subsMu; shardState.mu, then the
+// entity runtime's locks (internal/host).
 type shardState struct {
 	a     *Agent
 	n     int
@@ -333,12 +333,10 @@ func (a *Agent) bind(n int, handoff, life uint64) error {
 		cancel()
 		return err
 	}
-	a.mu.Lock()
 	a.shards[n] = st
 	// Entities of the shard's previous life here, if any, must have
 	// stopped before the replay delivers to new ones.
 	prior := a.stopping[n]
-	a.mu.Unlock()
 	a.goDo(func() { a.replay(ctx, st, handoff, prior) })
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/natshard/natshard/internal/wait"
@@ -169,57 +170,31 @@ func (a *Agent) splitShards(act SplitShards) {
 		return
 	}
 	layout := act.Layout
-	var (
-		errs    []error
-		parents []*shardState
-		kids    [][]*shardState
-	)
-	a.mu.Lock()
-	for i, p := range act.Parents {
-		parent, _ := a.shards[p].(*shardState)
-		if parent == nil {
-			errs = append(errs, fmt.Errorf("shard %d: not held in core delivery", p))
-			continue
-		}
-		var ks []*shardState
-		for j, k := range act.Children[i] {
-			ctx, cancel := context.WithCancel(a.ctx)
-			st := &shardState{a: a, n: k, lifeN: act.Lives[i][j], mode: modeHold, ctx: ctx, cancel: cancel, bound: time.Now()}
-			a.shards[k] = st
-			ks = append(ks, st)
-		}
-		parents, kids = append(parents, parent), append(kids, ks)
-	}
-	a.mu.Unlock()
-	for _, p := range parents {
-		p.mu.Lock()
-	}
-	a.subsMu.Lock()
-	for i, p := range parents {
-		for _, st := range kids[i] {
-			// Late copies of what the parent's replay delivered are
-			// skipped by the children too.
-			st.seen = maps.Clone(p.seen)
-			if st.seen == nil {
-				st.seen = make(map[string]struct{})
-			}
-			if err := a.subscribeLocked(st, layout); err != nil {
-				errs = append(errs, err)
+	_, kids, evictions, errs := split(a, act, "core", func(k int, life uint64) *shardState {
+		ctx, cancel := context.WithCancel(a.ctx)
+		return &shardState{a: a, n: k, lifeN: life, mode: modeHold, ctx: ctx, cancel: cancel, bound: time.Now()}
+	}, func(parents []*shardState, kids [][]*shardState) (errs []error) {
+		a.subsMu.Lock()
+		defer a.subsMu.Unlock()
+		for i, p := range parents {
+			for _, st := range kids[i] {
+				// Late copies of what the parent's replay delivered are
+				// skipped by the children too.
+				st.seen = maps.Clone(p.seen)
+				if st.seen == nil {
+					st.seen = make(map[string]struct{})
+				}
+				if err := a.subscribeLocked(st, layout); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
-	}
-	for _, ss := range a.subs {
-		ss.relayout(layout)
-	}
-	a.layout.Store(&layout)
-	a.subsMu.Unlock()
-	for _, p := range parents {
-		p.mu.Unlock()
-	}
-	evictions := make([]<-chan struct{}, len(parents))
-	for i, p := range parents {
-		evictions[i] = a.host.Evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
-	}
+		for _, ss := range a.subs {
+			ss.relayout(layout)
+		}
+		a.layout.Store(&layout)
+		return errs
+	})
 	a.goDo(func() { a.childrenLive(evictions, kids) })
 	a.goDo(func() {
 		err := errors.Join(errs...)
@@ -228,6 +203,54 @@ func (a *Agent) splitShards(act SplitShards) {
 		}
 		a.post(Bound{ID: act.ID, Err: err})
 	})
+}
+
+// splitIntake is what split needs of a shard's intake.
+type splitIntake interface {
+	intake
+	num() int
+	locker() sync.Locker
+}
+
+func (st *shardState) num() int             { return st.n }
+func (st *shardState) locker() sync.Locker  { return &st.mu }
+func (ss *streamShard) num() int            { return ss.n }
+func (ss *streamShard) locker() sync.Locker { return &ss.mu }
+
+// split does what a SplitShards asks of both deliveries: it makes the
+// children of each parent held here in delivery (as child makes them, held
+// from now on), calls under with every parent's lock held, where the
+// region starts routing by the new layout, then starts the eviction of the
+// entities each parent gives its children (evictions[i], of parents[i],
+// whose children are kids[i]).
+func split[T splitIntake](a *Agent, act SplitShards, delivery string, child func(n int, life uint64) T, under func(parents []T, kids [][]T) []error) (parents []T, kids [][]T, evictions []<-chan struct{}, errs []error) {
+	for i, p := range act.Parents {
+		parent, ok := a.shards[p].(T)
+		if !ok {
+			errs = append(errs, fmt.Errorf("shard %d: not held in %s delivery", p, delivery))
+			continue
+		}
+		ks := make([]T, len(act.Children[i]))
+		for j, k := range act.Children[i] {
+			ks[j] = child(k, act.Lives[i][j])
+			a.shards[k] = ks[j]
+		}
+		parents, kids = append(parents, parent), append(kids, ks)
+	}
+	for _, p := range parents {
+		p.locker().Lock()
+	}
+	errs = append(errs, under(parents, kids)...)
+	for _, p := range parents {
+		p.locker().Unlock()
+	}
+	layout := act.Layout
+	evictions = make([]<-chan struct{}, len(parents))
+	for i, p := range parents {
+		n := p.num()
+		evictions[i] = a.host.Evict(n, func(id string) bool { return layout.ShardOf(id) != n })
+	}
+	return parents, kids, evictions, errs
 }
 
 // SplitLive: the children of a split whose parents' leaving entities have
@@ -289,38 +312,12 @@ func (a *Agent) childrenLive(evictions []<-chan struct{}, kids [][]*shardState) 
 // live.
 func (a *Agent) splitDurable(act SplitShards) {
 	layout := act.Layout
-	var (
-		errs    []error
-		parents []*streamShard
-		kids    [][]*streamShard
-	)
-	a.mu.Lock()
-	for i, p := range act.Parents {
-		parent, _ := a.shards[p].(*streamShard)
-		if parent == nil {
-			errs = append(errs, fmt.Errorf("shard %d: not held in durable delivery", p))
-			continue
-		}
-		var ks []*streamShard
-		for j, k := range act.Children[i] {
-			st := &streamShard{a: a, n: k, lifeN: act.Lives[i][j], mode: modeHold}
-			a.shards[k] = st
-			ks = append(ks, st)
-		}
-		parents, kids = append(parents, parent), append(kids, ks)
-	}
-	a.mu.Unlock()
-	for _, p := range parents {
-		p.mu.Lock()
-	}
-	a.layout.Store(&layout)
-	for _, p := range parents {
-		p.mu.Unlock()
-	}
-	evictions := make([]<-chan struct{}, len(parents))
-	for i, p := range parents {
-		evictions[i] = a.host.Evict(p.n, func(id string) bool { return layout.ShardOf(id) != p.n })
-	}
+	parents, kids, evictions, errs := split(a, act, "durable", func(k int, life uint64) *streamShard {
+		return &streamShard{a: a, n: k, lifeN: life, mode: modeHold}
+	}, func([]*streamShard, [][]*streamShard) []error {
+		a.layout.Store(&layout)
+		return nil
+	})
 	a.goDo(func() { a.durableChildrenLive(parents, evictions, kids) })
 	a.post(Bound{ID: act.ID, Err: errors.Join(errs...)})
 }
@@ -346,11 +343,8 @@ func (a *Agent) durableChildrenLive(parents []*streamShard, evictions []<-chan s
 		cancel()
 		var ev SplitLive
 		for _, st := range kids[i] {
-			a.mu.Lock()
-			held := a.shards[st.n] == intake(st)
-			a.mu.Unlock()
-			if !held {
-				continue // moved or dropped meanwhile: its consumer is its owner's
+			if !st.is(modeHold) {
+				continue // dropped meanwhile: its consumer is its owner's
 			}
 			for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
 				cons, err := a.cfg.Stream.ResetConsumer(a.ctx, st.n)

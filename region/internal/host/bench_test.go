@@ -5,13 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // Benchmarks of the entity runtime, without NATS: dispatch of a message
@@ -25,41 +24,7 @@ import (
 
 var flagIdleEntities = flag.Int("region.idle-entities", 100_000, "entities BenchmarkIdleEntities activates")
 
-// benchHandled counts the messages benchEntity handled.
-var benchHandled atomic.Int64
-
-// benchEntity is as cheap as the echo entity: zero-size, no state.
-type benchEntity struct{}
-
-func (benchEntity) Handle(_ context.Context, m *Message) ([]byte, error) {
-	benchHandled.Add(1)
-	return m.Data, nil
-}
-
-func (benchEntity) Stop(context.Context) error { return nil }
-
-func benchFactory(context.Context, string) (Entity, error) { return benchEntity{}, nil }
-
-// waitHandled waits until benchHandled reaches n.
-func waitHandled(b *testing.B, n int64) {
-	deadline := time.Now().Add(time.Minute)
-	for benchHandled.Load() < n {
-		if time.Now().After(deadline) {
-			b.Fatalf("handled %d of %d messages", benchHandled.Load(), n)
-		}
-		runtime.Gosched()
-	}
-}
-
-// benchIDs returns n entity ids and their shards among DefaultShards.
-func benchIDs(n int) ([]string, []int) {
-	ids, shards := make([]string, n), make([]int, n)
-	for i := range ids {
-		ids[i] = "entity-" + strconv.Itoa(i)
-		shards[i] = protocol.ShardOf(ids[i], protocol.DefaultShards)
-	}
-	return ids, shards
-}
+func benchFactory(context.Context, string) (Entity, error) { return hosttest.Entity[*Message]{}, nil }
 
 // BenchmarkDeliver: messages delivered round-robin to entities, handled
 // (one op is one message, until it is handled). With 1 entity the
@@ -76,15 +41,15 @@ func BenchmarkDeliver(b *testing.B) {
 		n := c.n
 		b.Run(name, func(b *testing.B) {
 			h := New(Config{Factory: benchFactory, Logger: discardLogger(), MaxActive: c.maxActive})
-			ids, shards := benchIDs(n)
+			ids, shards := hosttest.IDs(n)
 			m := &nats.Msg{Subject: "x", Data: []byte("payload")}
-			benchHandled.Store(0)
+			hosttest.Handled.Store(0)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
 				h.Deliver(shards[i%n], ids[i%n], m)
 			}
-			waitHandled(b, int64(b.N))
+			hosttest.WaitHandled(b, int64(b.N))
 		})
 	}
 }
@@ -98,7 +63,7 @@ func BenchmarkWake(b *testing.B) {
 	done := make(chan struct{})
 	f := func(context.Context, string) (Entity, error) { return signalEntity(done), nil }
 	h := New(Config{Factory: f, Logger: discardLogger()})
-	ids, shards := benchIDs(1000)
+	ids, shards := hosttest.IDs(1000)
 	m := &nats.Msg{Subject: "x", Data: []byte("payload")}
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -134,18 +99,18 @@ func BenchmarkIdleEntities(b *testing.B) {
 }
 
 func benchIdleEntities(b *testing.B, n, maxActive int) {
-	ids, shards := benchIDs(n)
+	ids, shards := hosttest.IDs(n)
 	m := &nats.Msg{Subject: "x", Data: []byte("payload")}
 	for range b.N {
-		clock := newFakeClock()
+		clock := hosttest.NewClock()
 		before := heapAfterGC()
 		h := New(Config{Factory: benchFactory, Logger: discardLogger(), IdleTimeout: time.Minute, Now: clock.Now, MaxActive: maxActive})
 		goroutines := runtime.NumGoroutine()
-		benchHandled.Store(0)
+		hosttest.Handled.Store(0)
 		for i := range n {
 			h.Deliver(shards[i], ids[i], m)
 		}
-		waitHandled(b, int64(n))
+		hosttest.WaitHandled(b, int64(n))
 		for !quiet(h) {
 			time.Sleep(time.Millisecond)
 		}
@@ -206,7 +171,7 @@ func BenchmarkDeliverKeyed(b *testing.B) {
 		b.Run(kind, func(b *testing.B) {
 			h := New(Config{Factory: benchFactory, Logger: discardLogger()})
 			const n = 1000
-			ids, shards := benchIDs(n)
+			ids, shards := hosttest.IDs(n)
 			msgs := make([]*nats.Msg, 4096)
 			for i := range msgs {
 				key := fmt.Sprintf("op-%d", i)
@@ -215,13 +180,13 @@ func BenchmarkDeliverKeyed(b *testing.B) {
 				}
 				msgs[i] = &nats.Msg{Subject: "x", Data: []byte("payload"), Header: nats.Header{protocol.HeaderMsgID: {key}}}
 			}
-			benchHandled.Store(0)
+			hosttest.Handled.Store(0)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
 				h.Deliver(shards[i%n], ids[i%n], msgs[i%len(msgs)])
 			}
-			waitHandled(b, int64(b.N))
+			hosttest.WaitHandled(b, int64(b.N))
 		})
 	}
 }

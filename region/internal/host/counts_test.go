@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // TestHostCounts: the host counts activations, messages handled and
@@ -37,7 +38,7 @@ func TestHostCounts(t *testing.T) {
 			return nil
 		},
 	}
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, func(c *Config) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
 	// Shard 0: a's first activation fails, then 3 messages, one failing;

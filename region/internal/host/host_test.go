@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unsafe"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/natshard/natshard/internal/passivation"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // ---- helpers ----
@@ -88,26 +90,6 @@ func (r *recorder) none(t *testing.T) {
 		t.Fatalf("unexpected reply %+v", c)
 	default:
 	}
-}
-
-// fakeClock is an injectable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -288,55 +270,58 @@ func TestHostConcurrentEntities(t *testing.T) {
 }
 
 // TestHostWorkersExit: the workers a burst started park when it is over,
-// maxIdleWorkers of them at most (the others exit), and reap ends them (a
-// worker parks for idleKeep to twice that); the host starts workers again
-// for its next burst.
+// maxIdleWorkers of them at most (the others exit), and reap ends them: a
+// worker parks for idleKeep to twice that (here, parked all at once, they
+// are ended by the second reap, 2*idleKeep after they parked); the host
+// starts workers again for its next burst. In a synctest bubble: the
+// time is fake, each step is checked when every goroutine waits, and a
+// worker that neither parks nor exits fails the test (the bubble ends
+// deadlocked).
 func TestHostWorkersExit(t *testing.T) {
-	const n = maxIdleWorkers + 16 // more than may park
-	baseline := runtime.NumGoroutine()
-	var (
-		block   atomic.Pointer[chan struct{}]
-		entered sync.WaitGroup
-	)
-	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
-		entered.Done()
-		<-*block.Load()
-		return nil, nil
-	}}
-	rec := newRecorder()
-	h := newTestHost(t, f.factory, rec, nil)
-	parked := func() int {
-		h.qmu.Lock()
-		defer h.qmu.Unlock()
-		return len(h.idle)
-	}
-	for burst := range 2 {
-		ch := make(chan struct{})
-		block.Store(&ch)
-		entered.Add(n)
-		for i := range n {
-			h.Deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+	synctest.Test(t, func(t *testing.T) {
+		const n = maxIdleWorkers + 16 // more than may park
+		var (
+			block   atomic.Pointer[chan struct{}]
+			entered sync.WaitGroup
+		)
+		f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+			entered.Done()
+			<-*block.Load()
+			return nil, nil
+		}}
+		rec := newRecorder()
+		h := newTestHost(t, f.factory, rec, nil)
+		parked := func() int {
+			h.qmu.Lock()
+			defer h.qmu.Unlock()
+			return len(h.idle)
 		}
-		entered.Wait() // n entities in Handle at once: n workers
-		close(ch)
-		for range n {
-			rec.next(t)
-		}
-		most := 0 // workers parked at once
-		natstest.Eventually(t, 20*idleKeep, fmt.Sprintf("burst %d: no worker parked, the goroutines as at the start", burst), func() error {
-			p := parked()
-			most = max(most, p)
-			if n := runtime.NumGoroutine(); p > 0 || n > baseline {
-				return fmt.Errorf("%d workers parked, %d goroutines (%d at the start)", p, n, baseline)
+		check := func(burst int, when string, want int) {
+			t.Helper()
+			synctest.Wait()
+			if p := parked(); p != want {
+				t.Fatalf("burst %d, %s: %d workers parked, want %d", burst, when, p, want)
 			}
-			return nil
-		})
-		// A worker stays parked for idleKeep at least: the sampling saw
-		// them, never more than the bound.
-		if most == 0 || most > maxIdleWorkers {
-			t.Fatalf("burst %d: %d workers parked at most, want 1 to %d", burst, most, maxIdleWorkers)
 		}
-	}
+		for burst := range 2 {
+			ch := make(chan struct{})
+			block.Store(&ch)
+			entered.Add(n)
+			for i := range n {
+				h.Deliver(i, strconv.Itoa(i), req(strconv.Itoa(i), ""))
+			}
+			entered.Wait() // n entities in Handle at once: n workers
+			close(ch)
+			for range n {
+				rec.next(t)
+			}
+			check(burst, "done", maxIdleWorkers)
+			time.Sleep(2*idleKeep - time.Millisecond)
+			check(burst, "just before the second reap", maxIdleWorkers)
+			time.Sleep(time.Millisecond)
+			check(burst, "after the second reap", 0)
+		}
+	})
 }
 
 func TestHostMessageFields(t *testing.T) {
@@ -374,7 +359,7 @@ func TestHostPublishErrorNotReplied(t *testing.T) {
 }
 
 func TestHostPassivation(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var stops atomic.Int32
 	f := &testFactory{
 		handle: func(inc int, m *Message) ([]byte, error) { return []byte(strconv.Itoa(inc)), nil },
@@ -420,7 +405,7 @@ func TestHostPassivation(t *testing.T) {
 }
 
 func TestHostPassivationDisabled(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	f := &testFactory{}
 	rec := newRecorder()
 	h := newTestHost(t, f.factory, rec, func(c *Config) { c.Now = clock.Now })
@@ -433,7 +418,7 @@ func TestHostPassivationDisabled(t *testing.T) {
 }
 
 func TestHostPassivationSkipsBusyEntity(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	var stops atomic.Int32
@@ -475,7 +460,7 @@ func TestHostPassivationSkipsBusyEntity(t *testing.T) {
 }
 
 func TestHostMessageDuringStop(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var (
 		mu     sync.Mutex
 		events []string
@@ -828,7 +813,7 @@ func TestHostPanicRecovered(t *testing.T) {
 }
 
 func TestHostFactoryAndStopPanicRecovered(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	f := &testFactory{
 		fail: func(call int) error {
 			if call == 1 {
@@ -930,7 +915,7 @@ func TestHostStress(t *testing.T) {
 			tr.mu.Unlock()
 		}}, nil
 	}
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	var replies atomic.Int32
 	h := New(Config{
 		Factory:     factory,
@@ -1192,7 +1177,7 @@ func TestHostDurableRetriesUnavailable(t *testing.T) {
 // least recently used idle entities are passivated; a busy one never is,
 // and one used again since keeps its place.
 func TestHostActiveLimitLRU(t *testing.T) {
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	var mu sync.Mutex

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/natshard/natshard/internal/natstest"
+	"github.com/natshard/natshard/region/internal/host/hosttest"
 )
 
 // timerLog records the timer messages an entity handled.
@@ -352,7 +353,7 @@ func TestTimerRefusedInStop(t *testing.T) {
 		},
 	}
 	rec := newRecorder()
-	clock := newFakeClock()
+	clock := hosttest.NewClock()
 	h = newTestHost(t, f.factory, rec, func(c *Config) { c.IdleTimeout = time.Minute; c.Now = clock.Now })
 	for _, stop := range []func(){
 		func() { h.Deliver(0, "a", req("a", "bye")); rec.next(t) }, // the entity passivates itself
