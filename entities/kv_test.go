@@ -665,6 +665,17 @@ func TestKVSizeLimit(t *testing.T) {
 // in a real KV bucket and its whole-document answer fits the server's
 // default max_payload (1 MiB): the limit leaves room for the KV write's
 // headers and the answer's wrapper.
+// openStore opens the state of type "kv" on a server of its own.
+func openStore(t *testing.T) *kvstate.Store {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
+	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
 func TestKVSizeLimitFitsNATS(t *testing.T) {
 	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
 	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
@@ -770,11 +781,7 @@ func callKeyed(t testing.TB, e region.Entity, key, request string) (string, erro
 // them again, and the window of four answers of 470 bytes had kept only
 // 120 to 123, so 117 to 119 were applied twice.
 func TestKVKeepsKeysOfLargeAnswers(t *testing.T) {
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t)
 	e := newKV(t, store, "doc")
 	long := strings.Repeat("v", 200)
 	const n = 8 // answers of 230 to 1 650 bytes: one or two fit KeptAnswerBytes
@@ -808,11 +815,7 @@ func TestKVKeepsKeysOfLargeAnswers(t *testing.T) {
 }
 
 func TestKVKeepsAnswers(t *testing.T) {
-	nc := natstest.Connect(t, natstest.URL(natstest.RunServer(t)))
-	store, err := kvstate.Open(context.Background(), natstest.JetStream(t, nc), "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t)
 	e := newKV(t, store, "doc")
 	first, err := callKeyed(t, e, "op-1", `{"op":"incr","key":"n"}`)
 	if err != nil || first != `{"ok":true,"value":1}` {
