@@ -30,10 +30,12 @@ import (
 // A durable request's answers come to it too, on an inbox of the same
 // form that stays open until the request ends (open): a subscription per
 // request cost a SUB and an UNSUB, and nats.go's SubscribeSync makes a
-// channel of 65 536 messages (512 KiB) for each; at 64 callers, that
-// channel's allocation and the collection of it took half the caller's
-// CPU, and kept durable requests at a fifth of durable publishes' rate
-// (issue 34).
+// channel of 65 536 message pointers (512 KiB) for each, which the
+// garbage collector scans while the request waits: with 64 callers,
+// making them took a quarter of the CPU of a process that ran the server
+// and the regions too, and collecting them more; under an open load the
+// requests waiting held ever more of them, and the answers came seconds
+// late (issue 34, docs/bench-log/durable-best-shape.md).
 type replies struct {
 	nc *nats.Conn
 
