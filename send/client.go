@@ -55,10 +55,10 @@ const attemptTimeout = 5 * time.Second
 // learnt first, so that its messages keep their order (their owners
 // forward them to the children); a new Client learns the new count.
 // It is safe for concurrent use. The
-// core requests of every Client of a connection wait for their answers on
-// one subscription of the connection (a wildcard on a new inbox;
-// nats.CustomInboxPrefix applies), made at the first core request and
-// ended when the connection closes, as nc.Request's is.
+// requests of every Client of a connection, core and durable, wait for
+// their answers on one subscription of the connection (a wildcard on a
+// new inbox; nats.CustomInboxPrefix applies), made at the first request
+// and ended when the connection closes, as nc.Request's is.
 //
 // Every message it sends has a key, unique unless MsgID gives one: while
 // a shard moves, its messages may reach both the old and the new owner,
@@ -89,7 +89,7 @@ const attemptTimeout = 5 * time.Second
 // To a type of durable delivery, a message is published to the type's
 // stream and the call returns once the stream acknowledged it (stored,
 // replicated): it is then handled even if regions crash or a NATS server
-// dies. A request carries its inbox in the Natshard-Reply header (a
+// dies. A request carries its reply subject in the Natshard-Reply header (a
 // stored message keeps no reply subject) and waits there for the entity's
 // answer, which comes however late the shard's next owner handles it. A
 // request with MsgID that the stream dropped as a duplicate of one stored
@@ -292,20 +292,19 @@ func (c *Client) resendEvery(m *nats.Msg) time.Duration {
 // asks again when no answer came in resendEvery (an answer lost with a
 // connection).
 func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg) ([]byte, error) {
-	inbox := c.nc.NewRespInbox()
-	sub, err := c.nc.SubscribeSync(inbox)
+	inbox, err := repliesOf(c.nc).open() // on the connection's subscription
 	if err != nil {
 		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
 	}
-	defer sub.Unsubscribe()
-	m.Header.Set(protocol.HeaderReply, inbox)
+	defer inbox.close()
+	m.Header.Set(protocol.HeaderReply, inbox.subject)
 	key := protocol.IdempotencyKey(m.Header)
 	duplicate, err := c.publishDurable(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("natshard: request to entity %s of type %s: %w", id, typ, err)
 	}
 	if duplicate && key != "" {
-		if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+		if err := c.askAnswer(ctx, m.Subject, key, inbox.subject); err != nil {
 			return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored before (key %q); asking for its answer: %w", id, typ, key, err)
 		}
 	}
@@ -315,12 +314,12 @@ func (c *Client) requestDurable(ctx context.Context, typ, id string, m *nats.Msg
 		if key != "" && every > 0 {
 			wctx, cancel = context.WithTimeout(ctx, every)
 		}
-		reply, err := sub.NextMsgWithContext(wctx)
+		reply, err := inbox.next(wctx)
 		cancel()
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 			// No answer in time: ask for it (the request is stored, and
 			// applied once whatever happens).
-			if err := c.askAnswer(ctx, m.Subject, key, inbox); err != nil {
+			if err := c.askAnswer(ctx, m.Subject, key, inbox.subject); err != nil {
 				return nil, fmt.Errorf("natshard: request to entity %s of type %s: stored, not answered yet; asking for its answer: %w", id, typ, err)
 			}
 			continue

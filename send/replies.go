@@ -26,6 +26,16 @@ import (
 // rather than the connection's, held only for a map insert and delete;
 // the token a random number; the channel and the timer reused; and the call's
 // bound a time, not a context made (and its timer started) per request.
+//
+// A durable request's answers come to it too, on an inbox of the same
+// form that stays open until the request ends (open): a subscription per
+// request cost a SUB and an UNSUB, and nats.go's SubscribeSync makes a
+// channel of 65 536 message pointers (512 KiB) for each, which the
+// garbage collector scans while the request waits: with 64 callers,
+// making them took a quarter of the CPU of a process that ran the server
+// and the regions too, and collecting them more; under an open load the
+// requests waiting held ever more of them, and the answers came seconds
+// late (issue 34, docs/bench-log/durable-best-shape.md).
 type replies struct {
 	nc *nats.Conn
 
@@ -33,7 +43,8 @@ type replies struct {
 	sub     *nats.Subscription // nil until the first request, and after the connection closed
 	prefix  string             // "<inbox>.~": a token follows
 	waiting map[uint64]chan *nats.Msg
-	gone    chan struct{} // closed when sub ended: the connection closed
+	inboxes map[uint64]*inbox // durable requests' (open)
+	gone    chan struct{}     // closed when sub ended: the connection closed
 }
 
 // muxes holds the replies of each connection that has one: made at a
@@ -87,8 +98,7 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time, tok
 		answers.Put(ch)
 		return nil, token, err
 	}
-	var digits [13]byte // the token's, without a string of their own
-	m.Reply = r.prefix + string(strconv.AppendUint(digits[:0], token, 36))
+	m.Reply = r.subject(token)
 	if err := r.nc.PublishMsg(m); err != nil {
 		r.forget(token)
 		return nil, token, err
@@ -139,32 +149,124 @@ func (r *replies) request(ctx context.Context, m *nats.Msg, until time.Time, tok
 func (r *replies) expect(ch chan *nats.Msg, token uint64) (uint64, <-chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.sub == nil {
-		if r.nc.IsClosed() {
-			muxes.CompareAndDelete(r.nc, r)
-			return 0, nil, nats.ErrConnectionClosed
-		}
-		inbox := r.nc.NewInbox()
-		sub, err := r.nc.Subscribe(inbox+".*", r.deliver)
-		if err != nil {
-			return 0, nil, err
-		}
-		gone := make(chan struct{})
-		sub.SetClosedHandler(func(string) { r.closed(gone) })
-		r.sub, r.prefix, r.gone = sub, inbox+"."+protocol.UniqueReplyMark, gone
-		if r.waiting == nil {
-			r.waiting = map[uint64]chan *nats.Msg{}
-		}
+	if err := r.subscribeLocked(); err != nil {
+		return 0, nil, err
 	}
-	// A random token, as nats.go's own: whoever sees one reply subject
-	// (a region serving the request) cannot tell the next one's, to
-	// answer it before its entity does. math/rand/v2's source is ChaCha8,
-	// seeded by the system.
-	for token == 0 || r.waiting[token] != nil {
-		token = rand.Uint64()
-	}
+	token = r.tokenLocked(token)
 	r.waiting[token] = ch
 	return token, r.gone, nil
+}
+
+// subscribeLocked subscribes r (r.mu held), unless it is subscribed.
+func (r *replies) subscribeLocked() error {
+	if r.sub != nil {
+		return nil
+	}
+	if r.nc.IsClosed() {
+		muxes.CompareAndDelete(r.nc, r)
+		return nats.ErrConnectionClosed
+	}
+	prefix := r.nc.NewInbox()
+	sub, err := r.nc.Subscribe(prefix+".*", r.deliver)
+	if err != nil {
+		return err
+	}
+	gone := make(chan struct{})
+	sub.SetClosedHandler(func(string) { r.closed(gone) })
+	r.sub, r.prefix, r.gone = sub, prefix+"."+protocol.UniqueReplyMark, gone
+	if r.waiting == nil {
+		r.waiting, r.inboxes = map[uint64]chan *nats.Msg{}, map[uint64]*inbox{}
+	}
+	return nil
+}
+
+// tokenLocked is token if it is not 0 and no request waits under it, or
+// else a new one (r.mu held). A random token, as nats.go's own: whoever
+// sees one reply subject (a region serving the request) cannot tell the
+// next one's, to answer it before its entity does. math/rand/v2's
+// source is ChaCha8, seeded by the system.
+func (r *replies) tokenLocked(token uint64) uint64 {
+	for token == 0 || r.waiting[token] != nil || r.inboxes[token] != nil {
+		token = rand.Uint64()
+	}
+	return token
+}
+
+// subject is the reply subject of token (r.prefix set).
+func (r *replies) subject(token uint64) string {
+	var digits [13]byte // the token's, without a string of their own
+	return r.prefix + string(strconv.AppendUint(digits[:0], token, 36))
+}
+
+// inbox is a durable request's reply subject on the connection's
+// subscription, and the messages that came to it: any number, until
+// the request closes it (a refusal and then the next owner's answer,
+// the answers to the request's asks for its answer: askAnswer).
+type inbox struct {
+	r       *replies
+	token   uint64
+	subject string
+	gone    <-chan struct{} // the connection closed
+
+	mu    sync.Mutex
+	got   []*nats.Msg
+	ready chan struct{} // holds a tick while got is not empty
+}
+
+// open returns a new inbox, subscribing r first if it is not.
+func (r *replies) open() (*inbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.subscribeLocked(); err != nil {
+		return nil, err
+	}
+	ib := &inbox{r: r, token: r.tokenLocked(0), gone: r.gone, ready: make(chan struct{}, 1)}
+	ib.subject = r.subject(ib.token)
+	r.inboxes[ib.token] = ib
+	return ib, nil
+}
+
+// put adds m to what came; it never waits.
+func (ib *inbox) put(m *nats.Msg) {
+	ib.mu.Lock()
+	ib.got = append(ib.got, m)
+	ib.mu.Unlock()
+	select {
+	case ib.ready <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the first message that came and is not returned yet,
+// waiting for one until ctx ends (ctx.Err()) or the connection closes
+// (nats.ErrConnectionClosed).
+func (ib *inbox) next(ctx context.Context) (*nats.Msg, error) {
+	for {
+		ib.mu.Lock()
+		if len(ib.got) > 0 {
+			m := ib.got[0]
+			ib.got = ib.got[1:]
+			ib.mu.Unlock()
+			return m, nil
+		}
+		ib.mu.Unlock()
+		select {
+		case <-ib.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-ib.gone:
+			return nil, nats.ErrConnectionClosed
+		}
+	}
+}
+
+// close ends the inbox: what comes to it from now on is dropped.
+func (ib *inbox) close() {
+	ib.r.mu.Lock()
+	if ib.r.inboxes[ib.token] == ib {
+		delete(ib.r.inboxes, ib.token)
+	}
+	ib.r.mu.Unlock()
 }
 
 // forget drops token's channel: its request no longer waits.
@@ -188,9 +290,13 @@ func (r *replies) deliver(m *nats.Msg) {
 	r.mu.Lock()
 	ch, ok := r.waiting[token]
 	delete(r.waiting, token)
+	ib := r.inboxes[token]
 	r.mu.Unlock()
-	if ok {
+	switch {
+	case ok:
 		ch <- m // never blocks: one answer per token, to an empty channel
+	case ib != nil:
+		ib.put(m)
 	}
 }
 

@@ -239,3 +239,102 @@ func TestRepliesNoStaleAnswer(t *testing.T) {
 		t.Fatalf("%d answered, %d gave up: the test needs both", answered.Load(), gaveUp.Load())
 	}
 }
+
+// TestRepliesInbox: a durable request's inbox (open) takes every message
+// sent to it, in order, however many and however fast, until it is
+// closed (a refusal, then its next owner's answer, then the answer to
+// an ask for it must all come); a closed inbox takes nothing more, and
+// another inbox or a core request never gets its messages; the
+// connection closing ends a wait.
+func TestRepliesInbox(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	nc := natstest.Connect(t, url)
+	sender := natstest.Connect(t, url)
+	r := &replies{nc: nc}
+	a, err := r.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.subject == b.subject || !strings.HasPrefix(a.subject, r.prefix) {
+		t.Fatalf("inboxes %q and %q (prefix %q)", a.subject, b.subject, r.prefix)
+	}
+	const n = 1000 // sent at once, before a reads any
+	for i := range n {
+		if err := sender.Publish(a.subject, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sender.Publish(b.subject, []byte("b's")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range n {
+		m, err := a.next(ctx)
+		if err != nil || string(m.Data) != strconv.Itoa(i) {
+			t.Fatalf("message %d to the inbox: %v, %v", i, m, err)
+		}
+	}
+	if m, err := b.next(ctx); err != nil || string(m.Data) != "b's" {
+		t.Fatalf("the other inbox's message: %v, %v", m, err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if m, err := a.next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("an inbox with nothing more: %v, %v", m, err)
+	}
+
+	// Closed: what comes is dropped, and a core request of the
+	// connection, whose token may be anything, is answered its own.
+	a.close()
+	if err := sender.Publish(a.subject, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sender.Subscribe("echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := r.ask(ctx, &nats.Msg{Subject: "echo", Data: []byte("core")}, time.Now().Add(10*time.Second)); err != nil || string(m.Data) != "core" {
+		t.Fatalf("a core request after the inbox closed: %v, %v", m, err)
+	}
+	a.mu.Lock()
+	left := len(a.got)
+	a.mu.Unlock()
+	r.mu.Lock()
+	open := len(r.inboxes)
+	r.mu.Unlock()
+	if left != 0 || open != 1 {
+		t.Fatalf("after close: %d messages kept by the closed inbox, %d inboxes open (want 0, 1)", left, open)
+	}
+
+	// The connection closes while b waits.
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.next(context.Background())
+		done <- err
+	}()
+	nc.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("an inbox waiting when the connection closed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an inbox waiting when the connection closed still waits")
+	}
+	if _, err := r.open(); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("an inbox on a closed connection: %v", err)
+	}
+}
