@@ -64,7 +64,7 @@ func TestFrozenSourcePastHandOffTimeout(t *testing.T) {
 		// The coordinator keeps diverting this long after the target is
 		// bound: the source thaws while the target still replays.
 		ReleaseGrace: 4 * time.Second,
-		Logger:       failLog(t),
+		Logger:       failLog(t, "node"),
 	})()
 	const x = 5
 	id := entityOf(x)

@@ -49,7 +49,7 @@ func openTypeOn(t *testing.T, nc *nats.Conn) (*nats.Conn, *kvstate.Store, *kvsta
 // made by factory; it closes when the test ends.
 func openRegion(t *testing.T, nc *nats.Conn, store *kvstate.Store, buffer *kvstate.Buffer, subjects protocol.Subjects, id string, factory region.Factory) *region.Agent {
 	t.Helper()
-	agent, err := region.Open(context.Background(), region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: factory})
+	agent, err := region.Open(context.Background(), region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: factory, Logger: failLog(t, "region "+id)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,15 +75,15 @@ func runNode(cfg coordinator.Config) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// failLog is a logger for a node of t: what it logs (at info: debug
-// logs each parked message, which would slow the node) is printed if t
-// fails, so that a failure that came of the timing of a loaded machine
-// can be read afterwards.
-func failLog(t *testing.T) *slog.Logger {
+// failLog is a logger for a node or region of t, named who: what it
+// logs (at info: debug logs each parked message, which would slow the
+// node) is printed if t fails, so that a failure that came of the timing
+// of a loaded machine can be read afterwards.
+func failLog(t *testing.T, who string) *slog.Logger {
 	var logs natstest.Buffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("the node's log:\n%s", logs.String())
+			t.Logf("the %s's log:\n%s", who, logs.String())
 		}
 	})
 	return slog.New(slog.NewTextHandler(&logs, nil))

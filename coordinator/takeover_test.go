@@ -177,7 +177,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	}
 
 	stop := runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c1",
-		ReleaseGrace: 3 * time.Second, Logger: failLog(t)})
+		ReleaseGrace: 3 * time.Second, Logger: failLog(t, "node")})
 	defer stop()
 	every("every shard parked", string(protocol.StateParked), "")
 
