@@ -119,14 +119,14 @@ func (a *Answers) Add(ans KeptAnswer) {
 	for len(a.list)-a.first > a.MaxKeys {
 		a.dropFirst()
 	}
-	// Past MaxBytes the answers go, oldest first (the last one too); their
-	// keys stay: a key forgotten is a message applied twice.
+	// Past MaxBytes the answers go, oldest first (the last one too; one
+	// smaller than its marker stays); their keys stay: a key forgotten is
+	// a message applied twice.
 	over := func() bool { return a.MaxBytes > 0 && a.bytes > a.MaxBytes }
 	for i := a.first; over() && i < len(a.list); i++ {
-		if !a.list[i].Dropped {
-			a.bytes -= a.list[i].size()
-			a.list[i] = KeptAnswer{Key: a.list[i].Key, Dropped: true}
-			a.bytes += a.list[i].size()
+		if m := (KeptAnswer{Key: a.list[i].Key, Dropped: true}); a.list[i].size() > m.size() {
+			a.bytes += m.size() - a.list[i].size()
+			a.list[i] = m
 		}
 	}
 	for len(a.list)-a.first > 1 && over() { // the keys alone are too long
