@@ -262,6 +262,11 @@ func TestRepliesInbox(t *testing.T) {
 	if a.subject == b.subject || !strings.HasPrefix(a.subject, r.prefix) {
 		t.Fatalf("inboxes %q and %q (prefix %q)", a.subject, b.subject, r.prefix)
 	}
+	// The subscription reaches the server before sender's messages do (a
+	// request publishes on nc itself, after its subscription).
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	const n = 1000 // sent at once, before a reads any
 	for i := range n {
 		if err := sender.Publish(a.subject, []byte(strconv.Itoa(i))); err != nil {
