@@ -182,14 +182,7 @@ func TestRepliesRouteAnswers(t *testing.T) {
 	}()
 	<-late
 	nc.Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, nats.ErrConnectionClosed) {
-			t.Fatalf("request waiting when the connection closed: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a request waiting when the connection closed still waits")
-	}
+	waitClosed(t, done, "a request")
 	if _, err := r.ask(ctx, &nats.Msg{Subject: "echo.x"}, soon()); !errors.Is(err, nats.ErrConnectionClosed) {
 		t.Fatalf("request on a closed connection: %v", err)
 	}
@@ -331,15 +324,22 @@ func TestRepliesInbox(t *testing.T) {
 		done <- err
 	}()
 	nc.Close()
+	waitClosed(t, done, "an inbox")
+	if _, err := r.open(); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("an inbox on a closed connection: %v", err)
+	}
+}
+
+// waitClosed checks that what, waiting when its connection closed, ended
+// with nats.ErrConnectionClosed (sent on done) within 10 s.
+func waitClosed(t *testing.T, done <-chan error, what string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if !errors.Is(err, nats.ErrConnectionClosed) {
-			t.Fatalf("an inbox waiting when the connection closed: %v", err)
+			t.Fatalf("%s waiting when the connection closed: %v", what, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("an inbox waiting when the connection closed still waits")
-	}
-	if _, err := r.open(); !errors.Is(err, nats.ErrConnectionClosed) {
-		t.Fatalf("an inbox on a closed connection: %v", err)
+		t.Fatalf("%s waiting when the connection closed still waits", what)
 	}
 }
