@@ -89,20 +89,27 @@ func (a *Agent) subscribeShard(st *shardState, layout protocol.Layout) error {
 // subscribeLocked is subscribeShard, a.subsMu held. A subscription the
 // region has already keeps routing by its layout (a split changes them
 // all at once: relayout); a new one routes by layout.
+//
+// st.subs is set before st is routed on any of them: a subscription's
+// callback reads it (onSubject) once it finds st in the routes, and the
+// routes' atomic store is what orders the two (a message that came
+// between the routing and the assignment raced on it: CI, 2026-11-29).
 func (a *Agent) subscribeLocked(st *shardState, layout protocol.Layout) error {
 	var subs []*subjectSub
 	for _, t := range layout.Tokens(st.n) {
 		ss, err := a.subjectLocked(t, layout)
 		if err != nil {
 			for _, s := range subs {
-				a.unrouteLocked(s, st)
+				a.unrouteLocked(s, st) // ends a subscription made here for st
 			}
 			return fmt.Errorf("subscribe shard %d: %w", st.n, err)
 		}
-		ss.route(st, true)
 		subs = append(subs, ss)
 	}
 	st.subs = subs
+	for _, ss := range subs {
+		ss.route(st, true)
+	}
 	return nil
 }
 
