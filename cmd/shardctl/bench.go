@@ -168,15 +168,11 @@ func printBench(out io.Writer, r *benchlab.Result) error {
 			return err
 		}
 	}
-	if len(r.LoadLatency) > 0 {
-		fmt.Fprintf(out, "\nlatency under load, core delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
-		if err := table(out, loadHeader, loadRows(r.LoadLatency)); err != nil {
-			return err
-		}
+	if err := loadTable(out, "core", c.LoadSeconds, r.LoadLatency); err != nil {
+		return err
 	}
-	if d := r.Durable; d != nil && len(d.LoadLatency) > 0 {
-		fmt.Fprintf(out, "\nlatency under load, durable delivery (natshard alone, %.0f s per load):\n", c.LoadSeconds)
-		if err := table(out, loadHeader, loadRows(d.LoadLatency)); err != nil {
+	if d := r.Durable; d != nil {
+		if err := loadTable(out, "durable", c.LoadSeconds, d.LoadLatency); err != nil {
 			return err
 		}
 	}
@@ -249,6 +245,24 @@ func loadRows(rows []benchlab.LoadLatency) [][]any {
 			fmt.Sprintf("%d/%d", r.Handled.Errors, r.Request.Errors)})
 	}
 	return out
+}
+
+// loadTable prints the latency table of delivery, if measured, and what
+// its high load is a share of.
+func loadTable(out io.Writer, delivery string, seconds float64, rows []benchlab.LoadLatency) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "\nlatency under load, %s delivery (natshard alone, %.0f s per load):\n", delivery, seconds)
+	if err := table(out, loadHeader, loadRows(rows)); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.Max > 0 {
+			fmt.Fprintf(out, "%s of the publishes' maximum: %.0f msgs/s handled by the same open loop sent at the throughput rounds' %.0f\n", r.Load, r.Max, r.ClosedMax)
+		}
+	}
+	return nil
 }
 
 var loadHeader = []string{"LOAD", "MSGS/S", "HANDLED P50 MS", "P90", "P99", "REQ/S", "REQUEST P50 MS", "P90", "P99", "ERRORS"}
