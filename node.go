@@ -251,8 +251,13 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	}
 	buffer := h.buffer
 	if t.Delivery == Durable {
-		err = h.untilAvailable(ctx, "its message stream "+kvstate.MessageStream(t.Name), func(ctx context.Context) (err error) {
-			h.stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Shards: t.Shards, Logger: log})
+		// The streams capture the shards of a split under way too.
+		capture := t.Shards
+		if layout, err := h.config.Layout(); err == nil {
+			capture = layout.Shards()
+		}
+		err = h.untilAvailable(ctx, "its message streams "+strings.Join(kvstate.MessageStreams(t.Name, h.config.Streams), ", "), func(ctx context.Context) (err error) {
+			h.stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Streams: h.config.Streams, Shards: capture, Logger: log})
 			return err
 		})
 		if err != nil {
