@@ -52,5 +52,8 @@ func (st *Setup) ServerConfig() string {
 	b.WriteString("jetstream: enabled\n")
 	b.WriteString("# natshard needs short pings to notice dead clients (docs/OPERATIONS.md)\n")
 	b.WriteString("ping_interval: \"2s\"\nping_max: 3\n")
+	b.WriteString("# a region user's JWT, sent in its CONNECT line, names every message stream\n")
+	b.WriteString("# a type may have (natshard_msgs_<type>~0 to ~15): more than the default 4 KiB\n")
+	b.WriteString("max_control_line: 65536\n")
 	return b.String()
 }
