@@ -181,7 +181,7 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	if opts.Streams < 0 || opts.Streams > protocol.MaxShards {
 		return nil, fmt.Errorf("kvstate: %d message streams out of range", opts.Streams)
 	}
-	if opts.Streams > 1 && opts.Shards%opts.Streams != 0 {
+	if opts.Streams > 1 && (opts.Shards < 1 || opts.Shards%opts.Streams != 0) {
 		return nil, fmt.Errorf("kvstate: %d shards cannot be split over %d message streams: a type's counts are multiples of its first, which the streams divide", opts.Shards, opts.Streams)
 	}
 	if opts.Replicas == 0 {
