@@ -59,6 +59,11 @@ type StreamOptions struct {
 	// Logger, when set, gets a warning when a stream has no byte limit,
 	// or too little room for consumers.
 	Logger *slog.Logger
+	// Lock, when set, is held while the streams' subjects are updated
+	// (Store.LockStreams): every process of the type must pass it. Two
+	// processes updating a stream at once can make nats-server store each
+	// message on the added subjects twice.
+	Lock func(ctx context.Context) (unlock func(), err error)
 }
 
 // MaxMessageStreams bounds how many message streams a type's messages are
@@ -349,8 +354,11 @@ func (s *Stream) openPart(ctx context.Context, i int) error {
 		if err == nil {
 			err = s.checkPart(i, stream.CachedInfo().Config)
 		}
-		if err == nil {
-			stream, err = s.extendPart(ctx, i, s.opts.Shards)
+		if err == nil && s.lacks(stream.CachedInfo().Config, i, s.opts.Shards) {
+			err = s.locked(ctx, func() error {
+				stream, err = s.extendPart(ctx, i, s.opts.Shards)
+				return err
+			})
 		}
 	}
 	if err != nil {
@@ -395,6 +403,30 @@ func (s *Stream) shardOfSubject(subj string) (int, bool) {
 	return sh, true
 }
 
+// lacks reports whether the configuration cfg of message stream i lacks
+// a subject of its shards below n.
+func (s *Stream) lacks(cfg jetstream.StreamConfig, i, n int) bool {
+	for sh := i; sh < n; sh += len(s.names) {
+		if !slices.Contains(cfg.Subjects, s.subjects.Shard(sh)) {
+			return true
+		}
+	}
+	return false
+}
+
+// locked runs update holding StreamOptions.Lock, if there is one.
+func (s *Stream) locked(ctx context.Context, update func() error) error {
+	if s.opts.Lock == nil {
+		return update()
+	}
+	unlock, err := s.opts.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return update()
+}
+
 // extendPart adds to message stream i the subjects of its shards below n
 // that it lacks, keeping the rest of its configuration (an operator's
 // edits, its source) as it is, and returns the stream once its
@@ -435,7 +467,8 @@ func (s *Stream) extendPart(ctx context.Context, i, n int) (jetstream.Stream, er
 // region forwards to a child and before publishers learn the count; a
 // message on a shard no stream captures is refused. It is idempotent:
 // each stream's new configuration is its own plus what it lacks, the same
-// from every process. With a single stream (k = 1) there is nothing to do.
+// from every process, made while holding StreamOptions.Lock. With a single
+// stream (k = 1) there is nothing to do.
 func (s *Stream) Extend(ctx context.Context, n int) error {
 	if len(s.names) == 1 {
 		return nil
@@ -450,9 +483,28 @@ func (s *Stream) Extend(ctx context.Context, n int) error {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	for i := range s.names {
-		if _, err := s.extendPart(ctx, i, n); err != nil {
-			return translate(fmt.Errorf("extend message stream %s to %d shards: %w", s.names[i], n, err), ErrConflict)
+	// Most often another region did it already: no lock then.
+	var lacking []int
+	for i, name := range s.names {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			return translate(fmt.Errorf("extend message stream %s to %d shards: %w", name, n, err), ErrConflict)
+		}
+		if s.lacks(st.CachedInfo().Config, i, n) {
+			lacking = append(lacking, i)
+		}
+	}
+	if len(lacking) > 0 {
+		err := s.locked(ctx, func() error {
+			for _, i := range lacking {
+				if _, err := s.extendPart(ctx, i, n); err != nil {
+					return fmt.Errorf("extend message stream %s to %d shards: %w", s.names[i], n, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return translate(err, ErrConflict)
 		}
 	}
 	s.covered = n
