@@ -385,17 +385,6 @@ func testReshardUnderLoad(t *testing.T, delivery string) {
 						}
 					} else {
 						dupsUnkeyed++
-						if dupsUnkeyed <= 30 {
-							var first reshardRecord
-							for _, q := range recs {
-								if q.pub == r.pub && q.seq == r.seq {
-									first = q
-									break
-								}
-							}
-							t.Logf("DUP entity %s (shard %d/128 %d/256 %d/512) %s %d: first %s %s %.3fs, again %s %s %.3fs", id, protocol.ShardOf(id, 128), protocol.ShardOf(id, 256), protocol.ShardOf(id, 512), p.name, r.seq,
-								first.region, first.inc, float64(first.start-t0.UnixNano())/1e9, r.region, r.inc, float64(r.start-t0.UnixNano())/1e9)
-						}
 					}
 					continue
 				}
