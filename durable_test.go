@@ -322,7 +322,10 @@ func TestDurableConsumerGoneUnderItsOwner(t *testing.T) {
 	waitHandled(t, log, ids, 5)
 
 	shard := protocol.ShardOf(ids[0], 4)
-	if err := js.DeleteConsumer(context.Background(), kvstate.MessageStream("c"), fmt.Sprintf("shard-%d", shard)); err != nil {
+	// The type's messages are split over 4 streams (its first count's
+	// largest divisor up to 16): the shard's is shard mod 4.
+	stream := kvstate.MessageStreams("c", kvstate.MessageStreamsFor(4))[shard%4]
+	if err := js.DeleteConsumer(context.Background(), stream, fmt.Sprintf("shard-%d", shard)); err != nil {
 		t.Fatal(err)
 	}
 	publishAll(t, js, subjects, 4, ids, 5, func(i int) string { return fmt.Sprint(5 + i) })

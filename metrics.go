@@ -93,7 +93,7 @@ var (
 	mParkRefused     = metricDesc{"natshard_coordinator_messages_refused_total", "Of the parked messages, those the buffer refused (full, or an error).", prometheus.CounterValue, nil}
 
 	// Durable delivery: read from the stream's info at scrape time.
-	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message stream (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
+	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message streams together (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}
 
 	regionMetrics = []metricDesc{mDelivered, mRefused, mHandled, mFailed, mBuffered, mReplayed, mHeld, mDupes, mOldSubject,
 		mActivations, mPassivations, mOverLimit, mRestarts, mActive, mRegionShards, mRegistered, mFenced, mSuspended, mStalls, mSourceFenced, mRegionRenewFails, mCommandsRefused,

@@ -207,6 +207,10 @@ func (n *Node) hostedTypes() []*hosted {
 	return append([]*hosted(nil), n.types...)
 }
 
+// streamsLockTTL bounds how long a process holds the lock of a durable
+// type's message streams (kvstate.Store.LockStreams): a few updates.
+const streamsLockTTL = 30 * time.Second
+
 // host opens type t's state, region and coordinator candidate.
 func (n *Node) host(ctx context.Context, t Type) error {
 	log := n.log.With("type", t.Name)
@@ -251,8 +255,15 @@ func (n *Node) host(ctx context.Context, t Type) error {
 	}
 	buffer := h.buffer
 	if t.Delivery == Durable {
-		err = h.untilAvailable(ctx, "its message stream "+kvstate.MessageStream(t.Name), func(ctx context.Context) (err error) {
-			h.stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Shards: t.Shards, Logger: log})
+		// The streams capture the shards of a split under way too.
+		capture := t.Shards
+		if layout, err := h.config.Layout(); err == nil {
+			capture = layout.Shards()
+		}
+		err = h.untilAvailable(ctx, "its message streams "+strings.Join(kvstate.MessageStreams(t.Name, h.config.Streams), ", "), func(ctx context.Context) (err error) {
+			h.stream, err = kvstate.OpenStream(ctx, n.js, subjects, kvstate.StreamOptions{Replicas: t.Replicas, MaxBytes: t.StreamBytes, Streams: h.config.Streams, Shards: capture, Logger: log,
+				// One process at a time updates the streams' subjects (a split).
+				Lock: func(ctx context.Context) (func(), error) { return store.LockStreams(ctx, streamsLockTTL) }})
 			return err
 		})
 		if err != nil {

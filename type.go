@@ -381,6 +381,11 @@ func (t Type) ensureConfig(ctx context.Context, store *kvstate.Store, log *slog.
 	case errors.Is(err, kvstate.ErrNotFound):
 		d := t.withDefaults()
 		want = protocol.TypeConfig{Shards: d.Shards, Strategy: d.Strategy, Kind: d.Kind, Delivery: string(d.Delivery), Remember: d.Remember}
+		if d.Delivery == Durable {
+			// The type is made now: its messages are split over several
+			// streams (docs/PROTOCOL.md, "The consumers' shape").
+			want.Streams = kvstate.MessageStreamsFor(d.Shards)
+		}
 	case err != nil:
 		return t, protocol.TypeConfig{}, fmt.Errorf("type %q: read its stored configuration: %w", t.Name, err)
 	case want.Shards == 0:

@@ -103,6 +103,9 @@ func TestPermissionsFollowSubjects(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, subj := range append(p.Pub.Allow, p.Sub.Allow...) {
+			if role == auth.Region && strings.HasPrefix(subj, "$JS.API.STREAM.UPDATE.natshard_msgs_a~") {
+				continue // a split adds its children's subjects to the type's message streams
+			}
 			for _, other := range []string{"shard.", "$SHARD.", "natshard_b", "$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE", ">"} {
 				if strings.HasPrefix(subj, other) || subj == ">" {
 					t.Errorf("%s may use %s", role, subj)

@@ -103,7 +103,6 @@ func Permissions(role Role, name string, scope Scope) (jwt.Permissions, error) {
 	for _, s := range types {
 		kv := "KV_" + kvstate.BucketName(s.Type())
 		buf := kvstate.BufferStream(s.Type())
-		msgs := kvstate.MessageStream(s.Type())
 		remind := kvstate.ReminderStream(s.Type())
 		switch role {
 		case Publisher:
@@ -142,19 +141,29 @@ func Permissions(role Role, name string, scope Scope) (jwt.Permissions, error) {
 				// each shard's owner through a pull
 				// consumer it replaces, acknowledged), and the reminders
 				// (stored, cancelled by a purge of their subject).
-				jsAPI+"STREAM.CREATE."+msgs,
-				jsAPI+"STREAM.INFO."+msgs,
-				jsAPI+"STREAM.MSG.GET."+msgs, // a handed-off shard's last message removed
 				jsAPI+"STREAM.CREATE."+remind,
 				jsAPI+"STREAM.INFO."+remind,
 				jsAPI+"STREAM.PURGE."+remind,
-				jsAPI+"CONSUMER.CREATE."+msgs+".>",
-				jsAPI+"CONSUMER.DELETE."+msgs+".*",
-				jsAPI+"CONSUMER.INFO."+msgs+".*",
-				jsAPI+"CONSUMER.MSG.NEXT."+msgs+".*",
-				"$JS.ACK."+msgs+".>",
 				s.AllReminders(),
 			)
+			// The message streams: the single one, or those its
+			// messages are split over (any of the names a type may have,
+			// kvstate.AllMessageStreams; a split adds subjects to them).
+			for _, msgs := range kvstate.AllMessageStreams(s.Type()) {
+				p.Pub.Allow.Add(
+					jsAPI+"STREAM.CREATE."+msgs,
+					jsAPI+"STREAM.INFO."+msgs,
+					jsAPI+"STREAM.MSG.GET."+msgs, // a handed-off shard's last message removed
+					jsAPI+"CONSUMER.CREATE."+msgs+".>",
+					jsAPI+"CONSUMER.DELETE."+msgs+".*",
+					jsAPI+"CONSUMER.INFO."+msgs+".*",
+					jsAPI+"CONSUMER.MSG.NEXT."+msgs+".*",
+					"$JS.ACK."+msgs+".>",
+				)
+				if msgs != kvstate.MessageStream(s.Type()) {
+					p.Pub.Allow.Add(jsAPI + "STREAM.UPDATE." + msgs)
+				}
+			}
 			p.Pub.Allow.Add(kvRead(kv)...)
 			// What shardd's web UI shows (package web): the coordinator's
 			// status, the regions' queries, the events. Nothing the role
@@ -166,7 +175,10 @@ func Permissions(role Role, name string, scope Scope) (jwt.Permissions, error) {
 			// answers, command replies, queries, admin API answers.
 			p.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
 		case Admin:
-			p.Pub.Allow.Add(s.AdminAll(), s.Query("*"), s.AllData(), jsAPI+"STREAM.INFO."+buf, jsAPI+"STREAM.INFO."+msgs)
+			p.Pub.Allow.Add(s.AdminAll(), s.Query("*"), s.AllData(), jsAPI+"STREAM.INFO."+buf)
+			for _, msgs := range kvstate.AllMessageStreams(s.Type()) {
+				p.Pub.Allow.Add(jsAPI + "STREAM.INFO." + msgs)
+			}
 			p.Pub.Allow.Add(kvRead(kv)...)
 			p.Sub.Allow.Add(s.Events(), inbox)
 		default:

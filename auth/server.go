@@ -28,8 +28,18 @@ func (st *Setup) ConfigureServer(opts *server.Options) error {
 	opts.TrustedOperators = []*jwt.OperatorClaims{oc}
 	opts.AccountResolver = r
 	opts.SystemAccount = st.System
+	// A region user's JWT, in its CONNECT, names every message stream a
+	// type may have: more than the default 4 KiB of a control line.
+	opts.MaxControlLine = max(opts.MaxControlLine, MaxControlLine)
 	return nil
 }
+
+// MaxControlLine is the max_control_line a server needs for the users of
+// the setup (ServerConfig and ConfigureServer set it): a region user's JWT,
+// sent in its CONNECT line, names every message stream a durable type may
+// have (natshard_msgs_<type> and ~0 to ~15), about 9 KB of permissions per
+// type, more than nats-server's default of 4 KiB.
+const MaxControlLine = 64 << 10
 
 // ServerConfig is the configuration of an external nats-server that trusts
 // the setup's operator, with a memory resolver preloaded with the accounts
@@ -52,5 +62,8 @@ func (st *Setup) ServerConfig() string {
 	b.WriteString("jetstream: enabled\n")
 	b.WriteString("# natshard needs short pings to notice dead clients (docs/OPERATIONS.md)\n")
 	b.WriteString("ping_interval: \"2s\"\nping_max: 3\n")
+	b.WriteString("# a region user's JWT, sent in its CONNECT line, names every message stream\n")
+	b.WriteString("# a type may have (natshard_msgs_<type>~0 to ~15): more than the default 4 KiB\n")
+	fmt.Fprintf(&b, "max_control_line: %d\n", MaxControlLine)
 	return b.String()
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/natshard/natshard/kvstate"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -953,17 +954,12 @@ func (r *campaignRun) explainLost(rep campaign.Report, n int) []string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	name := "natshard_msgs_" + campaignType // docs/PROTOCOL.md, Durable delivery
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return []string{fmt.Sprintf("lost values: stream %s: %v", name, err)}
-	}
+	// The type's messages are split over streams, shard s in stream s
+	// mod their number (docs/PROTOCOL.md, Durable delivery): each lost
+	// value is looked for in its shard's.
+	names := kvstate.MessageStreams(campaignType, kvstate.MessageStreamsFor(campaignShards))
 	var lines []string
-	if info, err := stream.Info(ctx); err == nil {
-		st := info.State
-		lines = append(lines, fmt.Sprintf("lost values: stream %s holds %d messages, seq %d..%d, %d deleted; %s",
-			name, st.Msgs, st.FirstSeq, st.LastSeq, st.NumDeleted, clusterState(info.Cluster)))
-	}
+	streams := map[string]jetstream.Stream{}
 	seenShard := map[int]bool{}
 	for _, v := range rep.Violations {
 		if v.Kind != campaign.Lost || n == 0 {
@@ -971,6 +967,21 @@ func (r *campaignRun) explainLost(rep campaign.Report, n int) []string {
 		}
 		n--
 		shard := campaign.Shard(v.Entity, campaignShards)
+		name := names[shard%len(names)]
+		stream, ok := streams[name]
+		if !ok {
+			var err error
+			if stream, err = js.Stream(ctx, name); err != nil {
+				lines = append(lines, fmt.Sprintf("lost values: stream %s: %v", name, err))
+				continue
+			}
+			streams[name] = stream
+			if info, err := stream.Info(ctx); err == nil {
+				st := info.State
+				lines = append(lines, fmt.Sprintf("lost values: stream %s holds %d messages, seq %d..%d, %d deleted; %s",
+					name, st.Msgs, st.FirstSeq, st.LastSeq, st.NumDeleted, clusterState(info.Cluster)))
+			}
+		}
 		var seq uint64
 		at := strings.LastIndex(v.Why, "stream seq ")
 		if _, err := fmt.Sscanf(v.Why[max(at, 0):], "stream seq %d", &seq); at < 0 || err != nil {

@@ -9,6 +9,8 @@
 //	regions.<id>         protocol.RegionInfo, lease with per-key TTL
 //	shards.<n>           protocol.ShardRecord, fenced on the coordinator lease
 //	entities.<escaped>   the entity's own bytes (see EntityKey)
+//	streams-lock         held (with a TTL) while a process updates a durable
+//	                     type's message streams (Store.LockStreams)
 //
 // Leases are keys with a per-key TTL. They are renewed by a publish to the
 // key's subject that carries Nats-Expected-Last-Subject-Sequence (the

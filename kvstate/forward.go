@@ -37,7 +37,7 @@ func (s *Stream) Forward(ctx context.Context, m *nats.Msg, seq uint64, shard int
 	sq := strconv.FormatUint(seq, 10)
 	c.Header.Set(protocol.HeaderForwarded, sq)
 	// UniqueReplyMark: not an idempotency key of the entity's.
-	c.Header.Set(protocol.HeaderMsgID, protocol.UniqueReplyMark+"fwd."+s.name+"."+sq)
+	c.Header.Set(protocol.HeaderMsgID, protocol.UniqueReplyMark+"fwd."+s.StreamOf(shard)+"."+sq)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	if _, _, err := PublishOnce(ctx, s.js, c); err != nil {

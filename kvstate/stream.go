@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,26 +35,83 @@ const (
 
 // StreamOptions configure OpenStream.
 type StreamOptions struct {
-	Replicas      int           // of the stream and its consumers; 0 means 1
+	Replicas      int           // of the streams and their consumers; 0 means 1
 	MaxAckPending int           // per shard; 0 means DefaultMaxAckPending
 	Timeout       time.Duration // per operation when ctx has none; 0 means 5s
-	// MaxBytes of the stream when it is created (a reservation in the
-	// JetStream store, see space.go); 0 or less: no limit. With DiscardNew:
-	// a full stream refuses new messages (the publisher's acknowledgement
+	// MaxBytes of the type's message streams together when they are
+	// created (a reservation in the JetStream store, see space.go), split
+	// evenly over them (Streams); 0 or less: no limit. With DiscardNew: a
+	// full stream refuses new messages (the publisher's acknowledgement
 	// says "maximum bytes exceeded", ErrNoSpace), never drops acknowledged
-	// ones. An existing stream keeps its own.
+	// ones. Each stream fills on its own: one whose shards get more than
+	// their share is refused first. An existing stream keeps its own.
 	MaxBytes int64
-	// Shards of the type: the stream has a consumer per shard, so an
-	// existing stream that allows fewer is reported (Logger).
+	// Streams is how many message streams the type's messages are split
+	// over (protocol.TypeConfig.Streams, chosen by MessageStreamsFor when
+	// the type was made); 0 or 1: the single stream MessageStream.
+	Streams int
+	// Shards of the type: the highest count of its layout (a split's
+	// target while one runs). With Streams > 1 the streams capture the
+	// subjects of these shards (Extend adds a split's children); each
+	// stream has a consumer per shard of its own, so an existing stream
+	// that allows fewer is reported (Logger).
 	Shards int
-	// Logger, when set, gets a warning when the stream has no byte limit,
+	// Logger, when set, gets a warning when a stream has no byte limit,
 	// or too little room for consumers.
 	Logger *slog.Logger
+	// Lock, when set, is held while the streams' subjects are updated
+	// (Store.LockStreams): every process of the type must pass it. Two
+	// processes updating a stream at once can make nats-server store each
+	// message on the added subjects twice.
+	Lock func(ctx context.Context) (unlock func(), err error)
 }
 
-// MessageStream is the name of the message stream of type typ (durable
-// delivery).
+// MaxMessageStreams bounds how many message streams a type's messages are
+// split over (MessageStreamsFor).
+const MaxMessageStreams = 16
+
+// MessageStreamsFor is how many message streams a durable type of first
+// shard count n is given: the largest divisor of n that is at most
+// MaxMessageStreams. As every later count of the type is a multiple of
+// its first (a split multiplies it, and the children of shard s among N
+// are s + j*N), shard s and all its ancestors and descendants are in the
+// same stream, s mod k: an entity's stream never changes.
+func MessageStreamsFor(n int) int {
+	for k := min(n, MaxMessageStreams); k > 1; k-- {
+		if n%k == 0 {
+			return k
+		}
+	}
+	return 1
+}
+
+// MessageStream is the name of the single message stream of type typ
+// (durable delivery with one stream: a type whose configuration has no
+// Streams, made before the split, or whose first count has no divisor
+// from 2 to MaxMessageStreams).
 func MessageStream(typ string) string { return "natshard_msgs_" + typ }
+
+// MessageStreams are the names of the k message streams of type typ,
+// by index: shard s is in stream s mod k. For k > 1 stream i is
+// natshard_msgs_<type>~<i>: '~' is no character of a type's name, so no
+// type's stream can have another type's name.
+func MessageStreams(typ string, k int) []string {
+	if k <= 1 {
+		return []string{MessageStream(typ)}
+	}
+	names := make([]string, k)
+	for i := range names {
+		names[i] = MessageStream(typ) + "~" + strconv.Itoa(i)
+	}
+	return names
+}
+
+// AllMessageStreams are the names a message stream of type typ may have:
+// the single stream, and the streams of every k up to MaxMessageStreams
+// (natshard_msgs_<type>~0 to ~15). Permissions name them all.
+func AllMessageStreams(typ string) []string {
+	return append([]string{MessageStream(typ)}, MessageStreams(typ, MaxMessageStreams)...)
+}
 
 // ReminderStream is the name of the reminders' stream of type typ
 // (durable delivery).
@@ -63,6 +122,15 @@ func ReminderStream(typ string) string { return "natshard_remind_" + typ }
 // protocol.Subjects.AllData) is stored in it before any region takes it,
 // and leaves it when it is acknowledged (work-queue retention): a region
 // acknowledges a message once its entity handled it.
+//
+// The stream is in fact k streams (StreamOptions.Streams, MessageStreams):
+// shard s is in stream s mod k, which captures the subjects of its own
+// shards (an explicit list: no wildcard selects "s mod k"); k = 1 is a
+// single stream of every data subject. Split so, nats-server finds a
+// shard's next message among a k-th of the type's messages, and checks a
+// k-th of the consumers at each acknowledgement (docs/PROTOCOL.md, "The
+// consumers' shape"). A split of the type adds its children's subjects to
+// their stream (Extend) before anything is published on them.
 //
 // Each shard is read through a durable consumer of its own ("shard-<n>",
 // filtered on the shard's subjects, explicit acknowledgements, its state
@@ -83,22 +151,28 @@ func ReminderStream(typ string) string { return "natshard_remind_" + typ }
 // (schedules cannot live in a stream that discards new messages). When
 // one is due, the server stores its message there on the entity's fired
 // subject (protocol.Subjects.Fired) and removes the schedule; the message
-// stream sources the fired messages onto the entities' data subjects,
-// where the shard's owner consumes them like any other message, in the
-// same sequence space (so State applies a reminder once).
+// stream of the entity's shard sources the fired messages of its shards
+// onto their data subjects (one source with a subject transform per
+// shard), where the shard's owner consumes them like any other message,
+// in the same sequence space (so State applies a reminder once).
 type Stream struct {
 	js        jetstream.JetStream
 	subjects  protocol.Subjects
 	opts      StreamOptions
-	name      string
-	reminders string // the reminders' stream
-	schedules bool   // the server schedules messages in it
+	names     []string // the message streams, by index (shard mod len)
+	reminders string   // the reminders' stream
+	schedules bool     // the server schedules messages in it
+	extendMu  sync.Mutex
+	covered   int // Extend: the shard count the streams are known to capture
 }
 
-// OpenStream creates or binds the message stream of the type of subjects.
+// OpenStream creates or binds the message streams of the type of subjects.
 // An existing stream is bound as it is (its replicas win over opts); it
-// must be a work-queue stream of the type's data subjects, otherwise
-// OpenStream fails with ErrConfigMismatch.
+// must be a work-queue stream of the type's data subjects (with several
+// streams: of its own shards' subjects, to which those of the shards
+// below opts.Shards it lacks are added), otherwise OpenStream fails with
+// ErrConfigMismatch. A type's single stream MessageStream that exists is
+// bound whatever opts.Streams says (a type made before the split).
 func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.Subjects, opts StreamOptions) (*Stream, error) {
 	if js == nil {
 		return nil, errors.New("kvstate: OpenStream with nil JetStream")
@@ -109,6 +183,12 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	if opts.Replicas < 0 || opts.Replicas > 5 {
 		return nil, fmt.Errorf("kvstate: %d replicas; use 1 to 5 (0 means 1)", opts.Replicas)
 	}
+	if opts.Streams < 0 || opts.Streams > protocol.MaxShards {
+		return nil, fmt.Errorf("kvstate: %d message streams out of range", opts.Streams)
+	}
+	if opts.Streams > 1 && (opts.Shards < 1 || opts.Shards%opts.Streams != 0) {
+		return nil, fmt.Errorf("kvstate: %d shards cannot be split over %d message streams: a type's counts are multiples of its first, which the streams divide", opts.Shards, opts.Streams)
+	}
 	if opts.Replicas == 0 {
 		opts.Replicas = 1
 	}
@@ -118,10 +198,10 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	if opts.Timeout <= 0 {
 		opts.Timeout = defaultTimeout
 	}
-	s := &Stream{js: js, subjects: subjects, opts: opts, name: MessageStream(subjects.Type()), reminders: ReminderStream(subjects.Type())}
+	s := &Stream{js: js, subjects: subjects, opts: opts, reminders: ReminderStream(subjects.Type())}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	// The reminders' stream first: the message stream sources it.
+	// The reminders' stream first: the message streams source it.
 	remind, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:        s.reminders,
 		Description: "natshard reminders of type " + subjects.Type() + " (durable delivery)",
@@ -147,8 +227,44 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	// A server older than 2.12 ignores the setting: its stream would keep
 	// the schedules and never send them (Remind says so).
 	s.schedules = remind.CachedInfo().Config.AllowMsgSchedules
-	stream, err := createStream(ctx, js, jetstream.StreamConfig{
-		Name:        s.name,
+	k := max(opts.Streams, 1)
+	if k > 1 {
+		// A type's single stream, if it has one, is kept: its messages
+		// stay where they are.
+		_, err := js.Stream(ctx, MessageStream(subjects.Type()))
+		switch {
+		case err == nil:
+			if opts.Logger != nil {
+				opts.Logger.Info("the type has a single message stream: its messages stay in it, not split over the streams its configuration names",
+					"stream", MessageStream(subjects.Type()), "streams", k)
+			}
+			k = 1
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, translate(fmt.Errorf("look for message stream %s: %w", MessageStream(subjects.Type()), err), ErrConflict)
+		}
+	}
+	s.names = MessageStreams(subjects.Type(), k)
+	s.opts.Streams = k
+	if k == 1 {
+		if err := s.openSingle(ctx); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	for i := range s.names {
+		if err := s.openPart(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+	s.covered = opts.Shards
+	return s, nil
+}
+
+// openSingle creates or binds the single message stream (k = 1).
+func (s *Stream) openSingle(ctx context.Context) error {
+	name, subjects, opts := s.names[0], s.subjects, s.opts
+	stream, err := createStream(ctx, s.js, jetstream.StreamConfig{
+		Name:        name,
 		Description: "natshard messages of type " + subjects.Type() + " (durable delivery)",
 		Subjects:    []string{subjects.AllData()},
 		Retention:   jetstream.WorkQueuePolicy,
@@ -164,24 +280,235 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 		}},
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		stream, err = lookupStream(ctx, js, s.name)
+		stream, err = lookupStream(ctx, s.js, name)
 		if err == nil {
 			cfg := stream.CachedInfo().Config
 			if !slices.Contains(cfg.Subjects, subjects.AllData()) || cfg.Retention != jetstream.WorkQueuePolicy {
-				return nil, fmt.Errorf("%w: stream %s has subjects %q and retention %s, not %q and work queue",
-					ErrConfigMismatch, s.name, cfg.Subjects, cfg.Retention, subjects.AllData())
+				return fmt.Errorf("%w: stream %s has subjects %q and retention %s, not %q and work queue",
+					ErrConfigMismatch, name, cfg.Subjects, cfg.Retention, subjects.AllData())
 			}
 		}
 	}
 	if err != nil {
-		return nil, translate(fmt.Errorf("open message stream %s: %w", s.name, err), ErrConflict)
+		return translate(fmt.Errorf("open message stream %s: %w", name, err), ErrConflict)
 	}
-	warnConsumerRoom(ctx, js, opts.Logger, stream.CachedInfo(), opts.Shards)
-	if stream.CachedInfo().Config.MaxBytes <= 0 && opts.Logger != nil {
-		opts.Logger.Warn("the type's message stream has no byte limit: a full JetStream store would stop the type's leases (docs/OPERATIONS.md, Storage); set one with nats stream edit --max-bytes",
-			"stream", s.name)
+	s.warn(ctx, stream.CachedInfo(), opts.Shards)
+	return nil
+}
+
+// warn says when the stream of info may refuse the consumers of shards
+// shards, or has no byte limit.
+func (s *Stream) warn(ctx context.Context, info *jetstream.StreamInfo, shards int) {
+	warnConsumerRoom(ctx, s.js, s.opts.Logger, info, shards)
+	if info.Config.MaxBytes <= 0 && s.opts.Logger != nil {
+		s.opts.Logger.Warn("the type's message stream has no byte limit: a full JetStream store would stop the type's leases (docs/OPERATIONS.md, Storage); set one with nats stream edit --max-bytes",
+			"stream", info.Config.Name)
 	}
-	return s, nil
+}
+
+// partConfig is the configuration of message stream i of k > 1 made for
+// n shards: the data subjects of its shards (s = i mod k) below n, and a
+// source of the reminders' stream taking its shards' fired reminders
+// (Subjects.FiredPart: Remind stores them so) onto their data subjects.
+// The source never changes at a split (Extend adds subjects only): the
+// server would take a changed source, or a second source of the same
+// stream, for a new one, and deliver again what the old one had taken
+// (or leave it in the work queue).
+func (s *Stream) partConfig(i, n int) jetstream.StreamConfig {
+	k := len(s.names)
+	var subjects []string
+	for sh := i; sh < n; sh += k {
+		subjects = append(subjects, s.subjects.Shard(sh))
+	}
+	maxBytes := int64(-1)
+	if s.opts.MaxBytes > 0 {
+		maxBytes = max(s.opts.MaxBytes/int64(k), 1)
+	}
+	return jetstream.StreamConfig{
+		Name:        s.names[i],
+		Description: fmt.Sprintf("natshard messages of type %s, shards %d mod %d (durable delivery)", s.subjects.Type(), i, k),
+		Subjects:    subjects,
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opts.Replicas,
+		Duplicates:  streamDuplicates,
+		Discard:     jetstream.DiscardNew,
+		MaxBytes:    maxBytes,
+		Sources: []*jetstream.StreamSource{{
+			Name: s.reminders,
+			SubjectTransforms: []jetstream.SubjectTransformConfig{{
+				Source:      s.subjects.FiredPart(i),
+				Destination: strings.TrimSuffix(s.subjects.AllData(), ">") + "{{wildcard(1)}}.>",
+			}},
+		}},
+	}
+}
+
+// openPart creates or binds message stream i (of k > 1) for the shards
+// below opts.Shards.
+func (s *Stream) openPart(ctx context.Context, i int) error {
+	want := s.partConfig(i, s.opts.Shards)
+	stream, err := createStream(ctx, s.js, want)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		stream, err = lookupStream(ctx, s.js, want.Name)
+		if err == nil {
+			err = s.checkPart(i, stream.CachedInfo().Config)
+		}
+		if err == nil && s.lacks(stream.CachedInfo().Config, i, s.opts.Shards) {
+			err = s.locked(ctx, func() error {
+				stream, err = s.extendPart(ctx, i, s.opts.Shards)
+				return err
+			})
+		}
+	}
+	if err != nil {
+		return translate(fmt.Errorf("open message stream %s: %w", want.Name, err), ErrConflict)
+	}
+	s.warn(ctx, stream.CachedInfo(), s.opts.Shards/len(s.names))
+	return nil
+}
+
+// checkPart: an existing message stream i must be a work queue of data
+// subjects of its own shards (i mod k).
+func (s *Stream) checkPart(i int, cfg jetstream.StreamConfig) error {
+	k := len(s.names)
+	if cfg.Retention != jetstream.WorkQueuePolicy {
+		return fmt.Errorf("%w: stream %s has retention %s, not work queue", ErrConfigMismatch, cfg.Name, cfg.Retention)
+	}
+	for _, subj := range cfg.Subjects {
+		sh, ok := s.shardOfSubject(subj)
+		if !ok || sh%k != i {
+			return fmt.Errorf("%w: stream %s has subject %q, not one of %s for shards %d mod %d",
+				ErrConfigMismatch, cfg.Name, subj, s.subjects.Shard(i), i, k)
+		}
+	}
+	return nil
+}
+
+// shardOfSubject returns the shard whose subscription subject (Shard) subj
+// is.
+func (s *Stream) shardOfSubject(subj string) (int, bool) {
+	rest, ok := strings.CutPrefix(subj, strings.TrimSuffix(s.subjects.AllData(), ">"))
+	if !ok {
+		return 0, false
+	}
+	num, ok := strings.CutSuffix(rest, ".>")
+	if !ok {
+		return 0, false
+	}
+	sh, err := strconv.Atoi(num)
+	if err != nil || sh < 0 || s.subjects.Shard(sh) != subj {
+		return 0, false
+	}
+	return sh, true
+}
+
+// lacks reports whether the configuration cfg of message stream i lacks
+// a subject of its shards below n.
+func (s *Stream) lacks(cfg jetstream.StreamConfig, i, n int) bool {
+	for sh := i; sh < n; sh += len(s.names) {
+		if !slices.Contains(cfg.Subjects, s.subjects.Shard(sh)) {
+			return true
+		}
+	}
+	return false
+}
+
+// locked runs update holding StreamOptions.Lock, if there is one.
+func (s *Stream) locked(ctx context.Context, update func() error) error {
+	if s.opts.Lock == nil {
+		return update()
+	}
+	unlock, err := s.opts.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return update()
+}
+
+// extendPart adds to message stream i the subjects of its shards below n
+// that it lacks, keeping the rest of its configuration (an operator's
+// edits, its source) as it is, and returns the stream once its
+// configuration has them all. The configuration is computed from the
+// stream's, so processes doing it at once write the same one.
+func (s *Stream) extendPart(ctx context.Context, i, n int) (jetstream.Stream, error) {
+	want := s.partConfig(i, n)
+	for try := 0; ; try++ {
+		st, err := s.js.Stream(ctx, want.Name)
+		if err != nil {
+			return nil, err
+		}
+		cfg := st.CachedInfo().Config
+		missing := false
+		for _, subj := range want.Subjects {
+			if !slices.Contains(cfg.Subjects, subj) {
+				cfg.Subjects = append(cfg.Subjects, subj)
+				missing = true
+			}
+		}
+		if !missing {
+			return st, nil
+		}
+		if try == 3 {
+			return nil, fmt.Errorf("%w: stream %s still lacks the subjects of its shards below %d after %d updates", ErrUnavailable, want.Name, n, try)
+		}
+		// Checked again: the update of another process at the same time
+		// may have been taken instead.
+		if _, err := s.js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("add the subjects of shards below %d: %w", n, err)
+		}
+	}
+}
+
+// Extend makes the message streams capture the subjects of shards below
+// n (and take their fired reminders): a split to n shards calls it before
+// anything is published on the new shards' subjects, that is before any
+// region forwards to a child and before publishers learn the count; a
+// message on a shard no stream captures is refused. It is idempotent:
+// each stream's new configuration is its own plus what it lacks, the same
+// from every process, made while holding StreamOptions.Lock. With a single
+// stream (k = 1) there is nothing to do.
+func (s *Stream) Extend(ctx context.Context, n int) error {
+	if len(s.names) == 1 {
+		return nil
+	}
+	if n < 1 || n > protocol.MaxShards || n%len(s.names) != 0 {
+		return fmt.Errorf("kvstate: %d shards cannot be split over %d message streams", n, len(s.names))
+	}
+	s.extendMu.Lock()
+	defer s.extendMu.Unlock()
+	if n <= s.covered {
+		return nil
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	// Most often another region did it already: no lock then.
+	var lacking []int
+	for i, name := range s.names {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			return translate(fmt.Errorf("extend message stream %s to %d shards: %w", name, n, err), ErrConflict)
+		}
+		if s.lacks(st.CachedInfo().Config, i, n) {
+			lacking = append(lacking, i)
+		}
+	}
+	if len(lacking) > 0 {
+		err := s.locked(ctx, func() error {
+			for _, i := range lacking {
+				if _, err := s.extendPart(ctx, i, n); err != nil {
+					return fmt.Errorf("extend message stream %s to %d shards: %w", s.names[i], n, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return translate(err, ErrConflict)
+		}
+	}
+	s.covered = n
+	return nil
 }
 
 // ErrNoSchedules: the NATS server does not schedule messages (it is older
@@ -208,7 +535,7 @@ func (s *Stream) Remind(ctx context.Context, shard int, id, name string, at time
 	m := nats.NewMsg(subject)
 	m.Data = data
 	m.Header.Set(jsSchedule, "@at "+at.UTC().Format(time.RFC3339Nano))
-	m.Header.Set(jsScheduleTarget, s.subjects.Fired(shard, id))
+	m.Header.Set(jsScheduleTarget, s.fired(shard, id))
 	m.Header.Set(hdrRollup, rollupSubject)
 	m.Header.Set(protocol.HeaderReminder, name)
 	sum := sha256.Sum256(data)
@@ -240,6 +567,16 @@ func (s *Stream) CancelReminder(ctx context.Context, shard int, id, name string)
 	return nil
 }
 
+// fired is the subject a due reminder of entity id in shard is stored on
+// in the reminders' stream: with several message streams, one that names
+// the shard's stream, whose source takes it (FiredIn).
+func (s *Stream) fired(shard int, id string) string {
+	if len(s.names) == 1 {
+		return s.subjects.Fired(shard, id)
+	}
+	return s.subjects.FiredIn(shard%len(s.names), shard, id)
+}
+
 // Headers of JetStream message schedules (ADR-51).
 const (
 	jsSchedule       = "Nats-Schedule"
@@ -259,8 +596,12 @@ func (s *Stream) reminder(shard int, id, name string) (string, error) {
 	return s.subjects.Reminder(shard, name, id), nil
 }
 
-// Name is the stream's name.
-func (s *Stream) Name() string { return s.name }
+// Names are the names of the message streams, by index: shard s is in
+// the stream s mod len(Names()).
+func (s *Stream) Names() []string { return slices.Clone(s.names) }
+
+// StreamOf is the name of the message stream of shard.
+func (s *Stream) StreamOf(shard int) string { return s.names[shard%len(s.names)] }
 
 func (s *Stream) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
@@ -293,8 +634,8 @@ func (s *Stream) ResetConsumer(ctx context.Context, shard int) (jetstream.Consum
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	name := consumerName(shard)
-	if err := s.js.DeleteConsumer(ctx, s.name, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	name, stream := consumerName(shard), s.StreamOf(shard)
+	if err := s.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, translate(fmt.Errorf("replace the consumer of shard %d: %w", shard, err), ErrConflict)
 	}
 	for try := 0; ; try++ {
@@ -318,7 +659,7 @@ func (s *Stream) ResetConsumer(ctx context.Context, shard int) (jetstream.Consum
 		if err != nil || !skipped || try == 2 {
 			return c, nil
 		}
-		if err := s.js.DeleteConsumer(ctx, s.name, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := s.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, translate(fmt.Errorf("replace the consumer of shard %d: %w", shard, err), ErrConflict)
 		}
 		if !wait.Sleep(ctx, 100*time.Millisecond*time.Duration(try+1)) {
@@ -355,7 +696,7 @@ func (s *Stream) FirstOf(ctx context.Context, shard int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	m, err := msgGet(ctx, s.js.Conn(), apiPrefix(s.js)+"STREAM.MSG.GET."+s.name, req)
+	m, err := msgGet(ctx, s.js.Conn(), apiPrefix(s.js)+"STREAM.MSG.GET."+s.StreamOf(shard), req)
 	if apiCode(err) == codeNoMessage {
 		return 0, nil
 	}
@@ -367,7 +708,7 @@ func (s *Stream) FirstOf(ctx context.Context, shard int) (uint64, error) {
 
 // createConsumer makes the consumer of shard (name: consumerName).
 func (s *Stream) createConsumer(ctx context.Context, shard int, name string) (jetstream.Consumer, error) {
-	c, err := s.js.CreateConsumer(ctx, s.name, jetstream.ConsumerConfig{
+	c, err := s.js.CreateConsumer(ctx, s.StreamOf(shard), jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "natshard: shard " + strconv.Itoa(shard) + " of type " + s.subjects.Type() + ", pulled by its owner",
 		FilterSubject: s.subjects.Shard(shard),
@@ -398,7 +739,7 @@ func (s *Stream) Pending(ctx context.Context, shard int) (uint64, error) {
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	st, err := s.js.Stream(ctx, s.name)
+	st, err := s.js.Stream(ctx, s.StreamOf(shard))
 	if err != nil {
 		return 0, translate(err, ErrConflict)
 	}
@@ -413,17 +754,20 @@ func (s *Stream) Pending(ctx context.Context, shard int) (uint64, error) {
 	return n, nil
 }
 
-// WaitRemoved returns once the stream no longer holds message seq, or
-// with ctx's error. An acknowledgement confirmed by the consumer
+// WaitRemoved returns once the stream of shard no longer holds message
+// seq (a sequence of that stream), or with ctx's error. An acknowledgement confirmed by the consumer
 // (DoubleAck) removes its message from a replicated work-queue stream
 // only once the stream's leader applied the removal, a moment later; a
 // consumer made meanwhile would deliver the message again. Removals come
 // in the order of the acknowledgements, so once seq is gone every message
 // acknowledged before it is too.
-func (s *Stream) WaitRemoved(ctx context.Context, seq uint64) error {
+func (s *Stream) WaitRemoved(ctx context.Context, shard int, seq uint64) error {
+	if err := checkShard(shard); err != nil {
+		return err
+	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	st, err := s.js.Stream(ctx, s.name)
+	st, err := s.js.Stream(ctx, s.StreamOf(shard))
 	if err != nil {
 		return translate(err, ErrConflict)
 	}
@@ -443,16 +787,20 @@ func (s *Stream) WaitRemoved(ctx context.Context, seq uint64) error {
 	}
 }
 
-// Messages returns how many messages the stream holds: not yet handled
-// and acknowledged.
+// Messages returns how many messages the message streams hold together:
+// not yet handled and acknowledged.
 func (s *Stream) Messages(ctx context.Context) (uint64, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	st, err := s.js.Stream(ctx, s.name)
-	if err != nil {
-		return 0, translate(err, ErrConflict)
+	var n uint64
+	for _, name := range s.names {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			return 0, translate(err, ErrConflict)
+		}
+		n += st.CachedInfo().State.Msgs
 	}
-	return st.CachedInfo().State.Msgs, nil
+	return n, nil
 }
 
 // PublishOnce stores m in the message stream that captures its subject

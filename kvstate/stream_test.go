@@ -15,31 +15,40 @@ import (
 )
 
 // TestStream runs the message stream's tests (durable delivery) against
-// a single server (R1) and a three-server cluster (R3).
+// a single server (R1) and a three-server cluster (R3), with the type's
+// messages in a single stream and split over 4 streams (8 shards, split
+// to 16 by testStreamForward).
 func TestStream(t *testing.T) {
 	for _, replicas := range []int{1, 3} {
-		t.Run(fmt.Sprintf("R%d", replicas), func(t *testing.T) {
-			var url string
-			if replicas == 1 {
-				url = natstest.URL(natstest.RunServer(t))
-			} else {
-				url = natstest.ClusterURLs(natstest.RunCluster(t, replicas))
-			}
-			js := natstest.JetStream(t, natstest.Connect(t, url))
-			subjects := protocol.MustSubjects("", "", "orders")
-			s, err := kvstate.OpenStream(testCtx(t), js, subjects, kvstate.StreamOptions{Replicas: replicas, Timeout: 10 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// A process opening it again binds it.
-			if _, err := kvstate.OpenStream(testCtx(t), js, subjects, kvstate.StreamOptions{Replicas: replicas}); err != nil {
-				t.Fatal(err)
-			}
-			testStreamReset(t, js, s, subjects)
-			testStreamFirstOf(t, js, s, subjects)
-			testStreamReminders(t, js, s, subjects)
-			testStreamForward(t, js, s, subjects)
-		})
+		for _, streams := range []int{1, 4} {
+			t.Run(fmt.Sprintf("R%d/streams=%d", replicas, streams), func(t *testing.T) {
+				var url string
+				if replicas == 1 {
+					url = natstest.URL(natstest.RunServer(t))
+				} else {
+					url = natstest.ClusterURLs(natstest.RunCluster(t, replicas))
+				}
+				js := natstest.JetStream(t, natstest.Connect(t, url))
+				subjects := protocol.MustSubjects("", "", "orders")
+				opts := kvstate.StreamOptions{Replicas: replicas, Streams: streams, Shards: 8, Timeout: 10 * time.Second}
+				s, err := kvstate.OpenStream(testCtx(t), js, subjects, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := kvstate.MessageStreams("orders", streams); !slices.Equal(s.Names(), want) {
+					t.Fatalf("streams %q, want %q", s.Names(), want)
+				}
+				// A process opening it again binds it.
+				opts.Timeout = 0
+				if _, err := kvstate.OpenStream(testCtx(t), js, subjects, opts); err != nil {
+					t.Fatal(err)
+				}
+				testStreamReset(t, js, s, subjects)
+				testStreamFirstOf(t, js, s, subjects)
+				testStreamReminders(t, js, s, subjects)
+				testStreamForward(t, js, s, subjects)
+			})
+		}
 	}
 }
 
@@ -114,7 +123,7 @@ func testStreamReset(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, su
 	if err := got[1].DoubleAck(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.WaitRemoved(testCtx(t), seqs[1]); err != nil {
+	if err := s.WaitRemoved(testCtx(t), 1, seqs[1]); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := s.Pending(testCtx(t), 1); err != nil || n != 2 {
@@ -145,7 +154,7 @@ func testStreamReset(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, su
 	if !slices.Equal(again, []string{"a-2", "a-3"}) {
 		t.Fatalf("after the reset: %q, want the two not acknowledged", again)
 	}
-	if err := s.WaitRemoved(testCtx(t), seqs[3]); err != nil {
+	if err := s.WaitRemoved(testCtx(t), 1, seqs[3]); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := s.Pending(testCtx(t), 1); err != nil || n != 0 {
@@ -312,10 +321,23 @@ func testStreamForward(t *testing.T, js jetstream.JetStream, s *kvstate.Stream, 
 	m.Data = []byte("payload")
 	m.Header.Set(protocol.HeaderMsgID, "key-1")
 	m.Header.Set(protocol.HeaderReply, "_INBOX.r")
-	m.Header.Set("Nats-Expected-Stream", kvstate.MessageStream(subjects.Type()))
+	m.Header.Set("Nats-Expected-Stream", s.StreamOf(parent))
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(s.Names()) > 1 {
+		// The type splits from 8 to 16 shards: the child's subject is no
+		// stream's until Extend adds it (a publish is refused, not lost).
+		if err := s.Forward(ctx, m, ack.Sequence, child, id); err == nil {
+			t.Fatal("a message on a shard beyond the streams' subjects was stored")
+		}
+		if err := s.Extend(ctx, 16); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Extend(ctx, 16); err != nil { // again: nothing to do
+			t.Fatal(err)
+		}
 	}
 	for range 2 {
 		if err := s.Forward(ctx, m, ack.Sequence, child, id); err != nil {

@@ -214,6 +214,21 @@ func (s Subjects) Fired(shard int, id string) string {
 	return s.control + "fired." + strconv.Itoa(shard) + "." + id
 }
 
+// FiredIn is the subject on which a due reminder of entity id in shard
+// is stored when the type's messages are split over several streams:
+// part is the shard's stream (shard mod their number), whose source of the
+// reminders' stream takes FiredPart(part) onto the entities' data
+// subjects.
+func (s Subjects) FiredIn(part, shard int, id string) string {
+	return s.control + "fired." + strconv.Itoa(part) + "." + strconv.Itoa(shard) + "." + id
+}
+
+// FiredPart matches the fired reminders stored for the message stream
+// part (FiredIn); its second token is the shard.
+func (s Subjects) FiredPart(part int) string {
+	return s.control + "fired." + strconv.Itoa(part) + ".*.>"
+}
+
 // AllFired matches every fired reminder of the type.
 func (s Subjects) AllFired() string { return s.control + "fired.>" }
 

@@ -235,6 +235,12 @@ type TypeConfig struct {
 	// the new shards exist, regions may serve them); Shards is then still
 	// the count publishers use. 0 when no split runs.
 	To int `msgpack:"to,omitempty"`
+	// Streams is, for a durable type, how many message streams its
+	// messages are split over (shard s in stream s mod Streams; a divisor
+	// of the first count, so of every later one), chosen when the type
+	// was made (kvstate.MessageStreamsFor). 0 in buckets written before it
+	// existed, and for core delivery: one stream.
+	Streams int `msgpack:"ms,omitempty"`
 }
 
 // Layout is the configuration's shard counts: History, Shards, then To

@@ -43,8 +43,10 @@ type Config struct {
 	Conn   *nats.Conn
 	Store  *kvstate.Store
 	Buffer *kvstate.Buffer // the type's handoff buffer (required)
-	// Stream is the type's message stream in durable delivery; nil for
-	// core delivery (intake.go tells the difference).
+	// Stream is the type's message stream in durable delivery (one
+	// stream, or several with shard s in stream s mod their number; a
+	// split extends them first, checkSplit); nil for core delivery
+	// (intake.go tells the difference).
 	Stream   *kvstate.Stream
 	Subjects protocol.Subjects
 	Shards   int // shard count of the type, as stored in KV

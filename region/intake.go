@@ -633,7 +633,7 @@ func (ss *streamShard) confirm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return ss.a.cfg.Stream.WaitRemoved(ctx, md.Sequence.Stream)
+	return ss.a.cfg.Stream.WaitRemoved(ctx, ss.n, md.Sequence.Stream)
 }
 
 // release forgets the shard: in durable delivery its next owner needs no

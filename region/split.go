@@ -153,8 +153,24 @@ func (a *Agent) checkSplit(count int) (protocol.Layout, error) {
 	if i < 0 {
 		return protocol.Layout{}, fmt.Errorf("split to %d shards refused: the stored configuration's counts are %s", count, layout)
 	}
+	if a.cfg.Stream != nil {
+		// The children's subjects are added to their message streams
+		// before this region forwards to them (splitDurable), and so
+		// before the coordinator, once every region answered, announces
+		// the count to publishers. A failure is the answer: the
+		// coordinator asks again (kvstate.Stream.Extend).
+		ctx, cancel := context.WithTimeout(a.ctx, extendTimeout)
+		defer cancel()
+		if err := a.cfg.Stream.Extend(ctx, count); err != nil {
+			return protocol.Layout{}, fmt.Errorf("split to %d shards: the message streams cannot take the new shards yet: %w", count, err)
+		}
+	}
 	return protocol.NewLayout(counts[:i+1]...)
 }
+
+// extendTimeout bounds the update of the message streams at a split: one
+// update per stream, each a round of the stream's Raft group on a cluster.
+const extendTimeout = 30 * time.Second
 
 // splitShards carries out a SplitShards (core delivery; durable delivery:
 // splitDurable). Under the locks of

@@ -146,8 +146,12 @@ func printBench(out io.Writer, r *benchlab.Result) error {
 		}
 	}
 	if d := r.Durable; d != nil {
-		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s (%s storage, replicas %d), publishes acknowledged\n",
-			d.Msgs, d.Type, d.Stream, d.Raw, d.Storage, d.Replicas)
+		split := ""
+		if d.Streams > 1 {
+			split = fmt.Sprintf(" (first of %d each: shard s in stream s mod %d)", d.Streams, d.Streams)
+		}
+		fmt.Fprintf(out, "\ndurable delivery: %d msgs per round, type %s, streams %s and %s%s (%s storage, replicas %d), publishes acknowledged\n",
+			d.Msgs, d.Type, d.Stream, d.Raw, split, d.Storage, d.Replicas)
 		t := d.Throughput
 		if b := t.Best; b != nil {
 			fmt.Fprintf(out, "\nagainst raw JetStream in its best shape (%s: %d pull consumers, acks at once, not confirmed):\n", d.Best, d.BestConsumers)

@@ -168,7 +168,7 @@ func checkDurable(t *testing.T, d *benchlab.DurableResult, msgs, rounds, samples
 		t.Errorf("durable ratio %v, same-shape ratio %v; throughput: best %v, rounds %v, same shape %v, rounds %v",
 			d.Ratio, d.SameShapeRatio, tp.BestRatio, tp.BestRoundsRatio, tp.Ratio, tp.RoundsRatio)
 	}
-	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != replicas || d.Stream != kvstate.MessageStream(d.Type) || d.Raw == "" || d.Raw == d.Stream ||
+	if d.Msgs != msgs || d.Storage != "file" || d.Replicas != replicas || d.Streams < 2 /* 4 or 8 shards: split */ || d.Stream != kvstate.MessageStreams(d.Type, d.Streams)[0] || d.Raw == "" || d.Raw == d.Stream ||
 		d.Best == "" || d.Best == d.Raw || d.Best == d.Stream || d.BestConsumers != 1 {
 		t.Errorf("durable run %+v", d)
 	}
@@ -245,8 +245,11 @@ func TestBenchDurable(t *testing.T) {
 			t.Errorf("bucket of type %s left on the server", typ)
 		}
 	}
-	for _, name := range []string{kvstate.BufferStream(res.Config.Type), kvstate.BufferStream(res.Durable.Type), res.Durable.Stream,
-		kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw, res.Durable.Best} {
+	left := []string{kvstate.BufferStream(res.Config.Type), kvstate.BufferStream(res.Durable.Type), kvstate.ReminderStream(res.Durable.Type), res.Durable.Raw, res.Durable.Best}
+	for i := range res.Durable.Streams {
+		left = append(left, strings.TrimSuffix(res.Durable.Raw, "~0")+"~"+strconv.Itoa(i)) // raw JetStream's, as the type's
+	}
+	for _, name := range append(left, kvstate.AllMessageStreams(res.Durable.Type)...) {
 		if _, err := js.Stream(ctx, name); err == nil {
 			t.Errorf("stream %s left on the server", name)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,9 +75,11 @@ type bench struct {
 	// raw JetStream: its stream (a copy of the type's message stream's
 	// configuration), deleted by close, and one pull consumer per shard
 	// (a copy of the type's), each read by a goroutine of rawPulls.
-	rawStream jetstream.StreamConfig
-	rawIters  []jetstream.MessagesContext
-	rawPulls  sync.WaitGroup
+	rawStream  jetstream.StreamConfig   // the first of rawStreams
+	rawStreams []jetstream.StreamConfig // as the type's message streams: shard s in s mod len
+	msgStreams []string                 // the type's message streams
+	rawIters   []jetstream.MessagesContext
+	rawPulls   sync.WaitGroup
 	// raw JetStream in its best shape (best.go): what its
 	// consumers received, and the subject of each entity there.
 	best     bestShape
@@ -200,37 +203,81 @@ func (b *bench) ackWindow() int {
 	return (b.cfg.Window + b.cfg.Pubs - 1) / b.cfg.Pubs
 }
 
-// openRawStream creates raw JetStream's stream, a copy of the
-// configuration of the type's message stream on the raw subjects
-// (without the type's source of fired reminders, which is idle in the
-// bench), and returns the configuration of the type's shard consumers
-// (read from one of them) for the raw ones.
+// messageStreams returns the type's message streams, in order (shard s
+// in stream s mod their number): its single stream, or those its messages
+// are split over (kvstate.MessageStreams).
+func messageStreams(ctx context.Context, js jetstream.JetStream, typ string) ([]jetstream.Stream, error) {
+	var found []jetstream.Stream
+	for _, name := range kvstate.AllMessageStreams(typ) {
+		st, err := js.Stream(ctx, name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("the message stream %s of type %s: %w", name, typ, err)
+		case name == kvstate.MessageStream(typ):
+			return []jetstream.Stream{st}, nil
+		}
+		found = append(found, st)
+	}
+	if len(found) == 0 || !slices.Equal(streamNames(found), kvstate.MessageStreams(typ, len(found))) {
+		return nil, fmt.Errorf("type %s has message streams %q, not a single one nor %d split ones", typ, streamNames(found), len(found))
+	}
+	return found, nil
+}
+
+func streamNames(sts []jetstream.Stream) []string {
+	var names []string
+	for _, st := range sts {
+		names = append(names, st.CachedInfo().Config.Name)
+	}
+	return names
+}
+
+// openRawStream creates raw JetStream's streams, copies of the
+// configurations of the type's message streams on the raw subjects
+// (shard s in stream s mod their number, as the type's; without the
+// type's source of fired reminders, which is idle in the bench), and
+// returns the configuration of the type's shard consumers (read from one
+// of them) for the raw ones.
 func (b *bench) openRawStream() (jetstream.ConsumerConfig, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 	defer cancel()
 	js := b.sys.js
-	nat, err := js.Stream(ctx, kvstate.MessageStream(b.sys.cfg.Type))
+	nat, err := messageStreams(ctx, js, b.sys.cfg.Type)
 	if err != nil {
-		return jetstream.ConsumerConfig{}, fmt.Errorf("the message stream of type %s: %w", b.sys.cfg.Type, err)
+		return jetstream.ConsumerConfig{}, err
 	}
+	b.msgStreams = streamNames(nat)
 	// Every shard has its consumer once the system settled; their names
 	// are the protocol's (docs/PROTOCOL.md, "Durable delivery").
-	consumer, err := nat.Consumer(ctx, shardConsumer(0))
+	consumer, err := nat[0].Consumer(ctx, shardConsumer(0))
 	if err != nil {
 		return jetstream.ConsumerConfig{}, fmt.Errorf("the consumer of shard 0 of type %s: %w", b.sys.cfg.Type, err)
 	}
-	sc := nat.CachedInfo().Config
-	sc.Name = rawPrefix + "_" + b.sys.cfg.Type
-	sc.Description = "shardctl bench: raw JetStream beside type " + b.sys.cfg.Type
-	sc.Subjects = []string{rawPrefix + "." + b.sys.cfg.Type + ".>"}
-	sc.Sources = nil
-	if _, err := js.Stream(ctx, sc.Name); err == nil {
-		return jetstream.ConsumerConfig{}, fmt.Errorf("%w: stream %s exists on %s already; pass another --type", ErrUsage, sc.Name, b.sys.url)
+	k := len(nat)
+	for i, st := range nat {
+		sc := st.CachedInfo().Config
+		sc.Name = rawPrefix + "_" + b.sys.cfg.Type
+		sc.Description = "shardctl bench: raw JetStream beside type " + b.sys.cfg.Type
+		sc.Subjects = []string{rawPrefix + "." + b.sys.cfg.Type + ".>"}
+		if k > 1 {
+			sc.Name += "~" + strconv.Itoa(i)
+			sc.Subjects = nil
+			for shard := i; shard < b.cfg.Shards; shard += k {
+				sc.Subjects = append(sc.Subjects, b.rawShard(shard))
+			}
+		}
+		sc.Sources = nil
+		if _, err := js.Stream(ctx, sc.Name); err == nil {
+			return jetstream.ConsumerConfig{}, fmt.Errorf("%w: stream %s exists on %s already; pass another --type", ErrUsage, sc.Name, b.sys.url)
+		}
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			return jetstream.ConsumerConfig{}, fmt.Errorf("raw JetStream stream %s: %w", sc.Name, err)
+		}
+		b.rawStreams = append(b.rawStreams, sc)
 	}
-	if _, err := js.CreateStream(ctx, sc); err != nil {
-		return jetstream.ConsumerConfig{}, fmt.Errorf("raw JetStream stream %s: %w", sc.Name, err)
-	}
-	b.rawStream = sc
+	b.rawStream = b.rawStreams[0]
 	return consumer.CachedInfo().Config, nil
 }
 
@@ -252,7 +299,7 @@ func (b *bench) pullRaw(nc *nats.Conn, cfg jetstream.ConsumerConfig, shards []in
 		cc.Description = "shardctl bench: raw JetStream, shard " + strconv.Itoa(shard)
 		cc.FilterSubject, cc.FilterSubjects = b.rawShard(shard), nil
 		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
-		cons, err := js.CreateConsumer(ctx, b.rawStream.Name, cc)
+		cons, err := js.CreateConsumer(ctx, b.rawStreams[shard%len(b.rawStreams)].Name, cc)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("raw JetStream consumer of shard %d: %w", shard, err)
@@ -291,9 +338,9 @@ func (b *bench) close() {
 		it.Stop()
 	}
 	b.rawPulls.Wait()
-	if b.rawStream.Name != "" {
+	for _, sc := range b.rawStreams {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
-		_ = b.sys.js.DeleteStream(ctx, b.rawStream.Name)
+		_ = b.sys.js.DeleteStream(ctx, sc.Name)
 		cancel()
 	}
 }

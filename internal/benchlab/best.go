@@ -57,6 +57,9 @@ func (b *bench) openBest(sc jetstream.StreamConfig) error {
 	sc.Name = bestPrefix + "_" + b.sys.cfg.Type
 	sc.Description = "shardctl bench: raw JetStream in its best shape beside type " + b.sys.cfg.Type
 	sc.Subjects = []string{bestPrefix + "." + b.sys.cfg.Type + ".>"}
+	if sc.MaxBytes > 0 {
+		sc.MaxBytes *= int64(len(b.rawStreams)) // the room of the type's streams together
+	}
 	if _, err := js.Stream(ctx, sc.Name); err == nil {
 		return fmt.Errorf("%w: stream %s exists on %s already; pass another --type", ErrUsage, sc.Name, b.sys.url)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard"
 	"github.com/natshard/natshard/internal/wait"
-	"github.com/natshard/natshard/kvstate"
 )
 
 // The latency tables under load (--load-latency), in the form users
@@ -168,11 +167,15 @@ func (b *bench) streamMessages() (uint64, error) {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 	defer cancel()
-	st, err := b.sys.js.Stream(ctx, kvstate.MessageStream(b.sys.cfg.Type))
+	sts, err := messageStreams(ctx, b.sys.js, b.sys.cfg.Type)
 	if err != nil {
 		return 0, err
 	}
-	return st.CachedInfo().State.Msgs, nil
+	var n uint64
+	for _, st := range sts {
+		n += st.CachedInfo().State.Msgs
+	}
+	return n, nil
 }
 
 // pace calls send(i) for i = 0, 1, ... at rate per second (a batch every

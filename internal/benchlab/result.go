@@ -58,8 +58,9 @@ func newResult(c Config) *Result {
 type DurableResult struct {
 	Msgs     int    `json:"msgs"` // per throughput run
 	Type     string `json:"type"`
-	Stream   string `json:"stream"`      // the type's message stream
-	Raw      string `json:"raw_stream"`  // raw JetStream's in the type's shape
+	Stream   string `json:"stream"`      // the type's (first) message stream
+	Streams  int    `json:"streams"`     // how many message streams the type's messages are split over
+	Raw      string `json:"raw_stream"`  // raw JetStream's (first) in the type's shape
 	Best     string `json:"best_stream"` // raw JetStream's in its best shape
 	Storage  string `json:"storage"`     // of the three streams
 	Replicas int    `json:"replicas"`    // of the streams and their consumers

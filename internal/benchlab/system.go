@@ -336,7 +336,9 @@ func (s *System) Close() {
 		_ = s.js.DeleteKeyValue(ctx, kvstate.BucketName(s.cfg.Type))
 		_ = s.js.DeleteStream(ctx, kvstate.BufferStream(s.cfg.Type))
 		if s.cfg.Delivery == natshard.Durable {
-			_ = s.js.DeleteStream(ctx, kvstate.MessageStream(s.cfg.Type))
+			for _, name := range kvstate.AllMessageStreams(s.cfg.Type) {
+				_ = s.js.DeleteStream(ctx, name)
+			}
 			_ = s.js.DeleteStream(ctx, kvstate.ReminderStream(s.cfg.Type))
 		}
 		cancel()

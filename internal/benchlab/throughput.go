@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/natshard/natshard/internal/wait"
-	"github.com/natshard/natshard/kvstate"
 )
 
 // runCore runs the workloads of core delivery into res.
@@ -69,7 +68,7 @@ func (b *bench) runCore(res *Result) error {
 // runDurable runs the workloads of durable delivery into res.Durable.
 func (b *bench) runDurable(res *Result) error {
 	d := &DurableResult{
-		Msgs: b.cfg.Msgs, Type: b.sys.cfg.Type, Stream: kvstate.MessageStream(b.sys.cfg.Type), Raw: b.rawStream.Name, Best: b.best.stream,
+		Msgs: b.cfg.Msgs, Type: b.sys.cfg.Type, Stream: b.msgStreams[0], Streams: len(b.msgStreams), Raw: b.rawStream.Name, Best: b.best.stream,
 		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas, BestConsumers: b.cfg.BestConsumers,
 	}
 	if err := b.rounds(&d.Throughput); err != nil {
