@@ -73,7 +73,7 @@ func parseBench(global *flag.FlagSet, args []string, stderr io.Writer) (c benchl
 	fs.IntVar(&c.Callers, "callers", 64, fmt.Sprintf("core delivery: callers sharing the concurrent run's requests, natshard.Client against nc.Request; %d rounds per side, the sides taking turns (0, or --requests 0: no such run)", benchlab.RequestRounds))
 	fs.StringVar(&c.Delivery, "delivery", benchlab.DeliveryCore, "what to measure: core (core NATS beside raw NATS), durable (a type of durable delivery, publishes acknowledged by JetStream, beside raw JetStream) or both, one after the other")
 	fs.IntVar(&c.BestConsumers, "best-consumers", 1, "durable delivery: pull consumers of raw JetStream in its best shape, the baseline of the ratio (more than 1: the shards split among them by filter subjects)")
-	fs.BoolVar(&c.LoadLatency, "load-latency", false, "also measure latency under load, natshard alone: publish to handled and request round trip, p50/p90/p99, at --low-rate and at 80 % of the maximum of the run")
+	fs.BoolVar(&c.LoadLatency, "load-latency", false, "also measure latency under load, natshard alone: publish to handled and request round trip, p50/p90/p99, at --low-rate and at 80 % of the maximum of the run (publishes: of what the same open loop handles when sent at the throughput rounds' rate)")
 	fs.Float64Var(&c.LowRate, "low-rate", 1000, "with --load-latency: the low load, messages (and requests) per second")
 	fs.Float64Var(&c.LoadSeconds, "load-seconds", 3, "with --load-latency: seconds of each load")
 	fs.BoolVar(&c.Handoff, "handoff", false, "also measure handoffs: move a shard of --handoff-entities active entities --moves times under load")
@@ -160,7 +160,7 @@ func printBench(out io.Writer, r *benchlab.Result) error {
 			if err := table(out, []string{"", "NATSHARD DURABLE", "RAW JETSTREAM, BEST", "RATIO/DIFF"}, rows); err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "\nagainst raw JetStream in the type's shape (%s: a consumer per shard):\n", d.Raw)
+			fmt.Fprintf(out, "\nagainst raw JetStream in the type's shape (%s: a consumer per shard, in the type's streams):\n", d.Raw)
 		}
 		rows := throughputRows(t)
 		rows = append(rows, []any{"acked (publish errors)", fmt.Sprintf("%d (%d)", t.Natshard.Acked, t.Natshard.PublishErrors), fmt.Sprintf("%d (%d)", t.Raw.Acked, t.Raw.PublishErrors), ""})

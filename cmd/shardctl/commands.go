@@ -260,7 +260,7 @@ entities beside the same workload on raw NATS, with the ratio.
 --delivery durable (or both) does the same with a type of durable
 delivery, publishing through JetStream, beside raw JetStream twice: in
 its best shape (one pull consumer, --best-consumers) and in the type's
-shape (a consumer per shard).
+shape (a consumer per shard, the shards split over the type's streams).
 It also runs requests from concurrent callers (--callers, 64 by default)
 through natshard.Client beside nc.Request, and pipelined requests
 (%d in flight) beside a plain responder. --handoff and
