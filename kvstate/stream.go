@@ -406,8 +406,12 @@ func (s *Stream) shardOfSubject(subj string) (int, bool) {
 // lacks reports whether the configuration cfg of message stream i lacks
 // a subject of its shards below n.
 func (s *Stream) lacks(cfg jetstream.StreamConfig, i, n int) bool {
+	has := make(map[string]bool, len(cfg.Subjects)) // up to 4 096 (MaxShards / 16)
+	for _, subj := range cfg.Subjects {
+		has[subj] = true
+	}
 	for sh := i; sh < n; sh += len(s.names) {
-		if !slices.Contains(cfg.Subjects, s.subjects.Shard(sh)) {
+		if !has[s.subjects.Shard(sh)] {
 			return true
 		}
 	}
@@ -440,9 +444,13 @@ func (s *Stream) extendPart(ctx context.Context, i, n int) (jetstream.Stream, er
 			return nil, err
 		}
 		cfg := st.CachedInfo().Config
+		has := make(map[string]bool, len(cfg.Subjects))
+		for _, subj := range cfg.Subjects {
+			has[subj] = true
+		}
 		missing := false
 		for _, subj := range want.Subjects {
-			if !slices.Contains(cfg.Subjects, subj) {
+			if !has[subj] {
 				cfg.Subjects = append(cfg.Subjects, subj)
 				missing = true
 			}
