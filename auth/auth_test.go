@@ -2,6 +2,8 @@ package auth_test
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -257,5 +259,32 @@ func TestUser(t *testing.T) {
 	}
 	if _, _, err := auth.User(filepath.Join(dir, "scope.json")); err == nil || !strings.Contains(err.Error(), "scope.json") {
 		t.Errorf("User of a file that is not credentials: %v", err)
+	}
+}
+
+// TestRegionUserTooLarge: a region user whose JWT could not travel in a
+// CONNECT line (max_control_line) is refused when it is made, naming the
+// cause, and nothing is written; a few types fit.
+func TestRegionUserTooLarge(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a")
+	if _, err := auth.Init(dir, auth.Scope{Types: []string{"kv"}}); err != nil {
+		t.Fatal(err)
+	}
+	types := func(n int) auth.Scope {
+		var s auth.Scope
+		for i := range n {
+			s.Types = append(s.Types, fmt.Sprintf("type%d", i))
+		}
+		return s
+	}
+	if _, err := auth.AddUser(dir, auth.Region, "few", types(4)); err != nil {
+		t.Fatalf("a region user of 4 types: %v", err)
+	}
+	_, err := auth.AddUser(dir, auth.Region, "many", types(12))
+	if err == nil || !strings.Contains(err.Error(), "max_control_line") {
+		t.Fatalf("a region user of 12 types: %v, want a refusal naming max_control_line", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "many.creds")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("credentials written for the refused user: %v", err)
 	}
 }

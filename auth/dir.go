@@ -231,6 +231,13 @@ func AddUser(dir string, role Role, name string, scope Scope) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("auth: user JWT: %w", err)
 	}
+	// The JWT travels in the user's CONNECT line, with its signature and
+	// the client's options: past the server's max_control_line the server
+	// drops the connection ("maximum control line exceeded"), so refuse
+	// it here, where the cause can be named.
+	if len(token)+connectOverhead > MaxControlLine {
+		return "", fmt.Errorf("auth: the %s user %q would carry a JWT of %d bytes, more than a CONNECT line may (max_control_line %d, which the setup's servers use): give it fewer types (%d in its scope; each takes about 11 KB of a region user's JWT, so 5 fit), one user per few types", role, name, len(token), MaxControlLine, len(scope.Types))
+	}
 	userSeed, _ := user.Seed()
 	creds, err := jwt.FormatUserConfig(token, userSeed)
 	if err != nil {
@@ -238,6 +245,10 @@ func AddUser(dir string, role Role, name string, scope Scope) (string, error) {
 	}
 	return path, writeNew(path, creds, secretMode)
 }
+
+// connectOverhead bounds what a CONNECT line holds besides the user's JWT:
+// the nonce's signature, the client's name, version and options.
+const connectOverhead = 2 << 10
 
 // writeNew writes a file that must not exist yet.
 func writeNew(path string, data []byte, mode os.FileMode) error {

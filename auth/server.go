@@ -37,7 +37,7 @@ func (st *Setup) ConfigureServer(opts *server.Options) error {
 // MaxControlLine is the max_control_line a server needs for the users of
 // the setup (ServerConfig and ConfigureServer set it): a region user's JWT,
 // sent in its CONNECT line, names every message stream a durable type may
-// have (natshard_msgs_<type> and ~0 to ~15), about 9 KB of permissions per
+// have (natshard_msgs_<type> and ~0 to ~15), about 11 KB of JWT per
 // type, more than nats-server's default of 4 KiB.
 const MaxControlLine = 64 << 10
 
