@@ -150,11 +150,13 @@ func ReminderStream(typ string) string { return "natshard_remind_" + typ }
 // (server 2.12 and later) in a stream of their own, natshard_remind_<type>
 // (schedules cannot live in a stream that discards new messages). When
 // one is due, the server stores its message there on the entity's fired
-// subject (protocol.Subjects.Fired) and removes the schedule; the message
-// stream of the entity's shard sources the fired messages of its shards
-// onto their data subjects (one source with a subject transform per
-// shard), where the shard's owner consumes them like any other message,
-// in the same sequence space (so State applies a reminder once).
+// subject (protocol.Subjects.Fired; with several message streams
+// Subjects.FiredIn, which names the shard's stream) and removes the
+// schedule; the message stream sources the fired messages (each of
+// several streams those of its own shards, Subjects.FiredPart, through
+// one source that never changes) onto their data subjects, where the
+// shard's owner consumes them like any other message, in the same
+// sequence space (so State applies a reminder once).
 type Stream struct {
 	js        jetstream.JetStream
 	subjects  protocol.Subjects

@@ -72,10 +72,10 @@ type bench struct {
 	acked   atomic.Int64
 	pubErrs atomic.Int64
 	lastErr atomic.Pointer[error] // the last publish that failed
-	// raw JetStream: its stream (a copy of the type's message stream's
-	// configuration), deleted by close, and one pull consumer per shard
-	// (a copy of the type's), each read by a goroutine of rawPulls.
-	rawStream  jetstream.StreamConfig   // the first of rawStreams
+	// raw JetStream in the type's shape: its streams (copies of the
+	// type's message streams' configurations), deleted by close, and one
+	// pull consumer per shard (a copy of the type's), each read by a
+	// goroutine of rawPulls.
 	rawStreams []jetstream.StreamConfig // as the type's message streams: shard s in s mod len
 	msgStreams []string                 // the type's message streams
 	rawIters   []jetstream.MessagesContext
@@ -146,7 +146,7 @@ func (b *bench) open() error {
 		if consumer, err = b.openRawStream(); err != nil {
 			return err
 		}
-		if err := b.openBest(b.rawStream); err != nil {
+		if err := b.openBest(b.rawStreams[0]); err != nil {
 			return err
 		}
 	}
@@ -277,7 +277,6 @@ func (b *bench) openRawStream() (jetstream.ConsumerConfig, error) {
 		}
 		b.rawStreams = append(b.rawStreams, sc)
 	}
-	b.rawStream = b.rawStreams[0]
 	return consumer.CachedInfo().Config, nil
 }
 

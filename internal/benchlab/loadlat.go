@@ -167,12 +167,12 @@ func (b *bench) streamMessages() (uint64, error) {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.Timeout)
 	defer cancel()
-	sts, err := messageStreams(ctx, b.sys.js, b.sys.cfg.Type)
-	if err != nil {
-		return 0, err
-	}
 	var n uint64
-	for _, st := range sts {
+	for _, name := range b.msgStreams { // found once, by openRawStream
+		st, err := b.sys.js.Stream(ctx, name)
+		if err != nil {
+			return 0, fmt.Errorf("the message stream %s: %w", name, err)
+		}
 		n += st.CachedInfo().State.Msgs
 	}
 	return n, nil

@@ -68,8 +68,8 @@ func (b *bench) runCore(res *Result) error {
 // runDurable runs the workloads of durable delivery into res.Durable.
 func (b *bench) runDurable(res *Result) error {
 	d := &DurableResult{
-		Msgs: b.cfg.Msgs, Type: b.sys.cfg.Type, Stream: b.msgStreams[0], Streams: len(b.msgStreams), Raw: b.rawStream.Name, Best: b.best.stream,
-		Storage: strings.ToLower(b.rawStream.Storage.String()), Replicas: b.rawStream.Replicas, BestConsumers: b.cfg.BestConsumers,
+		Msgs: b.cfg.Msgs, Type: b.sys.cfg.Type, Stream: b.msgStreams[0], Streams: len(b.msgStreams), Raw: b.rawStreams[0].Name, Best: b.best.stream,
+		Storage: strings.ToLower(b.rawStreams[0].Storage.String()), Replicas: b.rawStreams[0].Replicas, BestConsumers: b.cfg.BestConsumers,
 	}
 	if err := b.rounds(&d.Throughput); err != nil {
 		return err
