@@ -288,3 +288,24 @@ func TestRegionUserTooLarge(t *testing.T) {
 		t.Errorf("credentials written for the refused user: %v", err)
 	}
 }
+
+// TestInitRefusesTooLargeScope: a setup whose region user could not
+// connect (its JWT past max_control_line) is refused before any key or
+// file is written, so the directory can be used again.
+func TestInitRefusesTooLargeScope(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a")
+	var scope auth.Scope
+	for i := range 12 {
+		scope.Types = append(scope.Types, fmt.Sprintf("type%d", i))
+	}
+	if _, err := auth.Init(dir, scope); err == nil || !strings.Contains(err.Error(), "max_control_line") {
+		t.Fatalf("Init of 12 types: %v, want a refusal naming max_control_line", err)
+	}
+	if files, _ := os.ReadDir(dir); len(files) != 0 {
+		t.Errorf("a refused Init wrote %d files", len(files))
+	}
+	scope.Types = scope.Types[:2]
+	if _, err := auth.Init(dir, scope); err != nil {
+		t.Errorf("Init of 2 types in the same directory after the refusal: %v", err)
+	}
+}

@@ -117,11 +117,22 @@ func Init(dir string, scope Scope) (*Setup, error) {
 	accSeed, _ := acc.Seed()
 	scopeJSON, _ := json.MarshalIndent(scope, "", "  ")
 	st := &Setup{Dir: dir, OperatorJWT: opJWT, AccountJWT: accJWT, SystemJWT: sysJWT, Account: accPub, System: sysPub, Scope: scope}
-	for _, f := range []struct {
+	type file struct {
 		name string
 		data []byte
 		mode os.FileMode
-	}{
+	}
+	// Each role's user first: one that cannot be made (its JWT too
+	// large) refuses the setup before anything is written.
+	var users []file
+	for _, r := range Roles {
+		creds, err := userCreds(acc, r, string(r), scope)
+		if err != nil {
+			return nil, err
+		}
+		users = append(users, file{string(r) + credsSuffix, creds, secretMode})
+	}
+	for _, f := range append([]file{
 		{FileOperatorSeed, opSeed, secretMode},
 		{FileAccountSeed, accSeed, secretMode},
 		{FileOperatorJWT, []byte(opJWT), publicMode},
@@ -129,13 +140,8 @@ func Init(dir string, scope Scope) (*Setup, error) {
 		{FileSystemJWT, []byte(sysJWT), publicMode},
 		{FileScope, append(scopeJSON, '\n'), publicMode},
 		{FileServerConf, []byte(st.ServerConfig()), publicMode},
-	} {
+	}, users...) {
 		if err := writeNew(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
-			return nil, err
-		}
-	}
-	for _, r := range Roles {
-		if _, err := AddUser(dir, r, string(r), scope); err != nil {
 			return nil, err
 		}
 	}
@@ -214,13 +220,26 @@ func AddUser(dir string, role Role, name string, scope Scope) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("auth: %s: %w", FileAccountSeed, err)
 	}
-	perms, err := Permissions(role, name, scope)
+	creds, err := userCreds(acc, role, name, scope)
 	if err != nil {
 		return "", err
 	}
+	return path, writeNew(path, creds, secretMode)
+}
+
+// userCreds makes the credentials (JWT and seed) of a new user name in
+// role over scope, signed by the account key acc. A JWT that could not
+// travel in a CONNECT line is refused: past the server's max_control_line
+// the server drops the connection ("maximum control line exceeded"), so
+// it is refused here, where the cause can be named.
+func userCreds(acc nkeys.KeyPair, role Role, name string, scope Scope) ([]byte, error) {
+	perms, err := Permissions(role, name, scope)
+	if err != nil {
+		return nil, err
+	}
 	user, err := nkeys.CreateUser()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	userPub, _ := user.PublicKey()
 	uc := jwt.NewUserClaims(userPub)
@@ -229,21 +248,13 @@ func AddUser(dir string, role Role, name string, scope Scope) (string, error) {
 	uc.Tags.Add(roleTag + string(role))
 	token, err := uc.Encode(acc)
 	if err != nil {
-		return "", fmt.Errorf("auth: user JWT: %w", err)
+		return nil, fmt.Errorf("auth: user JWT: %w", err)
 	}
-	// The JWT travels in the user's CONNECT line, with its signature and
-	// the client's options: past the server's max_control_line the server
-	// drops the connection ("maximum control line exceeded"), so refuse
-	// it here, where the cause can be named.
 	if len(token)+connectOverhead > MaxControlLine {
-		return "", fmt.Errorf("auth: the %s user %q would carry a JWT of %d bytes, more than a CONNECT line may (max_control_line %d, which the setup's servers use): give it fewer types (%d in its scope; each takes about 11 KB of a region user's JWT, so 5 fit), one user per few types", role, name, len(token), MaxControlLine, len(scope.Types))
+		return nil, fmt.Errorf("auth: the %s user %q would carry a JWT of %d bytes, more than a CONNECT line may (max_control_line %d, which the setup's servers use): give it fewer types (%d in its scope; each takes about 11 KB of a region user's JWT, so 5 fit), one user per few types", role, name, len(token), MaxControlLine, len(scope.Types))
 	}
 	userSeed, _ := user.Seed()
-	creds, err := jwt.FormatUserConfig(token, userSeed)
-	if err != nil {
-		return "", err
-	}
-	return path, writeNew(path, creds, secretMode)
+	return jwt.FormatUserConfig(token, userSeed)
 }
 
 // connectOverhead bounds what a CONNECT line holds besides the user's JWT:
