@@ -267,7 +267,7 @@ func (n *Node) host(ctx context.Context, t Type) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("natshard: type %q: open its message stream: %w%s", t.Name, err, spaceHint(err, "StreamBytes", t.StreamBytes))
+			return fmt.Errorf("natshard: type %q: open its message streams: %w%s", t.Name, err, spaceHint(err, "StreamBytes", t.StreamBytes))
 		}
 	}
 	stream := h.stream

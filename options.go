@@ -41,7 +41,7 @@ const (
 	DefaultRestartRate       = region.DefaultRestartRate            // remembered entities started per second by a process
 	DefaultBucketBytes       = 1 << 30                              // bytes of a new type's KV bucket
 	DefaultBufferBytes       = 1 << 30                              // bytes of a new type's buffer stream
-	DefaultStreamBytes       = 1 << 30                              // bytes of a new durable type's message stream
+	DefaultStreamBytes       = 1 << 30                              // bytes of a new durable type's message streams together
 	DefaultListen            = "127.0.0.1:4222"                     // the embedded server's address
 	// With a zero Options.LeaseTTL, the leases of coordinators and
 	// regions live StandaloneLeaseTTL on a standalone NATS server and

@@ -204,8 +204,10 @@ type Type struct {
 	RestartRate int
 	// BucketBytes, BufferBytes and StreamBytes bound, in bytes, the
 	// type's KV bucket (leases, registrations, the shard table and entity
-	// state), its handoff buffer stream and its durable message stream
-	// when they are created (each a JetStream MaxBytes, which the store
+	// state), its handoff buffer stream and its durable message streams
+	// together (StreamBytes is split evenly over them: a stream whose
+	// shards get more than their share fills first; docs/OPERATIONS.md,
+	// Storage) when they are created (each a JetStream MaxBytes, which the store
 	// reserves: a server refuses to create a stream whose limit does not
 	// fit in its max_file_store); DefaultBucketBytes, DefaultBufferBytes
 	// and DefaultStreamBytes by default, negative for no limit. Existing
