@@ -96,4 +96,3 @@ func (s *Stream) reminder(shard int, id, name string) (string, error) {
 	}
 	return s.subjects.Reminder(shard, name, id), nil
 }
-

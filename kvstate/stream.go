@@ -184,8 +184,8 @@ func OpenStream(ctx context.Context, js jetstream.JetStream, subjects protocol.S
 	if opts.Replicas < 0 || opts.Replicas > 5 {
 		return nil, fmt.Errorf("kvstate: %d replicas; use 1 to 5 (0 means 1)", opts.Replicas)
 	}
-	if opts.Streams < 0 || opts.Streams > protocol.MaxShards {
-		return nil, fmt.Errorf("kvstate: %d message streams out of range", opts.Streams)
+	if opts.Streams < 0 || opts.Streams > MaxMessageStreams {
+		return nil, fmt.Errorf("kvstate: %d message streams; a type has 1 to %d (0 means 1)", opts.Streams, MaxMessageStreams)
 	}
 	if opts.Streams > 1 && (opts.Shards < 1 || opts.Shards%opts.Streams != 0) {
 		return nil, fmt.Errorf("kvstate: %d shards cannot be split over %d message streams: a type's counts are multiples of its first, which the streams divide", opts.Shards, opts.Streams)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,6 +240,23 @@ func TestStreamsMismatch(t *testing.T) {
 				t.Fatalf("OpenStream over %+v: %v, want ErrConfigMismatch", cfg, err)
 			}
 		})
+	}
+}
+
+// TestStreamsOutOfRange: a stream count no type can have (a hand-edited
+// configuration) is refused before anything is made, naming the range.
+func TestStreamsOutOfRange(t *testing.T) {
+	js := natstest.JetStream(t, natstest.Connect(t, natstest.URL(natstest.RunServer(t))))
+	ctx := testCtx(t)
+	subjects := protocol.MustSubjects("", "", "odd")
+	for _, k := range []int{-1, kvstate.MaxMessageStreams + 1, 1 << 16} {
+		_, err := kvstate.OpenStream(ctx, js, subjects, kvstate.StreamOptions{Streams: k, Shards: 1 << 16})
+		if err == nil || !strings.Contains(err.Error(), "a type has 1 to 16") {
+			t.Errorf("OpenStream with %d streams: %v, want a refusal naming 1 to 16", k, err)
+		}
+	}
+	for name := range js.StreamNames(ctx).Name() {
+		t.Errorf("refused OpenStream left stream %s", name)
 	}
 }
 
