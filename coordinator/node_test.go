@@ -49,7 +49,15 @@ func openTypeOn(t *testing.T, nc *nats.Conn) (*nats.Conn, *kvstate.Store, *kvsta
 // made by factory; it closes when the test ends.
 func openRegion(t *testing.T, nc *nats.Conn, store *kvstate.Store, buffer *kvstate.Buffer, subjects protocol.Subjects, id string, factory region.Factory) *region.Agent {
 	t.Helper()
-	agent, err := region.Open(context.Background(), region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, ID: id, Factory: factory, Logger: failLog(t, "region "+id)})
+	return openRegionWith(t, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, ID: id, Factory: factory})
+}
+
+// openRegionWith is openRegion with the region's configuration cfg (its
+// Shards and Logger set here).
+func openRegionWith(t *testing.T, cfg region.Config) *region.Agent {
+	t.Helper()
+	cfg.Shards, cfg.Logger = shards, failLog(t, "region "+cfg.ID)
+	agent, err := region.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/natshard/natshard/internal/natstest"
 	"github.com/natshard/natshard/kvstate"
 	"github.com/natshard/natshard/protocol"
+	"github.com/natshard/natshard/region"
 )
 
 // TestTakeoverOfLiveBinding: a coordinator that takes over finds a shard
@@ -213,8 +214,17 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	})
 	underLoad(t, &published, 200)
 
+	// What this test checks is the coordinator's parkings, not r1's
+	// renewals: a long registration TTL keeps a starved JetStream (under
+	// the race detector on a loaded machine it answered nothing for 10 s
+	// and more) from making r1 fence, whose crash window (PROTOCOL.md)
+	// loses what r1 held and replays its buffers again: three of the four
+	// failures of a 20-minute stress of this test were such fences.
+	openR1 := func() {
+		openRegionWith(t, region.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, ID: "r1", Factory: rec.factory, LeaseTTL: 2 * time.Minute})
+	}
 	if bindFirst {
-		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
+		openR1()
 		every("every shard binding to r1", string(protocol.StateBinding), "r1")
 	}
 	// Depose c1; it steps down at its next renewal, within a second
@@ -252,7 +262,7 @@ func testStepDownWhileParked(t *testing.T, bindFirst, ownLease bool) {
 	})
 	if !bindFirst {
 		underLoad(t, &published, 200) // parked under the new epoch, with no region
-		openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
+		openR1()
 	}
 	every("every shard active on r1", string(protocol.StateActive), "r1")
 	underLoad(t, &published, 300)

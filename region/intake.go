@@ -91,6 +91,10 @@ func (st *shardState) goLive() { st.a.goLive(st) }
 func (st *shardState) whileLive(f func()) bool { return whileIn(&st.mu, &st.mode, modeLive, f) }
 
 func (st *shardState) suspend() {
+	// What the shard's replay delivered before a stall waits for the
+	// confirmation (resume, or the shard's stop or abort): it has no other
+	// copy. The stall was counted before the suspension (Agent.stalled).
+	st.a.host.HoldShard(st.n, st.a.stats.Stalls.Load())
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch st.mode {
@@ -110,6 +114,7 @@ func (st *shardState) suspend() {
 
 func (st *shardState) resume() {
 	a := st.a
+	a.host.ReleaseShard(st.n)
 	st.mu.Lock()
 	if st.mode == modeHold {
 		if st.gate != nil {

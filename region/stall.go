@@ -16,7 +16,7 @@ import (
 // those are delivered first. So the region watches its own clock
 // (monotonic): a gap of Config.StallLimit or more between two beats of its watch
 // is a stall, and it is handled as a lost connection (Agent.Suspend): the
-// live shards hold what arrives, the others are dropped, and the region
+// live shards hold what arrives, shards in a move stop where they are, and the region
 // renews its registration, reads the shard table and serves again only
 // the shards the table still gives it. The delivery to a live shard
 // checks the beat too, so that a message taken from the subscription

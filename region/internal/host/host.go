@@ -58,7 +58,8 @@ type Config struct {
 	// Stalls, when set, is the number of stalls the region has handled
 	// (region/stall.go); with check, it first looks for a stall and handles it.
 	// A message of core delivery queued before a stall is not handled
-	// after it: its shard may be another region's by then. With check
+	// after it: its shard may be another region's by then (but see
+	// DeliverReplayed). With check
 	// it is called without the host's locks; without, maybe under a
 	// shard's mutex (a timer's message), so it must only read a count.
 	Stalls func(check bool) uint64
@@ -153,9 +154,15 @@ type shardEntities struct {
 
 	mu      sync.Mutex
 	cells   map[string]*cell
-	peak    int           // largest len(cells) since the map was last rebuilt
-	closing bool          // StopShard began: deliveries are refused
-	drained chan struct{} // closed when closing and cells is empty
+	peak    int  // largest len(cells) since the map was last rebuilt
+	closing bool // StopShard began: deliveries are refused
+	// hold, heldAt, confirmed: the region's suspension of the shard
+	// after a stall (HoldShard, ReleaseShard, confirmedAfter): hold is
+	// closed when it ends, heldAt is the last stall it is held for,
+	// confirmed the last stall the region confirmed the shard after.
+	hold              chan struct{}
+	heldAt, confirmed uint64
+	drained           chan struct{} // closed when closing and cells is empty
 	// counts: the messages queued for the shard's entities and those
 	// they finished (counts.go), under the lock that
 	// deliveries and each entity's worker take anyway.
@@ -274,6 +281,9 @@ type envelope struct {
 	d      *durableMsg
 	stalls uint64     // Config.Stalls when it was delivered
 	timer  *timerFire // set for a message of the entity's timer (timers.go)
+	// replayed: DeliverReplayed's; after a stall it waits for the
+	// region's confirmation of its shard instead of being refused.
+	replayed bool
 }
 
 // durableMsg is what a message of durable delivery carries besides itself:
@@ -293,6 +303,84 @@ func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
 		e.stalls = h.stalls(false)
 	}
 	h.enqueue(shard, id, e)
+}
+
+// DeliverReplayed is Deliver for a message that a replay of shard's
+// buffer delivers (buffered, or held by the region while it replayed),
+// whose buffered copy the region then takes as delivered: refusing it
+// after a stall would lose it. So when a stall comes before its turn, it
+// waits until the region has confirmed the shard against the shard table
+// (HoldShard, ReleaseShard) and is handled then; it is refused if the
+// shard is aborted meanwhile (not the region's any more), or was not held
+// for that stall.
+func (h *Host) DeliverReplayed(shard int, id string, m *nats.Msg) {
+	e := envelope{m: m, replayed: true}
+	if h.stalls != nil {
+		e.stalls = h.stalls(false)
+	}
+	h.enqueue(shard, id, e)
+}
+
+// HoldShard: the region suspended shard after its stall number stall
+// (Config.Stalls) until it has confirmed the shard against the shard
+// table. A message DeliverReplayed queued before that stall waits, when
+// its turn comes, for ReleaseShard (handled), StopShard (handled: the
+// shard was the region's, which stops it) or AbortShard (refused).
+func (h *Host) HoldShard(shard int, stall uint64) {
+	se := h.lookup(shard)
+	if se == nil {
+		return // nothing queued: what comes later carries the new count
+	}
+	se.mu.Lock()
+	if !se.closing {
+		if se.hold == nil {
+			se.hold = make(chan struct{})
+		}
+		se.heldAt = max(se.heldAt, stall)
+	}
+	se.mu.Unlock()
+}
+
+// ReleaseShard: the region confirmed shard after the stalls it was held
+// for (HoldShard); the messages waiting for that are handled.
+func (h *Host) ReleaseShard(shard int) {
+	if se := h.lookup(shard); se != nil {
+		se.mu.Lock()
+		se.releaseLocked()
+		se.mu.Unlock()
+	}
+}
+
+// releaseLocked ends se's hold: the stalls it was held for are confirmed.
+func (se *shardEntities) releaseLocked() {
+	se.confirmed = max(se.confirmed, se.heldAt)
+	if se.hold != nil {
+		close(se.hold)
+		se.hold = nil
+	}
+}
+
+// confirmedAfter waits, for a message DeliverReplayed queued before the
+// region's stall number stall, while shard se is held (HoldShard) and
+// reports whether the region confirmed it after that stall: false when
+// the shard was aborted meanwhile, or not held for that stall (it was not
+// suspended by it: paused for a handoff, or not the region's).
+func (h *Host) confirmedAfter(se *shardEntities, stall uint64) bool {
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	for se.confirmed < stall {
+		hold := se.hold
+		if hold == nil || se.heldAt < stall || se.ctx.Err() != nil {
+			return false
+		}
+		se.mu.Unlock()
+		select {
+		case <-hold:
+		case <-se.ctx.Done():
+		}
+		se.mu.Lock()
+	}
+	return se.ctx.Err() == nil
 }
 
 // DeliverDurable is Deliver for a message of durable delivery, seq its

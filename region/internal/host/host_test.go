@@ -1422,3 +1422,77 @@ func TestHostShardCostFlat(t *testing.T) {
 		t.Fatal("lookup found a shard out of range or never taken")
 	}
 }
+
+// TestHostReplayedAfterStall: after a stall, a message queued before it
+// is refused (its shard may be another region's by then), except one a
+// replay delivered (DeliverReplayed), which has no other copy: it waits
+// while its shard is held (HoldShard) and is handled once the region
+// confirms the shard (ReleaseShard, or a stop as the region's), refused
+// if the shard is aborted or was not held for that stall.
+func TestHostReplayedAfterStall(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		hold    bool
+		end     func(h *Host)
+		handled bool // the replayed messages
+	}{
+		{"released", true, func(h *Host) { h.ReleaseShard(0) }, true},
+		{"stopped", true, func(h *Host) { _ = h.StopShard(context.Background(), 0) }, true},
+		{"aborted", true, func(h *Host) { h.AbortShard(0) }, false},
+		{"not held", false, func(*Host) {}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var stalls atomic.Uint64
+			gate, entered := make(chan struct{}), make(chan struct{})
+			var mu sync.Mutex
+			var got []string
+			f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+				if string(m.Data) == "first" {
+					close(entered)
+					<-gate
+				}
+				mu.Lock()
+				got = append(got, string(m.Data))
+				mu.Unlock()
+				return m.Data, nil
+			}}
+			rec := newRecorder()
+			h := newTestHost(t, f.factory, rec, func(cfg *Config) { cfg.Stalls = func(bool) uint64 { return stalls.Load() } })
+			h.Deliver(0, "a", req("a", "first"))
+			h.Deliver(0, "a", req("a", "live"))
+			h.DeliverReplayed(0, "a", req("a", "replayed-1"))
+			h.DeliverReplayed(0, "a", req("a", "replayed-2"))
+			<-entered
+			stalls.Add(1)
+			if c.hold {
+				h.HoldShard(0, stalls.Load())
+			}
+			close(gate)
+			if r := rec.next(t); string(r.data) != "first" {
+				t.Fatalf("first answer %+v", r)
+			}
+			if r := rec.next(t); r.refused == "" {
+				t.Fatalf("the live message queued before the stall answered %+v; want a refusal", r)
+			}
+			if c.hold {
+				rec.none(t) // waiting: a check of what did not happen (can pass wrongly, never fail wrongly)
+			}
+			c.end(h)
+			for i := 1; i <= 2; i++ {
+				r := rec.next(t)
+				if want := fmt.Sprintf("replayed-%d", i); c.handled && string(r.data) != want || !c.handled && r.refused == "" {
+					t.Fatalf("replayed message %d answered %+v (handled: %v)", i, r, c.handled)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := []string{"first"}
+			if c.handled {
+				want = append(want, "replayed-1", "replayed-2")
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("handled %v, want %v", got, want)
+			}
+		})
+	}
+}

@@ -194,12 +194,16 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		if !h.takeTimer(se, c, id, e.timer) || h.stalls != nil && h.stalls(true) != e.stalls {
 			return ent, nil
 		}
-	} else if h.stalls != nil && e.d == nil && h.stalls(true) != e.stalls {
+	} else if h.stalls != nil && e.d == nil {
 		// Queued before the region stalled: the shard may have been given
 		// to another region meanwhile, which handles what came after it.
-		// (Durable delivery's stream keeps the message for its owner.)
-		h.refuse(shard, id, e.m)
-		return ent, errShardNotServed
+		// (Durable delivery's stream keeps the message for its owner.) A
+		// replayed one waits for the region's verdict instead: it has no
+		// other copy (DeliverReplayed).
+		if now := h.stalls(true); now != e.stalls && !(e.replayed && h.confirmedAfter(se, now)) {
+			h.refuse(shard, id, e.m)
+			return ent, errShardNotServed
+		}
 	}
 	if h.trace != nil && e.m.Header != nil {
 		var end func(error)

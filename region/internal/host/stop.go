@@ -172,6 +172,7 @@ func (h *Host) beginStop(se *shardEntities, items []stopItem) (<-chan struct{}, 
 	if !se.closing {
 		se.closing = true
 		se.drained = make(chan struct{})
+		se.releaseLocked() // the shard is stopped as the region's: its held messages are handled
 		h.dropShardTimersLocked(se)
 		for id, c := range se.cells {
 			if c.running {
