@@ -24,6 +24,17 @@ import (
 // {"ok":false,"error":...}) as the body; on a plain publish it is logged.
 type Entity = host.Entity
 
+// Flusher is an Entity that stores the effect of a run of its messages
+// of durable delivery in one write (group commit): Handle applies such a
+// message in memory, and the region calls Flush, then answers and
+// acknowledges the run's messages; a failed Flush drops the incarnation
+// and the run is handled again, one message at a time. The rule, its
+// bound (MaxRun) and its errors are documented in internal/host.
+type Flusher = host.Flusher
+
+// MaxRun is the most messages of one Flusher's run (host.MaxRun).
+const MaxRun = host.MaxRun
+
 // Factory creates the entity for id on its first message (or its first
 // message after passivation). It may load state. An error is answered to
 // the message that caused the activation and the next message tries again.

@@ -45,10 +45,20 @@ func (h *Host) run(t task, w *workerState) (again bool) {
 			if e.m == nil {
 				ent = h.startOne(se, id, ent)
 			} else {
+				if len(w.run) > 0 && !joinsRun(w.run, e) {
+					var failed uint64
+					ent, failed = h.endRun(se, id, c, ent, w)
+					counts.failed += failed
+				}
 				counts.handled++
 				var err error
-				if ent, err = h.deliverOne(se, id, c, ent, e, &w.msg); err != nil {
+				if ent, err = h.deliverOne(se, id, c, ent, e, &w.msg, &w.run); err != nil {
 					counts.failed++
+				}
+				if n := len(w.run); n > 0 && (n >= MaxRun || ent == nil) {
+					var failed uint64
+					ent, failed = h.endRun(se, id, c, ent, w)
+					counts.failed += failed
 				}
 			}
 			if ent == nil {
@@ -69,6 +79,13 @@ func (h *Host) run(t task, w *workerState) (again bool) {
 				}
 				se.mu.Unlock()
 			}
+		}
+		if len(w.run) > 0 {
+			// The run ends with the batch: what it applied is stored,
+			// then answered and acknowledged.
+			var failed uint64
+			ent, failed = h.endRun(se, id, c, ent, w)
+			counts.failed += failed
 		}
 		w.msg = Message{} // what the batch's last Handle saw is not kept
 		batch = batch[:0]
@@ -185,8 +202,16 @@ func (h *Host) startOne(se *shardEntities, id string, ent Entity) Entity {
 // later message, until it succeeds or the shard leaves this region (then
 // it stays in the stream for the next owner).
 //
+// With run not nil, a message of durable delivery to a Flusher is
+// handled in memory and appended to *run (neither answered nor
+// acknowledged: endRun does it once Flush stored the run), and nil is
+// returned; when its Handle panicked and the run holds messages before
+// it, it joins the run too, and the nil entity returned makes the run
+// fail (endRun). With run nil, a Flusher's message is flushed alone
+// before it is answered.
+//
 // It returns the error the message was answered with.
-func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
+func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message, run *[]pending) (_ Entity, err error) {
 	ctx, shard := se.ctx, se.n
 	if e.timer != nil {
 		// A timer's message: handled only if its timer is still due, and
@@ -219,8 +244,13 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		key, ask = answerKey(e.m.Header)
 	}
 	backoff := wait.RetryFirst
+	conflicts := 0
 	for {
-		var data []byte
+		var (
+			data     []byte
+			deferred bool // handled in memory, stored by the run's Flush
+			kept     bool // Handle answered it: its answer is kept under key
+		)
 		if ent == nil {
 			if err = h.rememberOnce(ctx, se, id, c); err != nil {
 				err = fmt.Errorf("remember entity: %w", err)
@@ -229,6 +259,9 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 		}
 		if ent != nil {
+			fl, flushes := ent.(Flusher)
+			flushes = flushes && e.d != nil
+			deferred = flushes && run != nil
 			recalled := false
 			if key != "" {
 				// A key applied already is answered as the first
@@ -247,7 +280,22 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				var ok bool
 				if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, e.timer, msg); !ok {
 					ent = nil // panicked: drop this incarnation without Stop
-				} else if key != "" && !transient(err) {
+				} else if flushes && !deferred && !transient(err) {
+					// A run of one: stored before it is answered.
+					if ferr := h.flush(se, id, fl); ferr != nil {
+						// Its change is not stored: the incarnation
+						// that holds it goes, a new one loads the state.
+						h.log.Warn("region: an entity could not store the change of a message of durable delivery", "shard", shard, "entity", id, "error", ferr)
+						h.dropTimers(se, c)
+						ent, data, err = nil, nil, ferr
+						if errors.Is(ferr, kvstate.ErrConflict) && conflicts == 0 {
+							conflicts++ // someone else wrote: once more, from theirs
+							continue
+						}
+					}
+				}
+				kept = ent != nil && key != "" && !ask && !transient(err)
+				if kept && !deferred {
 					h.keep(se, c, key, data, err)
 				}
 			}
@@ -261,6 +309,14 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 			backoff = wait.Next(backoff)
 			continue
+		}
+		if deferred && (ent != nil || len(*run) > 0) {
+			k := key
+			if ask {
+				k = ""
+			}
+			*run = append(*run, pending{e: e, data: data, err: err, key: k, keep: kept})
+			return ent, nil
 		}
 		h.reply(shard, id, e.m, data, err)
 		if e.d != nil {
