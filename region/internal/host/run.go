@@ -259,8 +259,13 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 		}
 		if ent != nil {
-			fl, flushes := ent.(Flusher)
-			flushes = flushes && e.d != nil
+			var (
+				fl      Flusher
+				flushes bool // stored by Flush before it is answered
+			)
+			if e.d != nil {
+				fl, flushes = ent.(Flusher)
+			}
 			deferred = flushes && run != nil
 			recalled := false
 			if key != "" {
@@ -287,6 +292,9 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 						// that holds it goes, a new one loads the state.
 						h.log.Warn("region: an entity could not store the change of a message of durable delivery", "shard", shard, "entity", id, "error", ferr)
 						h.dropTimers(se, c)
+						if ctx.Err() != nil {
+							return nil, ferr // the shard left: the message stays in the stream
+						}
 						ent, data, err = nil, nil, ferr
 						if errors.Is(ferr, kvstate.ErrConflict) && conflicts == 0 {
 							conflicts++ // someone else wrote: once more, from theirs
