@@ -246,3 +246,30 @@ func testDurableKVRunCrash(t *testing.T, stored bool) {
 	}
 	wantCount(t, natshard.NewClient(natstest.Connect(t, url)), id, n)
 }
+
+// wrapped is an entity around another that does not pass Flush on.
+type wrapped struct{ natshard.Entity }
+
+// TestDurableKVWrappedStoresEachMessage: a kv entity wrapped in an entity
+// that is no Flusher is never flushed, so it stores each message itself
+// (WillFlush is false), as before group commit.
+func TestDurableKVWrappedStoresEachMessage(t *testing.T) {
+	url := natstest.URL(natstest.RunServer(t))
+	g := &writeGate{}
+	kv := writeGatedKV(g)
+	typ := natshard.Type{Name: "kv", Kind: "kv", Shards: 8, Entity: func(ctx context.Context, id string) (natshard.Entity, error) {
+		e, err := kv(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return wrapped{e}, nil
+	}}
+	node := durableNode(t, url, "a", typ)
+	natstest.Eventually(t, 30*time.Second, "a to hold the 8 shards", func() bool { st, _ := node.Stats("kv"); return len(st.Shards) == 8 })
+	const n = 20
+	seqs := publishIncrs(t, natstest.JetStream(t, natstest.Connect(t, url)), "e0", 8, n)
+	wantCount(t, natshard.NewClient(natstest.Connect(t, url)), "e0", n)
+	if got := g.written(); !slices.Equal(got, seqs) {
+		t.Fatalf("writes with applied sequences %v, want one per message %v", got, seqs)
+	}
+}

@@ -50,10 +50,10 @@ type Entity = region.Entity
 //
 //	Flush(ctx context.Context) error
 //
-// Its Handle applies a message of durable delivery (SeqFrom(ctx) is not
-// 0) in memory only, and Flush stores what the Handle calls since the
-// last Flush changed, with the sequence of the last message applied
-// (SeqFrom). The region calls Flush after a run of the entity's queued
+// When WillFlush(ctx) is true (a message of durable delivery) its Handle
+// applies the message in memory only, and Flush stores what the Handle
+// calls since the last Flush changed, with the sequence of the last
+// message applied (SeqFrom). The region calls Flush after a run of the entity's queued
 // messages (at most MaxRun, never waiting for more) and answers and
 // acknowledges them only once it succeeded: a message's effect is never
 // acknowledged before it is stored. When Flush fails, none of the run is:
@@ -61,7 +61,9 @@ type Entity = region.Entity
 // loads the stored state) handles the run's messages again, one at a
 // time, each followed by its own Flush; skipping a message at or below
 // the stored sequence makes each take effect once. In core delivery
-// Flush is never called: Handle stores its change itself. The built-in
+// Flush is never called and WillFlush is false: Handle stores its change
+// itself, as it must when it is wrapped in an entity that does not pass
+// Flush on. The built-in
 // kv kind is one (docs/GUIDE.md, "Storing many messages in one write").
 type Flusher = region.Flusher
 

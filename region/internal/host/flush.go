@@ -9,8 +9,8 @@ import (
 
 // Flusher is an Entity that stores the effect of several messages of
 // durable delivery in one write (group commit): its Handle applies a
-// message of durable delivery in memory only, and Flush stores what the
-// Handle calls since the last Flush changed.
+// message in memory only when WillFlush(ctx) says that Flush follows,
+// and Flush stores what the Handle calls since the last Flush changed.
 //
 // In durable delivery (Message.Seq, SeqFrom: not 0) the runtime calls
 // Flush after a run of the entity's messages and before it answers or
@@ -35,9 +35,11 @@ import (
 // ErrConflict once more at once, and any other error is its answer (the
 // message is consumed).
 //
-// In core delivery (SeqFrom is 0) Flush is never called: Handle stores
-// its change itself. An entity that does not implement Flusher is
-// answered and acknowledged after each Handle, as before.
+// In core delivery (SeqFrom is 0) Flush is never called and WillFlush
+// is false: Handle stores its change itself. An entity that does not
+// implement Flusher (one wrapped in another that does not pass Flush
+// on, too: WillFlush is then false) is answered and acknowledged after
+// each Handle, as before.
 type Flusher interface {
 	Entity
 	// Flush stores the changes of the Handle calls since the last

@@ -55,6 +55,9 @@ func (e *runEntity) Handle(ctx context.Context, m *Message) ([]byte, error) {
 		e.block(data)
 	}
 	seq := SeqFrom(ctx)
+	if seq != 0 && !WillFlush(ctx) {
+		e.st.event("no-flush %s", data)
+	}
 	if seq <= e.seq {
 		e.st.event("skip %s", data)
 		return []byte("applied already: " + data), nil
@@ -172,6 +175,8 @@ func checkEvents(t *testing.T, st *runStore) []int {
 			inMemory = nil
 		case "flush-failed", "panic":
 			inMemory = nil
+		case "no-flush":
+			t.Fatalf("%s of durable delivery handled with WillFlush false; events %v", arg, st.events)
 		case "reply":
 			m := strings.TrimPrefix(arg, "applied already: ")
 			if !stored[m] {

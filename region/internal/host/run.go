@@ -232,9 +232,13 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			defer func() { end(err) }()
 		}
 	}
-	var seq uint64
+	var (
+		seq  uint64
+		base = ctx // without the sequence
+	)
 	if e.d != nil {
-		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
+		_, flushes := ent.(Flusher)
+		ctx, seq = withSeq(base, e.d.seq, flushes), e.d.seq
 	}
 	var (
 		key string // the message's idempotency key, or the key it asks the answer of
@@ -264,7 +268,9 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				flushes bool // stored by Flush before it is answered
 			)
 			if e.d != nil {
-				fl, flushes = ent.(Flusher)
+				if fl, flushes = ent.(Flusher); flushes != WillFlush(ctx) {
+					ctx = withSeq(base, seq, flushes) // the entity was created here
+				}
 			}
 			deferred = flushes && run != nil
 			recalled := false
@@ -361,8 +367,27 @@ func (h *Host) rememberOnce(ctx context.Context, se *shardEntities, id string, c
 
 type seqKey struct{}
 
-func withSeq(ctx context.Context, seq uint64) context.Context {
-	return context.WithValue(ctx, seqKey{}, seq)
+// seqValue is what withSeq puts in a context: the message's stream
+// sequence, and whether the entity's Flush follows its Handle.
+type seqValue struct {
+	seq   uint64
+	flush bool
+}
+
+func withSeq(ctx context.Context, seq uint64, flush bool) context.Context {
+	return context.WithValue(ctx, seqKey{}, seqValue{seq: seq, flush: flush})
+}
+
+// WillFlush reports, from the context given to an entity's Handle,
+// whether the runtime calls the entity's Flush after this Handle and
+// before the message is answered or acknowledged: a message of durable
+// delivery to an entity that implements Flusher. Handle may then apply
+// the message in memory only and leave its write to Flush; otherwise it
+// stores its change itself (core delivery, or an entity wrapped in one
+// that does not implement Flusher).
+func WillFlush(ctx context.Context) bool {
+	v, _ := ctx.Value(seqKey{}).(seqValue)
+	return v.flush
 }
 
 // SeqFrom returns the stream sequence of the message being handled, from
@@ -371,8 +396,8 @@ func withSeq(ctx context.Context, seq uint64) context.Context {
 // Persistent entities save it with their state and skip a message they
 // were given again (after a crash) at or below the one they applied.
 func SeqFrom(ctx context.Context) uint64 {
-	seq, _ := ctx.Value(seqKey{}).(uint64)
-	return seq
+	v, _ := ctx.Value(seqKey{}).(seqValue)
+	return v.seq
 }
 
 // create calls the Factory; a panic is recovered (logged, and returned as
