@@ -47,6 +47,8 @@ type runEntity struct {
 	dirty   bool
 	block   func(data string) // called first by Handle
 	panicOn string
+	// unavailable: Handle fails on this message with ErrUnavailable.
+	unavailable string
 }
 
 func (e *runEntity) Handle(ctx context.Context, m *Message) ([]byte, error) {
@@ -61,6 +63,10 @@ func (e *runEntity) Handle(ctx context.Context, m *Message) ([]byte, error) {
 	if seq <= e.seq {
 		e.st.event("skip %s", data)
 		return []byte("applied already: " + data), nil
+	}
+	if data == e.unavailable {
+		e.st.event("unavailable %s", data)
+		return nil, fmt.Errorf("load: %w", kvstate.ErrUnavailable)
 	}
 	if e.inc == 1 && data == e.panicOn {
 		e.st.mu.Lock()
@@ -108,13 +114,17 @@ func (e *runEntity) Stop(context.Context) error { return nil }
 // runHost is a host of runEntity entities on st, whose answers go to
 // st's events; block is given to each entity. It returns the host and
 // the factory's call count.
-func runHost(t *testing.T, st *runStore, block func(string), panicOn string) (*Host, *atomic.Int32) {
+func runHost(t *testing.T, st *runStore, block func(string), panicOn string, unavailable ...string) (*Host, *atomic.Int32) {
 	var calls atomic.Int32
 	factory := func(context.Context, string) (Entity, error) {
 		n := int(calls.Add(1))
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return &runEntity{st: st, inc: n, applied: slices.Clone(st.applied), seq: st.seq, block: block, panicOn: panicOn}, nil
+		e := &runEntity{st: st, inc: n, applied: slices.Clone(st.applied), seq: st.seq, block: block, panicOn: panicOn}
+		if len(unavailable) > 0 {
+			e.unavailable = unavailable[0]
+		}
+		return e, nil
 	}
 	conn := answers(func(c captured) { st.event("reply %s", c.data) })
 	return newTestHost(t, factory, &recorder{}, func(c *Config) { c.Conn = conn }), &calls
@@ -394,4 +404,44 @@ func TestHostFlusherRunEnds(t *testing.T) {
 	if i, j := slices.Index(st.events, "flush 3"), slices.Index(st.events, "reply m3"); j < i {
 		t.Fatalf("m3 answered before its run was stored: %v", st.events)
 	}
+}
+
+// TestHostFlusherRunShardLeaves: a message of a run fails with
+// ErrUnavailable until its shard leaves the region; the run before it
+// is not stored without it: none of the run's messages is acknowledged,
+// they stay in the stream for the next owner.
+func TestHostFlusherRunShardLeaves(t *testing.T) {
+	st := &runStore{}
+	entered, release := make(chan string, 1), make(chan struct{})
+	block := func(data string) {
+		if data == "m0" {
+			select {
+			case entered <- data:
+				<-release
+			default:
+			}
+		}
+	}
+	h, _ := runHost(t, st, block, "", "m3")
+	done := make(chan string, 20)
+	deliverRun(h, st, 0, 1, done)
+	<-entered
+	deliverRun(h, st, 1, 5, done)
+	close(release)
+	waitDone(t, done, 1, map[string]bool{})
+	natstest.Eventually(t, 10*time.Second, "m3 given again", func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return strings.Count(fmt.Sprint(st.events), "unavailable m3") >= 2
+	})
+	h.AbortShard(0)
+	if err := h.StopShard(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-done:
+		t.Fatalf("%s acknowledged; events %v", d, st.events)
+	default:
+	}
+	wantApplied(t, st, 1)
 }

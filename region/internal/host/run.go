@@ -213,6 +213,12 @@ func (h *Host) startOne(se *shardEntities, id string, ent Entity) Entity {
 // It returns the error the message was answered with.
 func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message, run *[]pending) (_ Entity, err error) {
 	ctx, shard := se.ctx, se.n
+	if e.d != nil && ctx.Err() != nil {
+		// The shard left (AbortShard): the message stays in the stream
+		// for its next owner, and so does every later one, so that
+		// none is acknowledged after one that was not.
+		return ent, ctx.Err()
+	}
 	if e.timer != nil {
 		// A timer's message: handled only if its timer is still due, and
 		// dropped silently when the region stalled since it was queued.
@@ -319,6 +325,11 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				h.log.Warn("region: an entity could not handle a message of durable delivery; it gets it again", "shard", shard, "entity", id, "error", err)
 			}
 			if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
+				if deferred && len(*run) > 0 {
+					// The run before it must not be stored without
+					// it: it fails (endRun), acknowledging nothing.
+					return nil, err
+				}
 				return ent, err // the shard left: the message stays in the stream
 			}
 			backoff = wait.Next(backoff)
