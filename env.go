@@ -139,6 +139,15 @@ func (e *Env) reminderShard() int {
 // state and applies such a message once.
 func SeqFrom(ctx context.Context) uint64 { return region.SeqFrom(ctx) }
 
+// WillFlush reports, from the context given to Handle, whether the
+// region calls the entity's Flush after this Handle and before the
+// message is answered or acknowledged: a message of durable delivery to
+// an entity that implements Flusher. Only then may Handle apply the
+// message in memory and leave its write to Flush; otherwise (core
+// delivery, or an entity wrapped in one that does not pass Flush on) it
+// stores the change itself.
+func WillFlush(ctx context.Context) bool { return region.WillFlush(ctx) }
+
 type envKey struct{}
 
 // EnvFrom returns the environment of the entity being activated, from the

@@ -44,6 +44,34 @@ import (
 // 10 s (a Stop that outlives it is abandoned, left running).
 type Entity = region.Entity
 
+// Flusher is an Entity of durable delivery that stores the effect of
+// several of its messages in one write (group commit): an Entity with
+// one more method,
+//
+//	Flush(ctx context.Context) error
+//
+// When WillFlush(ctx) is true (a message of durable delivery) its Handle
+// applies the message in memory only, and Flush stores what the Handle
+// calls since the last Flush changed, with the sequence of the last
+// message applied (SeqFrom). The region calls Flush after a run of the entity's queued
+// messages (at most MaxRun, never waiting for more) and answers and
+// acknowledges them only once it succeeded: a message's effect is never
+// acknowledged before it is stored. When Flush fails, none of the run is:
+// the incarnation is dropped without Stop, and a new one (its Factory
+// loads the stored state) handles the run's messages again, one at a
+// time, each followed by its own Flush; skipping a message at or below
+// the stored sequence makes each take effect once. In core delivery
+// Flush is never called and WillFlush is false: Handle stores its change
+// itself, as it must when it is wrapped in an entity that does not pass
+// Flush on. The built-in
+// kv kind is one (docs/GUIDE.md, "Storing many messages in one write").
+type Flusher = region.Flusher
+
+// MaxRun is the most messages of a Flusher's run: one worker's turn of an
+// entity, so that a message waits for at most that many others to be
+// applied in memory before the run's write.
+const MaxRun = region.MaxRun
+
 // Message is a message delivered to an entity. It is valid during Handle
 // only: the region reuses it for a later message once Handle returned, so
 // an entity that keeps something of it after Handle keeps its fields

@@ -24,6 +24,23 @@ import (
 // {"ok":false,"error":...}) as the body; on a plain publish it is logged.
 type Entity = host.Entity
 
+// Flusher is an Entity that stores the effect of a run of its messages
+// of durable delivery in one write (group commit): Handle applies such a
+// message in memory when WillFlush(ctx), and the region calls Flush, then
+// answers and
+// acknowledges the run's messages; a failed Flush drops the incarnation
+// and the run is handled again, one message at a time. The rule, its
+// bound (MaxRun) and its errors are documented in internal/host.
+type Flusher = host.Flusher
+
+// MaxRun is the most messages of one Flusher's run (host.MaxRun).
+const MaxRun = host.MaxRun
+
+// WillFlush reports, from Handle's context, whether the entity's Flush
+// follows this Handle before the message is answered or acknowledged
+// (host.WillFlush): only then may Handle leave its write to Flush.
+func WillFlush(ctx context.Context) bool { return host.WillFlush(ctx) }
+
 // Factory creates the entity for id on its first message (or its first
 // message after passivation). It may load state. An error is answered to
 // the message that caused the activation and the next message tries again.

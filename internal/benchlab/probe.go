@@ -42,7 +42,11 @@ func (t *tally) entity(kind string) func(region string) (natshard.Factory, error
 			if err != nil {
 				return nil, err
 			}
-			return &probed{inner: e, tally: t, probe: p}, nil
+			pe := &probed{inner: e, tally: t, probe: p}
+			if f, ok := e.(natshard.Flusher); ok {
+				return &probedFlusher{probed: pe, flusher: f}, nil
+			}
+			return pe, nil
 		}, nil
 	}
 }
@@ -84,6 +88,28 @@ type probed struct {
 	inner natshard.Entity
 	tally *tally
 	probe *benchProbe
+	// unflushed counts the messages handled since the last Flush of a
+	// Flusher (probedFlusher): they count as handled once stored.
+	unflushed int
+}
+
+// probedFlusher is probed around a natshard.Flusher (the kv kind): it
+// passes Flush on, and counts a message handled once Flush stored it.
+type probedFlusher struct {
+	*probed
+	flusher natshard.Flusher
+}
+
+func (e *probedFlusher) Flush(ctx context.Context) error {
+	n := e.unflushed
+	e.unflushed = 0
+	if err := e.flusher.Flush(ctx); err != nil {
+		return err // handled again, and counted then
+	}
+	for range n {
+		e.tally.handled.add()
+	}
+	return nil
 }
 
 func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error) {
@@ -92,7 +118,11 @@ func (e *probed) Handle(ctx context.Context, m *natshard.Message) ([]byte, error
 		e.tally.failed.Add(1)
 	}
 	e.tally.noteLoad(m)
-	e.tally.handled.add()
+	if natshard.WillFlush(ctx) {
+		e.unflushed++
+	} else {
+		e.tally.handled.add()
+	}
 	if p := e.probe; p.armed.Load() && int64(m.Shard) == p.shard.Load() && p.armed.CompareAndSwap(true, false) {
 		p.first.Store(since0())
 		close(*p.ch.Load())

@@ -84,6 +84,16 @@
 // load a few workers run many cells' batches, where a goroutine per
 // activation used to be started.
 //
+// A Flusher's messages of durable delivery are handled in runs
+// (flush.go): the worker applies them with Handle, calls Flush once
+// after the batch (at most MaxRun messages, ending early before a
+// message that is not of durable delivery or repeats a key of the run),
+// and only then keeps their answers, answers and acknowledges them. A
+// failed run drops the incarnation and its messages are handled again
+// one at a time, each with its own Flush. A message of durable delivery
+// whose shard's context has ended is not handled: it stays in the
+// stream, with every later one.
+//
 // So an entity handles one message at a time, different entities run
 // concurrently, and an idle entity costs its cell and map entry, never a
 // goroutine. Mailboxes are unbounded: back-pressure is the caller's

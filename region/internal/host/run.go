@@ -45,10 +45,20 @@ func (h *Host) run(t task, w *workerState) (again bool) {
 			if e.m == nil {
 				ent = h.startOne(se, id, ent)
 			} else {
+				if len(w.run) > 0 && !joinsRun(w.run, e) {
+					var failed uint64
+					ent, failed = h.endRun(se, id, c, ent, w)
+					counts.failed += failed
+				}
 				counts.handled++
 				var err error
-				if ent, err = h.deliverOne(se, id, c, ent, e, &w.msg); err != nil {
+				if ent, err = h.deliverOne(se, id, c, ent, e, &w.msg, &w.run); err != nil {
 					counts.failed++
+				}
+				if n := len(w.run); n > 0 && (n >= MaxRun || ent == nil) {
+					var failed uint64
+					ent, failed = h.endRun(se, id, c, ent, w)
+					counts.failed += failed
 				}
 			}
 			if ent == nil {
@@ -69,6 +79,13 @@ func (h *Host) run(t task, w *workerState) (again bool) {
 				}
 				se.mu.Unlock()
 			}
+		}
+		if len(w.run) > 0 {
+			// The run ends with the batch: what it applied is stored,
+			// then answered and acknowledged.
+			var failed uint64
+			ent, failed = h.endRun(se, id, c, ent, w)
+			counts.failed += failed
 		}
 		w.msg = Message{} // what the batch's last Handle saw is not kept
 		batch = batch[:0]
@@ -185,9 +202,23 @@ func (h *Host) startOne(se *shardEntities, id string, ent Entity) Entity {
 // later message, until it succeeds or the shard leaves this region (then
 // it stays in the stream for the next owner).
 //
+// With run not nil, a message of durable delivery to a Flusher is
+// handled in memory and appended to *run (neither answered nor
+// acknowledged: endRun does it once Flush stored the run), and nil is
+// returned; when its Handle panicked and the run holds messages before
+// it, it joins the run too, and the nil entity returned makes the run
+// fail (endRun). With run nil, a Flusher's message is flushed alone
+// before it is answered.
+//
 // It returns the error the message was answered with.
-func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message) (_ Entity, err error) {
+func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e envelope, msg *Message, run *[]pending) (_ Entity, err error) {
 	ctx, shard := se.ctx, se.n
+	if e.d != nil && ctx.Err() != nil {
+		// The shard left (AbortShard): the message stays in the stream
+		// for its next owner, and so does every later one, so that
+		// none is acknowledged after one that was not.
+		return ent, ctx.Err()
+	}
 	if e.timer != nil {
 		// A timer's message: handled only if its timer is still due, and
 		// dropped silently when the region stalled since it was queued.
@@ -211,9 +242,13 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			defer func() { end(err) }()
 		}
 	}
-	var seq uint64
+	var (
+		seq  uint64
+		base = ctx // without the sequence
+	)
 	if e.d != nil {
-		ctx, seq = withSeq(ctx, e.d.seq), e.d.seq
+		_, flushes := ent.(Flusher)
+		ctx, seq = withSeq(base, e.d.seq, flushes), e.d.seq
 	}
 	var (
 		key string // the message's idempotency key, or the key it asks the answer of
@@ -223,8 +258,13 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		key, ask = answerKey(e.m.Header)
 	}
 	backoff := wait.RetryFirst
+	conflicts := 0
 	for {
-		var data []byte
+		var (
+			data     []byte
+			deferred bool // handled in memory, stored by the run's Flush
+			kept     bool // Handle answered it: its answer is kept under key
+		)
 		if ent == nil {
 			if err = h.rememberOnce(ctx, se, id, c); err != nil {
 				err = fmt.Errorf("remember entity: %w", err)
@@ -233,6 +273,16 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 			}
 		}
 		if ent != nil {
+			var (
+				fl      Flusher
+				flushes bool // stored by Flush before it is answered
+			)
+			if e.d != nil {
+				if fl, flushes = ent.(Flusher); flushes != WillFlush(ctx) {
+					ctx = withSeq(base, seq, flushes) // the entity was created here
+				}
+			}
+			deferred = flushes && run != nil
 			recalled := false
 			if key != "" {
 				// A key applied already is answered as the first
@@ -251,7 +301,25 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				var ok bool
 				if data, ok, err = h.handle(ctx, shard, id, ent, e.m, seq, e.timer, msg); !ok {
 					ent = nil // panicked: drop this incarnation without Stop
-				} else if key != "" && !transient(err) {
+				} else if flushes && !deferred && !transient(err) {
+					// A run of one: stored before it is answered.
+					if ferr := h.flush(se, id, fl); ferr != nil {
+						// Its change is not stored: the incarnation
+						// that holds it goes, a new one loads the state.
+						h.log.Warn("region: an entity could not store the change of a message of durable delivery", "shard", shard, "entity", id, "error", ferr)
+						h.dropTimers(se, c)
+						if ctx.Err() != nil {
+							return nil, ferr // the shard left: the message stays in the stream
+						}
+						ent, data, err = nil, nil, ferr
+						if errors.Is(ferr, kvstate.ErrConflict) && conflicts == 0 {
+							conflicts++ // someone else wrote: once more, from theirs
+							continue
+						}
+					}
+				}
+				kept = ent != nil && key != "" && !ask && !transient(err)
+				if kept && !deferred {
 					h.keep(se, c, key, data, err)
 				}
 			}
@@ -261,10 +329,23 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				h.log.Warn("region: an entity could not handle a message of durable delivery; it gets it again", "shard", shard, "entity", id, "error", err)
 			}
 			if ctx.Err() != nil || !wait.Sleep(ctx, backoff) {
+				if deferred && len(*run) > 0 {
+					// The run before it must not be stored without
+					// it: it fails (endRun), acknowledging nothing.
+					return nil, err
+				}
 				return ent, err // the shard left: the message stays in the stream
 			}
 			backoff = wait.Next(backoff)
 			continue
+		}
+		if deferred && (ent != nil || len(*run) > 0) {
+			k := key
+			if ask {
+				k = ""
+			}
+			*run = append(*run, pending{e: e, data: data, err: err, key: k, keep: kept})
+			return ent, nil
 		}
 		h.reply(shard, id, e.m, data, err)
 		if e.d != nil {
@@ -301,8 +382,27 @@ func (h *Host) rememberOnce(ctx context.Context, se *shardEntities, id string, c
 
 type seqKey struct{}
 
-func withSeq(ctx context.Context, seq uint64) context.Context {
-	return context.WithValue(ctx, seqKey{}, seq)
+// seqValue is what withSeq puts in a context: the message's stream
+// sequence, and whether the entity's Flush follows its Handle.
+type seqValue struct {
+	seq   uint64
+	flush bool
+}
+
+func withSeq(ctx context.Context, seq uint64, flush bool) context.Context {
+	return context.WithValue(ctx, seqKey{}, seqValue{seq: seq, flush: flush})
+}
+
+// WillFlush reports, from the context given to an entity's Handle,
+// whether the runtime calls the entity's Flush after this Handle and
+// before the message is answered or acknowledged: a message of durable
+// delivery to an entity that implements Flusher. Handle may then apply
+// the message in memory only and leave its write to Flush; otherwise it
+// stores its change itself (core delivery, or an entity wrapped in one
+// that does not implement Flusher).
+func WillFlush(ctx context.Context) bool {
+	v, _ := ctx.Value(seqKey{}).(seqValue)
+	return v.flush
 }
 
 // SeqFrom returns the stream sequence of the message being handled, from
@@ -311,8 +411,8 @@ func withSeq(ctx context.Context, seq uint64) context.Context {
 // Persistent entities save it with their state and skip a message they
 // were given again (after a crash) at or below the one they applied.
 func SeqFrom(ctx context.Context) uint64 {
-	seq, _ := ctx.Value(seqKey{}).(uint64)
-	return seq
+	v, _ := ctx.Value(seqKey{}).(seqValue)
+	return v.seq
 }
 
 // create calls the Factory; a panic is recovered (logged, and returned as

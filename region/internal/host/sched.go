@@ -258,6 +258,7 @@ func (m *mailq) len() int {
 type workerState struct {
 	spare *mailq // empty
 	msg   Message
+	run   []pending // the run of a Flusher's messages handled in memory (flush.go)
 	wake  chan bool // true: a schedule unparked it; false: reap ended it
 	old   bool      // parked through a reap already (h.qmu)
 }
