@@ -210,7 +210,7 @@ type Stats struct {
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 	SourceFenced      atomic.Uint64 // shards dropped as they paused: the coordinator had fenced their handoff (kvstate.Buffer.Fence)
 	Stalls            atomic.Uint64 // times the region found it had not run for Config.StallLimit or more: suspended until confirmed (stall.go)
-	RefusedAfterGap   atomic.Uint64 // arrivals of a paused shard refused, not buffered, because its connection dropped since the pause (divertGap)
+	DroppedAfterGap   atomic.Uint64 // arrivals of a paused shard dropped unanswered, not buffered, because its connection dropped since the pause (divertGap): the target holds its own copy
 
 	Fenced         atomic.Uint64 // times the region fenced itself (stopped serving every shard)
 	Suspended      atomic.Uint64 // times the connection dropped while registered: live shards held what arrived until confirmed
