@@ -323,16 +323,7 @@ func TestHostFlusherFailedRun(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := &runStore{fail: tc.fail}
-			entered, release := make(chan string, 1), make(chan struct{})
-			block := func(data string) {
-				if data == "m0" {
-					select {
-					case entered <- data:
-						<-release
-					default: // handled again: does not block
-					}
-				}
-			}
+			entered, release, block := blockFirstM0()
 			h, calls := runHost(t, st, block, tc.panicOn)
 			done := make(chan string, 20)
 			seen := map[string]bool{}
@@ -412,16 +403,7 @@ func TestHostFlusherRunEnds(t *testing.T) {
 // they stay in the stream for the next owner.
 func TestHostFlusherRunShardLeaves(t *testing.T) {
 	st := &runStore{}
-	entered, release := make(chan string, 1), make(chan struct{})
-	block := func(data string) {
-		if data == "m0" {
-			select {
-			case entered <- data:
-				<-release
-			default:
-			}
-		}
-	}
+	entered, release, block := blockFirstM0()
 	h, _ := runHost(t, st, block, "", "m3")
 	done := make(chan string, 20)
 	deliverRun(h, st, 0, 1, done)
@@ -444,4 +426,21 @@ func TestHostFlusherRunShardLeaves(t *testing.T) {
 	default:
 	}
 	wantApplied(t, st, 1)
+}
+
+// blockFirstM0 returns a Handle hook that holds the first handling of
+// "m0" until release is closed, saying so on entered; m0 handled again
+// does not block.
+func blockFirstM0() (entered chan string, release chan struct{}, block func(data string)) {
+	entered, release = make(chan string, 1), make(chan struct{})
+	block = func(data string) {
+		if data == "m0" {
+			select {
+			case entered <- data:
+				<-release
+			default: // handled again
+			}
+		}
+	}
+	return entered, release, block
 }
