@@ -94,7 +94,7 @@ func (st *shardState) suspend() {
 	// What the shard's replay delivered before a stall waits for the
 	// confirmation (resume, or the shard's stop or abort): it has no other
 	// copy. The stall was counted before the suspension (Agent.stalled).
-	st.a.host.HoldShard(st.n, st.a.stats.Stalls.Load())
+	st.a.host.HoldShard(st.n)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch st.mode {

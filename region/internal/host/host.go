@@ -321,16 +321,17 @@ func (h *Host) DeliverReplayed(shard int, id string, m *nats.Msg) {
 	h.enqueue(shard, id, e)
 }
 
-// HoldShard: the region suspended shard after its stall number stall
-// (Config.Stalls) until it has confirmed the shard against the shard
-// table. A message DeliverReplayed queued before that stall waits, when
-// its turn comes, for ReleaseShard (handled), StopShard (handled: the
-// shard was the region's, which stops it) or AbortShard (refused).
-func (h *Host) HoldShard(shard int, stall uint64) {
+// HoldShard: the region suspended shard after its last stall (the count
+// Config.Stalls gives now) until it has confirmed the shard against the
+// shard table. A message DeliverReplayed queued before that stall waits,
+// when its turn comes, for ReleaseShard (handled), StopShard (handled:
+// the shard was the region's, which stops it) or AbortShard (refused).
+func (h *Host) HoldShard(shard int) {
 	se := h.lookup(shard)
-	if se == nil {
-		return // nothing queued: what comes later carries the new count
+	if se == nil || h.stalls == nil {
+		return // nothing queued (what comes later carries the new count), or no stall refuses anything
 	}
+	stall := h.stalls(false)
 	se.mu.Lock()
 	if !se.closing {
 		if se.hold == nil {

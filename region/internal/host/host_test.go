@@ -1465,7 +1465,7 @@ func TestHostReplayedAfterStall(t *testing.T) {
 			<-entered
 			stalls.Add(1)
 			if c.hold {
-				h.HoldShard(0, stalls.Load())
+				h.HoldShard(0)
 			}
 			close(gate)
 			if r := rec.next(t); string(r.data) != "first" {
