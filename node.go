@@ -433,12 +433,12 @@ type Stats struct {
 
 	Delivered         uint64 // messages handed to entities (live, replayed or held)
 	Malformed         uint64 // messages with a malformed subject or the wrong shard
-	NotOwned          uint64 // messages for a shard this region no longer serves
+	NotOwned          uint64 // messages of a shard that left without a handoff, dropped unanswered: its next holder answers its own copy
 	Buffered          uint64 // messages of shards being handed off given to the buffer
 	BufferFailed      uint64 // of those, refused by the buffer (full, or an error): lost, answered with an error
 	Replayed          uint64 // buffered messages replayed to entities
 	Held              uint64 // arrivals held while their shard's buffer was replayed or the region suspended
-	HeldOverflow      uint64 // arrivals refused while replaying or suspended: too many held
+	HeldOverflow      uint64 // arrivals beyond the held limit: refused while the shard pauses, dropped unanswered while it replays or is suspended
 	DuplicatesSkipped uint64 // copies skipped by their key (Message.Key: a Nats-Msg-Id, or a request's reply subject marked unique)
 	CommandsRefused   uint64 // coordinator commands refused (stale epoch, another incarnation, garbage, or closing, not registered, suspended)
 

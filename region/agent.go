@@ -85,8 +85,9 @@ type Config struct {
 	HandOffWait time.Duration
 	// MaxHeld bounds the messages a binding shard holds while it replays
 	// the buffer, or a live one while its region is suspended (default
-	// kvstate.DefaultBufferPerShard); beyond it arrivals are refused
-	// visibly.
+	// kvstate.DefaultBufferPerShard); beyond it arrivals are dropped,
+	// counted in Stats.HeldOverflow and unanswered (another region may
+	// answer its copy: see shardState.stop).
 	MaxHeld int
 	Logger  *slog.Logger
 	// Trace, when set, is called before the entity's factory and Handle
@@ -198,7 +199,7 @@ type Agent struct {
 // Stats are counters of an Agent. Read them with Agent.Stats.
 type Stats struct {
 	Malformed atomic.Uint64 // malformed subjects or wrong shard
-	NotOwned  atomic.Uint64 // messages for a shard this region no longer serves
+	NotOwned  atomic.Uint64 // messages of a shard that left without a handoff (held, or still in its subscription), dropped unanswered: its next holder answers its own copy
 	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage, or closing, not registered, suspended)
 
 	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
@@ -206,7 +207,7 @@ type Stats struct {
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
 	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind
-	HeldOverflow      atomic.Uint64 // arrivals refused while replaying or suspended: MaxHeld reached
+	HeldOverflow      atomic.Uint64 // arrivals beyond MaxHeld: refused while the shard pauses for a handoff, dropped unanswered while it replays or is suspended (another may hold a copy)
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 	SourceFenced      atomic.Uint64 // shards dropped as they paused: the coordinator had fenced their handoff (kvstate.Buffer.Fence)
 	Stalls            atomic.Uint64 // times the region found it had not run for Config.StallLimit or more: suspended until confirmed (stall.go)

@@ -129,9 +129,12 @@
 // reaches an entity of this region. Every command is idempotent; a Release
 // of a shard that is live or replaying, and a Bind of a paused shard, are
 // refused as coordinator errors. Messages refused on the way (buffer full,
-// too many held, shard not served) are counted in Stats, logged at most
-// every 10 s per kind and, for a request, answered with the Natshard-Error
-// header.
+// too many held while the shard pauses) are counted in Stats, logged at
+// most every 10 s per kind and, for a request, answered with the
+// Natshard-Error header. Those of a shard that left without a handoff
+// (held, or still in its subscription), and those beyond MaxHeld while it
+// replays or is suspended, are counted and logged but not answered:
+// another holder of the shard may have a copy and answer it.
 //
 // Leave (and the leave command) marks the region leaving in its
 // registration, at once and in every renewal after; the coordinator then

@@ -189,10 +189,15 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 			st.mu.Unlock()
 			a.stalled(gap, now)
 			st.mu.Lock()
-			if st.mode == modeLive { // not suspended: not registered, or closing
-				st.mu.Unlock()
-				a.notOwned(st.n, m)
-				return
+			if st.mode == modeLive {
+				// Confirmed live again already (this message is the
+				// shard's next, after what it held), or nothing was
+				// suspended: the region is not registered, or closing.
+				if _, _, stalled := a.clock.check(); stalled {
+					st.mu.Unlock()
+					a.notOwned(st.n)
+					return
+				}
 			}
 		}
 	}
@@ -212,14 +217,21 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 			return
 		}
 		if len(st.held) >= a.cfg.MaxHeld {
-			why := "is moving"
-			if st.mode == modeSuspended {
-				why = "is suspended while its region reconnects to NATS"
-			}
+			clearing := st.mode == modeClearing
 			st.mu.Unlock()
 			a.stats.HeldOverflow.Add(1)
-			a.limit.log(a.log, "held-overflow", "refused a message: too many held while the shard replays its buffer or is suspended", "shard", st.n, "max", a.cfg.MaxHeld)
-			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d %s and region %s holds %d messages for it already", st.n, why, a.cfg.ID, a.cfg.MaxHeld)))
+			if !clearing {
+				// Another may hold a copy: a replaying shard's source
+				// buffers what reaches it until its release (the grace),
+				// and a suspended shard may have been given away while
+				// the region was off NATS. A refusal could be false (see
+				// stop); a pausing source is the only holder (its target
+				// is bound after the pause).
+				a.limit.log(a.log, "held-overflow", "dropped a message unanswered: too many held while the shard replays its buffer or is suspended", "shard", st.n, "max", a.cfg.MaxHeld)
+				return
+			}
+			a.limit.log(a.log, "held-overflow", "refused a message: too many held while the shard pauses", "shard", st.n, "max", a.cfg.MaxHeld)
+			a.reply(m, nil, refused(protocol.RefusedMoving, fmt.Errorf("shard %d is moving and region %s holds %d messages for it already", st.n, a.cfg.ID, a.cfg.MaxHeld)))
 			return
 		}
 		if key := protocol.MessageKey(m.Header, m.Reply); key != "" {
@@ -248,7 +260,7 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 		a.stats.Buffered.Add(1)
 	default:
 		st.mu.Unlock()
-		a.notOwned(st.n, m)
+		a.notOwned(st.n)
 	}
 }
 
@@ -306,10 +318,12 @@ func (a *Agent) malformed(m *nats.Msg, err error) {
 	a.reply(m, nil, refused(protocol.RefusedMalformed, err))
 }
 
-func (a *Agent) notOwned(shard int, m *nats.Msg) {
+// notOwned drops a message of a shard that left the region (its
+// subscription still held it), unanswered, as stop drops what the shard
+// held: the shard's next holder answers its own copy.
+func (a *Agent) notOwned(shard int) {
 	a.stats.NotOwned.Add(1)
-	a.limit.log(a.log, "not-owned", "dropped a message for a shard not served here", "shard", shard)
-	a.reply(m, nil, refused(protocol.RefusedNotOwned, fmt.Errorf("shard %d is not served by region %s", shard, a.cfg.ID)))
+	a.limit.log(a.log, "not-owned", "dropped a message for a shard not served here, unanswered", "shard", shard)
 }
 
 // reply answers a request; err becomes the Natshard-Error header, and a
@@ -434,23 +448,34 @@ func (st *shardState) clear() {
 }
 
 // stop unsubscribes the shard at once, in whatever mode, ends its replay
-// and refuses what it held; no end marker is written.
+// and drops what it held, unanswered; no end marker is written.
+//
+// A shard stops so when it leaves without a handoff: dropped after a
+// suspension, fenced, dropped by the coordinator, or its bind failed.
+// Its next holder (the coordinator parking it, or its new owner) has its
+// own copy of what arrived here since it subscribed, and answers it once
+// handled; only what arrived before that is held here alone. A refusal
+// would tell the publisher that nothing was done with a message its next
+// owner may handle (a "phantom", as the fault campaign calls it), so no
+// answer is sent: a request's outcome is unknown to its sender, who sends
+// it again with its key (PROTOCOL.md, Errors on the data plane).
 func (st *shardState) stop(why string) {
 	a := st.a
 	st.mu.Lock()
 	st.mode = modeGone
-	var held []heldMsg // undelivered: refused below
+	held := 0 // undelivered
 	for _, h := range st.held[st.heldNext:] {
 		if _, done := st.seen[protocol.MessageKey(h.m.Header, h.m.Reply)]; !done {
-			held = append(held, h)
+			held++
 		}
 	}
 	st.held, st.heldAt, st.seen = nil, nil, nil
 	st.mu.Unlock()
 	st.cancel()
 	st.a.unsubscribeShard(st)
-	for _, h := range held {
-		a.reply(h.m, nil, refused(protocol.RefusedNotOwned, fmt.Errorf("shard %d left region %s: %s", st.n, a.cfg.ID, why)))
+	if held > 0 {
+		a.stats.NotOwned.Add(uint64(held))
+		a.limit.log(a.log, "held-dropped", "dropped what a shard held, unanswered: it left without a handoff, and its next holder answers its own copies", "shard", st.n, "held", held, "why", why)
 	}
 }
 
