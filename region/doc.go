@@ -117,11 +117,10 @@
 // A region that did not run for Config.StallLimit (its process stopped, a
 // long GC pause, a VM stall), or passed its registration deadline, may
 // have lost shards meanwhile: it suspends its live shards until it has
-// confirmed them against the shard table, as after a lost connection, and
-// refuses the messages queued for its entities before the stall, but
-// for those a shard's replay delivered, which have no other copy: they
-// wait for the confirmation, handled if it keeps the shard, refused if it
-// drops it (host.DeliverReplayed; stall.go; PROTOCOL.md, Zombie regions).
+// confirmed them against the shard table, as after a lost connection; the
+// messages queued for its entities before the stall wait for the
+// confirmation, handled if it keeps their shard, refused if it drops it
+// (host.Deliver; stall.go; PROTOCOL.md, Zombie regions).
 //
 // Drop, Fence and Close end any mode at once, without end marker. The mode
 // changes under the shard's lock and every delivery to the entities happens

@@ -576,10 +576,10 @@ func (e gatedEntity) Handle(ctx context.Context, m *region.Message) ([]byte, err
 // on a starved machine while it replayed): what a shard's replay handed to
 // busy entities before the region stalled is handled once the table
 // confirms the shard, in order. Before, the runtime refused every core
-// message queued before a stall, as it must for a live shard that may
-// have been moved meanwhile; but a replayed message's buffered copy was
-// already taken as delivered, so the refusal lost it (two keyed messages
-// of two entities in the stress run).
+// message queued before a stall, since a live shard may have been moved
+// meanwhile; but a replayed message's buffered copy was already taken as
+// delivered, so the refusal lost it (two keyed messages of two entities
+// in the stress run). TestStallWhileLive: the same for a live shard.
 func TestStallWhileReplaying(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{})
 	gate := make(chan struct{})
@@ -623,6 +623,49 @@ func TestStallWhileReplaying(t *testing.T) {
 	}
 	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateActive, Region: "a", Incarnation: c.incs["a"], Order: 1})
+	c.publishSeqs(ids, 11, 20)
+	c.expectSeqs(ids, 20)
+	if st := a.Stats(); st.Fenced.Load() != 0 {
+		t.Fatalf("a fenced %d times", st.Fenced.Load())
+	}
+}
+
+// TestStallWhileLive: what a live shard's entities had queued when the
+// region stalled waits for the table's verdict on the shard and is handled,
+// in order, once the region confirmed it. Before (until 2026-11-29) the
+// runtime refused every core message queued before a stall, although the
+// table still gave the region the shard: a publish was lost, a request
+// refused.
+func TestStallWhileLive(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	gate := make(chan struct{})
+	a := c.addAgent("a", func(cfg *region.Config) {
+		cfg.StallLimit = time.Minute // the test writes the rows the confirmation reads
+		factory := cfg.Factory
+		cfg.Factory = func(ctx context.Context, id string) (region.Entity, error) {
+			e, err := factory(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return gatedEntity{e, gate}, nil
+		}
+	})
+	const shard = 2
+	ids := idsIn("stall-live", 4, []int{shard})
+	c.allocate("a", shard)
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { return a.Status().Live == 1 })
+	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateActive, Region: "a", Incarnation: c.incs["a"], Order: 1})
+	delivered := a.EntityCounts().Delivered
+	c.publishSeqs(ids, 1, 10)
+	// Every entity is in its first Handle, its other nine messages queued.
+	natstest.Eventually(t, 30*time.Second, "a to deliver 1..10", func() bool { return a.EntityCounts().Delivered-delivered == uint64(10*len(ids)) })
+
+	a.Stall(2 * time.Minute)
+	natstest.Eventually(t, 30*time.Second, "a to confirm its shard after the stall", func() bool {
+		st := a.Stats()
+		return st.Stalls.Load() > 0 && st.Confirmed.Load() > 0
+	})
+	close(gate)
 	c.publishSeqs(ids, 11, 20)
 	c.expectSeqs(ids, 20)
 	if st := a.Stats(); st.Fenced.Load() != 0 {

@@ -148,7 +148,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		}
 	}
 	a.trace(st, "replayed", key)
-	a.host.DeliverReplayed(st.n, id, m)
+	a.host.Deliver(st.n, id, m)
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 }
@@ -197,13 +197,8 @@ func (a *Agent) flushHeldLocked(st *shardState) (held, skipped int) {
 // (not including) upTo, in arrival order, skipping those whose key
 // (protocol.MessageKey) was delivered already, and moves st.heldNext to
 // upTo; st.mu is held. While the shard replays, their copies in the
-// buffer are skipped from then on: they are delivered as replayed
-// (host.DeliverReplayed), which a stall does not refuse.
+// buffer are skipped from then on.
 func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
-	deliver := a.host.Deliver
-	if st.mode == modeHold {
-		deliver = a.host.DeliverReplayed
-	}
 	for _, h := range st.held[st.heldNext:upTo] {
 		key := protocol.MessageKey(h.m.Header, h.m.Reply)
 		if key != "" {
@@ -214,7 +209,7 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 			st.seen[key] = struct{}{}
 		}
 		a.trace(st, "held message delivered", key)
-		deliver(st.n, h.id, h.m)
+		a.host.Deliver(st.n, h.id, h.m)
 	}
 	st.heldNext = upTo
 }

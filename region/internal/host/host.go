@@ -57,9 +57,8 @@ type Config struct {
 	Now func() time.Time
 	// Stalls, when set, is the number of stalls the region has handled
 	// (region/stall.go); with check, it first looks for a stall and handles it.
-	// A message of core delivery queued before a stall is not handled
-	// after it: its shard may be another region's by then (but see
-	// DeliverReplayed). With check
+	// A message of core delivery queued before a stall waits, when its
+	// turn comes, for the region's verdict on its shard (Deliver). With check
 	// it is called without the host's locks; without, maybe under a
 	// shard's mutex (a timer's message), so it must only read a count.
 	Stalls func(check bool) uint64
@@ -281,9 +280,6 @@ type envelope struct {
 	d      *durableMsg
 	stalls uint64     // Config.Stalls when it was delivered
 	timer  *timerFire // set for a message of the entity's timer (timers.go)
-	// replayed: DeliverReplayed's; after a stall it waits for the
-	// region's confirmation of its shard instead of being refused.
-	replayed bool
 }
 
 // durableMsg is what a message of durable delivery carries besides itself:
@@ -297,6 +293,15 @@ type durableMsg struct {
 // Deliver queues m for entity id of shard and makes sure a worker runs
 // the entity. It never waits for an entity. A shard being stopped refuses
 // the message: a request is answered with errShardNotServed.
+//
+// When the region stalls (Config.Stalls) before the message's turn, the
+// shard may have been given to another region meanwhile: the message
+// waits until the region has confirmed the shard against the shard table
+// (HoldShard, ReleaseShard) and is handled then; it is refused if the
+// shard is aborted meanwhile (not the region's any more), or was not held
+// for that stall (paused for a handoff, or not the region's). The
+// refusal is true: the message reached the region before the stall, so
+// before any other region could have subscribed to its shard.
 func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
 	e := envelope{m: m}
 	if h.stalls != nil {
@@ -305,25 +310,9 @@ func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
 	h.enqueue(shard, id, e)
 }
 
-// DeliverReplayed is Deliver for a message that a replay of shard's
-// buffer delivers (buffered, or held by the region while it replayed),
-// whose buffered copy the region then takes as delivered: refusing it
-// after a stall would lose it. So when a stall comes before its turn, it
-// waits until the region has confirmed the shard against the shard table
-// (HoldShard, ReleaseShard) and is handled then; it is refused if the
-// shard is aborted meanwhile (not the region's any more), or was not held
-// for that stall.
-func (h *Host) DeliverReplayed(shard int, id string, m *nats.Msg) {
-	e := envelope{m: m, replayed: true}
-	if h.stalls != nil {
-		e.stalls = h.stalls(false)
-	}
-	h.enqueue(shard, id, e)
-}
-
 // HoldShard: the region suspended shard after its last stall (the count
 // Config.Stalls gives now) until it has confirmed the shard against the
-// shard table. A message DeliverReplayed queued before that stall waits,
+// shard table. A message Deliver queued before that stall waits,
 // when its turn comes, for ReleaseShard (handled), StopShard (handled:
 // the shard was the region's, which stops it) or AbortShard (refused).
 func (h *Host) HoldShard(shard int) {
@@ -361,7 +350,7 @@ func (se *shardEntities) releaseLocked() {
 	}
 }
 
-// confirmedAfter waits, for a message DeliverReplayed queued before the
+// confirmedAfter waits, for a message Deliver queued before the
 // region's stall number stall, while shard se is held (HoldShard) and
 // reports whether the region confirmed it after that stall: false when
 // the shard was aborted meanwhile, or not held for that stall (it was not

@@ -227,11 +227,10 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		}
 	} else if h.stalls != nil && e.d == nil {
 		// Queued before the region stalled: the shard may have been given
-		// to another region meanwhile, which handles what came after it.
-		// (Durable delivery's stream keeps the message for its owner.) A
-		// replayed one waits for the region's verdict instead: it has no
-		// other copy (DeliverReplayed).
-		if now := h.stalls(true); now != e.stalls && !(e.replayed && h.confirmedAfter(se, now)) {
+		// to another region meanwhile. It waits for the region's verdict
+		// on the shard (Deliver). (Durable delivery's stream keeps the
+		// message for its owner.)
+		if now := h.stalls(true); now != e.stalls && !h.confirmedAfter(se, now) {
 			h.refuse(shard, id, e.m)
 			return ent, errShardNotServed
 		}
