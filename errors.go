@@ -47,7 +47,8 @@ var (
 	// ErrNotFound: an entity has no persisted state.
 	ErrNotFound = kvstate.ErrNotFound
 	// ErrConflict: a compare-and-set failed: the state's revision is not
-	// the one the writer held (another writer came first).
+	// the one the writer held (another writer came first). In durable
+	// delivery it is handled as ErrUnavailable: the message is given again.
 	ErrConflict = kvstate.ErrConflict
 	// ErrUnavailable: NATS or JetStream did not answer (a timeout, a
 	// leader election). In durable delivery, a message whose entity (or

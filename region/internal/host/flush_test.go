@@ -265,7 +265,8 @@ func TestHostFlusherStoresARunInOneWrite(t *testing.T) {
 // TestHostFlusherFailedRun: when the Flush of a run fails, none of its
 // messages is answered or acknowledged; a new incarnation handles them
 // again, one at a time, each stored by its own Flush, and each takes
-// effect once: after a write refused (a conflict, a store error), after a
+// effect once: after a write refused (a conflict, three conflicts in a
+// row, a store error), after a
 // write stored whose answer was lost, and after a Handle of the run
 // panicked.
 func TestHostFlusherFailedRun(t *testing.T) {
@@ -285,6 +286,18 @@ func TestHostFlusherFailedRun(t *testing.T) {
 				return true, nil
 			},
 			writes: 12, runs: []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+		},
+		{
+			// A new incarnation's write refused twice more: still
+			// given again, never answered with the conflict.
+			name: "refused-thrice",
+			fail: func(n int) (bool, error) {
+				if n >= 2 && n <= 4 {
+					return false, fmt.Errorf("save: %w", kvstate.ErrConflict)
+				}
+				return true, nil
+			},
+			writes: 14, runs: []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
 		},
 		{
 			name: "error",

@@ -197,10 +197,11 @@ func (h *Host) startOne(se *shardEntities, id string, ent Entity) Entity {
 //
 // A message of durable delivery is done (acknowledged) once answered.
 // When the entity (or its Factory) fails with ErrUnavailable (its state
-// could not be read or written: JetStream has no leader for a moment), it
-// is not answered: the entity gets it again after a pause, before any
-// later message, until it succeeds or the shard leaves this region (then
-// it stays in the stream for the next owner).
+// could not be read or written: JetStream has no leader for a moment) or
+// ErrConflict (its state's revision was not the one it held, and again
+// after a reload), it is not answered: the entity gets it again after a
+// pause, before any later message, until it succeeds or the shard leaves
+// this region (then it stays in the stream for the next owner).
 //
 // With run not nil, a message of durable delivery to a Flusher is
 // handled in memory and appended to *run (neither answered nor
@@ -323,7 +324,11 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				}
 			}
 		}
-		if e.d != nil && errors.Is(err, kvstate.ErrUnavailable) {
+		if e.d != nil && (errors.Is(err, kvstate.ErrUnavailable) || errors.Is(err, kvstate.ErrConflict)) {
+			// Not the entity's verdict on the message: its state could
+			// not be stored (no answer from JetStream, or a revision
+			// other than the one held, twice). Acknowledged with the
+			// error, the message's effect would be lost.
 			if backoff == wait.RetryFirst {
 				h.log.Warn("region: an entity could not handle a message of durable delivery; it gets it again", "shard", shard, "entity", id, "error", err)
 			}
