@@ -571,6 +571,23 @@ func (e gatedEntity) Handle(ctx context.Context, m *region.Message) ([]byte, err
 	return e.Entity.Handle(ctx, m)
 }
 
+// addGatedAgent adds region id, whose entities' Handle waits for gate to
+// be closed, with a stall limit of a minute: the test stalls it, and
+// writes the rows its confirmation reads.
+func (c *cluster) addGatedAgent(id string, gate <-chan struct{}) *region.Agent {
+	return c.addAgent(id, func(cfg *region.Config) {
+		cfg.StallLimit = time.Minute
+		factory := cfg.Factory
+		cfg.Factory = func(ctx context.Context, id string) (region.Entity, error) {
+			e, err := factory(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return gatedEntity{e, gate}, nil
+		}
+	})
+}
+
 // TestStallWhileReplaying (issue 30; found by stressing
 // coordinator.TestStepDownWhileParked/binding, whose region stalled 537 ms
 // on a starved machine while it replayed): what a shard's replay handed to
@@ -583,17 +600,7 @@ func (e gatedEntity) Handle(ctx context.Context, m *region.Message) ([]byte, err
 func TestStallWhileReplaying(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{})
 	gate := make(chan struct{})
-	a := c.addAgent("a", func(cfg *region.Config) {
-		cfg.StallLimit = time.Minute // the test writes the rows the confirmation reads
-		factory := cfg.Factory
-		cfg.Factory = func(ctx context.Context, id string) (region.Entity, error) {
-			e, err := factory(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return gatedEntity{e, gate}, nil
-		}
-	})
+	a := c.addGatedAgent("a", gate)
 	const shard = 2
 	ids := idsIn("stall-replay", 4, []int{shard})
 	failed := func(m *nats.Msg, err error) { t.Errorf("append %s: %v", m.Data, err) }
@@ -639,17 +646,7 @@ func TestStallWhileReplaying(t *testing.T) {
 func TestStallWhileLive(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{})
 	gate := make(chan struct{})
-	a := c.addAgent("a", func(cfg *region.Config) {
-		cfg.StallLimit = time.Minute // the test writes the rows the confirmation reads
-		factory := cfg.Factory
-		cfg.Factory = func(ctx context.Context, id string) (region.Entity, error) {
-			e, err := factory(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return gatedEntity{e, gate}, nil
-		}
-	})
+	a := c.addGatedAgent("a", gate)
 	const shard = 2
 	ids := idsIn("stall-live", 4, []int{shard})
 	c.allocate("a", shard)
