@@ -43,6 +43,19 @@ type stallClock struct {
 	limit    int64        // Config.StallLimit; 0: no stall watch
 	beat     atomic.Int64 // when the watch last ran
 	deadline atomic.Int64 // registration deadline (renewal.Deadline); 0: none
+	// flight is the handling of the stall found last (stalled).
+	flight atomic.Pointer[stallFlight]
+}
+
+// stallFlight is one finder's handling of a stall, known by the beat it
+// found stale. The watch, a delivery and each entity's worker may find
+// the same stall at once; the first handles it, the others wait for it
+// (done) instead of counting it again: the runtime holds a shard for the
+// stall count of its suspension, and a message that saw a higher count
+// for the same stall was refused (a stress run under -race, 2026-11-29).
+type stallFlight struct {
+	beat int64
+	done chan struct{}
 }
 
 func (c *stallClock) now() int64 { return int64(time.Since(c.base)) }
@@ -109,6 +122,18 @@ func (a *Agent) stallCount(check bool) uint64 {
 // reconnect. Only then does the beat move on, so that a delivery that
 // sees the old beat has found its shard suspended when it looks again.
 func (a *Agent) stalled(gap time.Duration, now int64) {
+	f := &stallFlight{beat: now - int64(gap), done: make(chan struct{})}
+	for {
+		cur := a.clock.flight.Load()
+		if cur != nil && cur.beat == f.beat {
+			<-cur.done // found by another finder too: handled once
+			return
+		}
+		if a.clock.flight.CompareAndSwap(cur, f) {
+			break
+		}
+	}
+	defer close(f.done)
 	if v := a.viewNow(); v.registered && !v.closed { // fenced or closing: nothing to suspend
 		a.stats.Stalls.Add(1)
 		a.limit.log(a.log, "stalled", "the region was not running for a while (stopped, a long GC pause, a VM stall), or its registration deadline passed: it may have lost shards meanwhile; suspending them until it has confirmed them", "gap", gap.Round(time.Millisecond))
