@@ -897,26 +897,36 @@ func TestLeave(t *testing.T) {
 }
 
 // TestBufferOverflowIsVisible: a paused shard whose buffer is full refuses
-// further messages with an error answer and counts them; a binding shard
+// further messages with an error answer and counts them, while its
+// handoff is not complete (its target cannot be bound yet: after,
+// TestFullBufferAfterComplete); a binding shard
 // that holds MaxHeld messages already counts the next one and drops it
 // unanswered (its source may still be buffering its own copy, which the
 // replay would deliver: a refusal could be false).
 func TestBufferOverflowIsVisible(t *testing.T) {
 	c := newCluster(t, kvstate.BufferOptions{MaxPerShard: 5})
-	a := c.addAgent("a", nil)
+	gate := make(chan struct{})
+	a := c.addGatedAgent("a", gate)
 	b := c.addAgent("b", func(cfg *region.Config) { cfg.MaxHeld = 3 })
 	const s = 2
 	id := idsIn("x", 1, []int{s})[0]
 	c.allocate("a", s)
-	if m, err := c.request(id, "1", 10*time.Second); err != nil || string(m.Data) != "ok 1" {
-		t.Fatalf("request: %v", err)
-	}
 	// The marker is purged once a is live: the buffer is empty.
 	natstest.Eventually(t, 30*time.Second, "purged buffer", func() bool {
 		n, err := c.buffer.Len(context.Background(), s)
 		return err == nil && n == 0
 	})
-	c.handOff("a", []int{s}, c.newHandoffs(1))
+	// Its entity waits in the Handle of 1 (the gate): it cannot stop, so
+	// the pause does not complete.
+	delivered := a.EntityCounts().Delivered
+	if err := c.nc.Publish(c.subjects.EntityOf(id, shards), []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 30*time.Second, "1 delivered", func() bool { return a.EntityCounts().Delivered > delivered })
+	if r := c.must("a", protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1)}); r.Complete {
+		t.Fatalf("handoff complete with an entity in its Handle: %+v", r)
+	}
+	defer close(gate)
 	for i := 2; i <= 6; i++ {
 		if err := c.nc.Publish(c.subjects.EntityOf(id, shards), []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
@@ -1056,5 +1066,51 @@ func TestHeldDuringDivertingGap(t *testing.T) {
 	natstest.Eventually(t, 30*time.Second, "the shard to go live", func() bool { return a.Stats().DuplicatesSkipped.Load() == 4 })
 	if got, want := c.rec.seqs(t, id), []int{1, 2, 3, 4, 5}; !slices.Equal(got, want) {
 		t.Fatalf("entity %s handled %v, want %v", id, got, want)
+	}
+}
+
+// TestFullBufferAfterComplete (PROTOCOL.md, What a region cannot vouch
+// for): once a paused shard's source answered complete, its target may
+// be bound and hold its own copy of every arrival. A message the source's
+// full buffer cannot take is then dropped there unanswered, not refused:
+// the target answers it once handled, after the buffer. Before, the
+// source refused it, and the requester took that false "nothing was done"
+// for the answer.
+func TestFullBufferAfterComplete(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{MaxPerShard: 3})
+	a := c.addAgent("a", nil)
+	c.addAgent("b", nil)
+	const s = 2
+	id := idsIn("z", 1, []int{s})[0]
+	c.allocate("a", s)
+	natstest.Eventually(t, 30*time.Second, "purged buffer", func() bool {
+		n, err := c.buffer.Len(context.Background(), s)
+		return err == nil && n == 0
+	})
+	hs := c.newHandoffs(1)
+	c.handOff("a", []int{s}, hs)
+	for i := 1; i <= 3; i++ {
+		if err := c.nc.Publish(c.subjects.EntityOf(id, shards), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 30*time.Second, "3 buffered: the buffer full", func() bool {
+		n, err := c.buffer.Len(context.Background(), s)
+		return err == nil && n == 3
+	})
+	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: hs})
+	answers, err := c.nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 4; i <= 6; i++ {
+		if err := c.nc.PublishRequest(c.subjects.EntityOf(id, shards), answers.Subject, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 30*time.Second, "a's buffer to refuse 4..6", func() bool { return a.Stats().BufferFull.Load() == 3 })
+	c.must("a", protocol.Command{Kind: protocol.CmdRelease, Shards: []int{s}, Handoffs: hs})
+	if got := answersFor(t, answers, 3); !slices.Equal(got, []string{"ok 4", "ok 5", "ok 6"}) {
+		t.Fatalf("answered %v; want 4..6 handled by b, once each", got)
 	}
 }

@@ -137,6 +137,7 @@ func (st *shardState) resume() {
 
 // settle waits for the clearing of the shard's buffer that pause began.
 func (st *shardState) settle(ctx context.Context) error {
+	st.completed.Store(true) // complete may be answered from now on (appendFailed)
 	st.mu.Lock()
 	cleared := st.cleared
 	st.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -135,6 +136,12 @@ type shardState struct {
 
 	replayed int       // messages the replay delivered (for the log)
 	bound    time.Time // when the shard was bound (for Config.OnStep)
+
+	// divert: appendFailed for this shard (made once, at the pause), and
+	// whether its source may have answered complete (settle began): the
+	// target may be bound from then on.
+	failed    func(m *nats.Msg, err error)
+	completed atomic.Bool
 }
 
 // lateCopy reports whether m, arriving at a live shard, is a copy of a
@@ -255,7 +262,7 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 		// goroutine, under the lock. They name the handoff, which the
 		// coordinator fences if it takes the shard from this region
 		// without its consent (kvstate.Buffer.Fence).
-		a.cfg.Buffer.AppendFrom(st.n, st.handoff, m, a.appendFailed)
+		a.cfg.Buffer.AppendFrom(st.n, st.handoff, m, st.failed)
 		st.mu.Unlock()
 		a.stats.Buffered.Add(1)
 	default:
@@ -293,8 +300,9 @@ func (a *Agent) divertGap(st *shardState) bool {
 func (a *Agent) dropAfterGap() { a.stats.DroppedAfterGap.Add(1) }
 
 // appendFailed is called by the buffer, from its own goroutine, for a
-// message it could not buffer: the loss is counted, logged and answered.
-func (a *Agent) appendFailed(m *nats.Msg, err error) {
+// message of paused shard st it could not buffer: the loss is counted,
+// logged and, while the shard's target cannot be bound yet, answered.
+func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 	a.stats.BufferFailed.Add(1)
 	if kvstate.MaybeStored(err) {
 		// Not refused: it may be in the buffer, and then its next owner
@@ -302,9 +310,20 @@ func (a *Agent) appendFailed(m *nats.Msg, err error) {
 		a.limit.log(a.log, "buffer-unknown", "a message of a paused shard may not have been buffered (no acknowledgement); if it was not, it is lost", "subject", m.Subject, "err", err)
 		return
 	}
-	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
-	if errors.Is(err, kvstate.ErrBufferFull) {
+	full := errors.Is(err, kvstate.ErrBufferFull)
+	if full {
 		a.stats.BufferFull.Add(1)
+	}
+	if st.completed.Load() {
+		// The source may have answered complete, and the target been
+		// bound: the target holds its own copy of what arrives since, and
+		// answers it after the buffer. A refusal could be false
+		// (PROTOCOL.md, What a region cannot vouch for).
+		a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; dropped unanswered (its target, if bound, has its own copy; if not, it is lost)", "subject", m.Subject, "err", err)
+		return
+	}
+	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
+	if full {
 		err = fmt.Errorf("shard is moving and its buffer is full: %w", err) // names the cause: messages per shard, or no space
 	} else {
 		err = fmt.Errorf("shard is moving and its message could not be buffered: %w", err)
@@ -375,6 +394,9 @@ func (st *shardState) pause(handoff uint64) {
 	st.mode, st.handoff = modeClearing, handoff
 	st.pausedConn, st.gapped = st.a.cfg.Conn.Stats().Reconnects, false
 	st.cleared = make(chan struct{})
+	if st.failed == nil {
+		st.failed = func(m *nats.Msg, err error) { st.a.appendFailed(st, m, err) }
+	}
 	st.mu.Unlock()
 	st.a.goDo(st.clear)
 }
@@ -439,7 +461,7 @@ func (st *shardState) clear() {
 				continue
 			}
 		}
-		a.cfg.Buffer.AppendFrom(st.n, st.handoff, h.m, a.appendFailed)
+		a.cfg.Buffer.AppendFrom(st.n, st.handoff, h.m, st.failed)
 		appended++
 	}
 	a.stats.Buffered.Add(uint64(appended))
