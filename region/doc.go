@@ -119,8 +119,9 @@
 // have lost shards meanwhile: it suspends its live shards until it has
 // confirmed them against the shard table, as after a lost connection; the
 // messages queued for its entities before the stall wait for the
-// confirmation, handled if it keeps their shard, refused if it drops it
-// (host.Deliver; stall.go; PROTOCOL.md, Zombie regions).
+// confirmation: handled if it keeps their shard, dropped unanswered if it
+// drops it, since a replayed one is still in the buffer its next owner
+// replays (host.Deliver; stall.go; PROTOCOL.md, Zombie regions).
 //
 // Drop, Fence and Close end any mode at once, without end marker. The mode
 // changes under the shard's lock and every delivery to the entities happens

@@ -297,11 +297,12 @@ type durableMsg struct {
 // When the region stalls (Config.Stalls) before the message's turn, the
 // shard may have been given to another region meanwhile: the message
 // waits until the region has confirmed the shard against the shard table
-// (HoldShard, ReleaseShard) and is handled then; it is refused if the
-// shard is aborted meanwhile (not the region's any more), or was not held
-// for that stall (paused for a handoff, or not the region's). The
-// refusal is true: the message reached the region before the stall, so
-// before any other region could have subscribed to its shard.
+// (HoldShard, ReleaseShard) and is handled then. It is dropped unanswered
+// if the shard is aborted meanwhile (not the region's any more: a message
+// a replay delivered is still in the buffer the next owner replays, and
+// answered there), and refused if the shard was not held for that stall
+// (paused for a handoff: the message, delivered live before the pause, is
+// nowhere else).
 func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
 	e := envelope{m: m}
 	if h.stalls != nil {

@@ -232,6 +232,14 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 		// on the shard (Deliver). (Durable delivery's stream keeps the
 		// message for its owner.)
 		if now := h.stalls(true); now != e.stalls && !h.confirmedAfter(se, now) {
+			if ctx.Err() != nil {
+				// Let go without a handoff (AbortShard): its next holder
+				// may have a copy (a replay's, from the buffer it leaves)
+				// and answer it, so a refusal could be false.
+				h.refusedStopping.Add(1)
+				h.log.Warn("region: a message queued before a stall dropped unanswered: its shard left the region", "shard", shard, "entity", id)
+				return ent, errShardNotServed
+			}
 			h.refuse(shard, id, e.m)
 			return ent, errShardNotServed
 		}
