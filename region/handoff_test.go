@@ -948,6 +948,17 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 	if got := a.Stats().BufferFailed.Load(); got != 3 {
 		t.Fatalf("buffer failed %d, want 3", got)
 	}
+	// Suspended (its connection dropped, or it stalled), a can no longer
+	// tell whether the coordinator took the shard meanwhile, parking it
+	// (the parker has its own copy): the next is dropped unanswered.
+	a.Suspend("test")
+	if m, err := c.request(id, "10", time.Second); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("request to a full buffer of a suspended region: %v, answered %v", err, m)
+	}
+	if got := a.Stats().BufferFailed.Load(); got != 4 {
+		t.Fatalf("buffer failed %d, want 4", got)
+	}
+	a.Reconnected()
 
 	// b binds another shard whose marker never comes: it holds 3, then
 	// drops.

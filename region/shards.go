@@ -301,7 +301,7 @@ func (a *Agent) dropAfterGap() { a.stats.DroppedAfterGap.Add(1) }
 
 // appendFailed is called by the buffer, from its own goroutine, for a
 // message of paused shard st it could not buffer: the loss is counted,
-// logged and, while the shard's target cannot be bound yet, answered.
+// logged and, while no other region can hold the shard yet, answered.
 func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 	a.stats.BufferFailed.Add(1)
 	if kvstate.MaybeStored(err) {
@@ -314,12 +314,15 @@ func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 	if full {
 		a.stats.BufferFull.Add(1)
 	}
-	if st.completed.Load() {
+	if _, _, stalled := a.clock.check(); stalled || st.completed.Load() || a.viewNow().suspended {
 		// The source may have answered complete, and the target been
 		// bound: the target holds its own copy of what arrives since, and
-		// answers it after the buffer. A refusal could be false
-		// (PROTOCOL.md, What a region cannot vouch for).
-		a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; dropped unanswered (its target, if bound, has its own copy; if not, it is lost)", "subject", m.Subject, "err", err)
+		// answers it after the buffer. Or the region stalled or lost its
+		// connection, and the coordinator may have taken the shard
+		// meanwhile (a forced reallocation): then the parker has a copy.
+		// A refusal could be false (PROTOCOL.md, What a region cannot
+		// vouch for).
+		a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; dropped unanswered (the shard's next holder, if any yet, has its own copy; if not, it is lost)", "subject", m.Subject, "err", err)
 		return
 	}
 	a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; it is lost", "subject", m.Subject, "err", err)
