@@ -315,7 +315,8 @@ func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
 // Config.Stalls gives now) until it has confirmed the shard against the
 // shard table. A message Deliver queued before that stall waits,
 // when its turn comes, for ReleaseShard (handled), StopShard (handled:
-// the shard was the region's, which stops it) or AbortShard (refused).
+// the shard was the region's, which stops it) or AbortShard (dropped
+// unanswered).
 func (h *Host) HoldShard(shard int) {
 	se := h.lookup(shard)
 	if se == nil || h.stalls == nil {
