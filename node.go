@@ -435,7 +435,7 @@ type Stats struct {
 	Malformed         uint64 // messages with a malformed subject or the wrong shard
 	NotOwned          uint64 // messages of a shard that left without a handoff, dropped unanswered: its next holder answers its own copy
 	Buffered          uint64 // messages of shards being handed off given to the buffer
-	BufferFailed      uint64 // of those, refused by the buffer (full, or an error): lost, answered with an error
+	BufferFailed      uint64 // of those, refused by the buffer (full, or an error): lost; answered with an error while the source was the shard's one holder
 	Replayed          uint64 // buffered messages replayed to entities
 	Held              uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	HeldOverflow      uint64 // arrivals beyond the held limit: refused while the shard pauses, dropped unanswered while it replays or is suspended

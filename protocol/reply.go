@@ -21,11 +21,14 @@ const (
 	// names the wrong shard. Sending it again cannot help.
 	RefusedMalformed = "malformed"
 	// RefusedNotOwned: the region that got it does not serve its shard
-	// (any more): the shard moved, or is moving.
+	// (any more): the shard moved, or is moving. Regions no longer send
+	// it (since 2026-11-29 they drop such a message unanswered: its next
+	// holder may answer its own copy); clients still take it from older
+	// regions.
 	RefusedNotOwned = "not-owned"
-	// RefusedMoving: the shard is moving and its buffer (or what the new
-	// owner holds while it replays) is full, or the message could not be
-	// buffered.
+	// RefusedMoving: the shard is moving and its buffer is full, or its
+	// source holds too many messages while it pauses, or the message could
+	// not be buffered (before the source stopped its entities).
 	RefusedMoving = "moving"
 	// RefusedStopping: the shard's entities are stopping (it is leaving
 	// the region).

@@ -203,7 +203,7 @@ type Stats struct {
 	Refused   atomic.Uint64 // commands refused (stale epoch, other incarnation, garbage, or closing, not registered, suspended)
 
 	Buffered          atomic.Uint64 // messages of paused shards given to the buffer (BufferFailed of them were refused)
-	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost, answered with an error
+	BufferFailed      atomic.Uint64 // of those, the ones the buffer refused (full, or an error): lost; answered with an error while the source was the shard's one holder (appendFailed)
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
 	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind

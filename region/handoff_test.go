@@ -214,6 +214,16 @@ func (c *cluster) handOff(id string, shards []int, hs []uint64) {
 	})
 }
 
+// awaitBuffered waits until shard's buffer holds n messages (what says
+// what that means to the test).
+func (c *cluster) awaitBuffered(shard int, n uint64, what string) {
+	c.t.Helper()
+	natstest.Eventually(c.t, 30*time.Second, what, func() bool {
+		got, err := c.buffer.Len(context.Background(), shard)
+		return err == nil && got == n
+	})
+}
+
 // move hands the shards off from one region to another, as the
 // coordinator does: HandOff until complete, Bind, Release.
 func (c *cluster) move(shards []int, from, to string) {
@@ -912,10 +922,7 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 	id := idsIn("x", 1, []int{s})[0]
 	c.allocate("a", s)
 	// The marker is purged once a is live: the buffer is empty.
-	natstest.Eventually(t, 30*time.Second, "purged buffer", func() bool {
-		n, err := c.buffer.Len(context.Background(), s)
-		return err == nil && n == 0
-	})
+	c.awaitBuffered(s, 0, "purged buffer")
 	// Its entity waits in the Handle of 1 (the gate): it cannot stop, so
 	// the pause does not complete.
 	delivered := a.EntityCounts().Delivered
@@ -932,10 +939,7 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	natstest.Eventually(t, 30*time.Second, "5 buffered", func() bool {
-		n, err := c.buffer.Len(context.Background(), s)
-		return err == nil && n == 5
-	})
+	c.awaitBuffered(s, 5, "5 buffered")
 	for i := 7; i <= 9; i++ {
 		m, err := c.request(id, strconv.Itoa(i), 10*time.Second)
 		if err != nil {
@@ -1094,10 +1098,7 @@ func TestFullBufferAfterComplete(t *testing.T) {
 	const s = 2
 	id := idsIn("z", 1, []int{s})[0]
 	c.allocate("a", s)
-	natstest.Eventually(t, 30*time.Second, "purged buffer", func() bool {
-		n, err := c.buffer.Len(context.Background(), s)
-		return err == nil && n == 0
-	})
+	c.awaitBuffered(s, 0, "purged buffer")
 	hs := c.newHandoffs(1)
 	c.handOff("a", []int{s}, hs)
 	for i := 1; i <= 3; i++ {
@@ -1105,10 +1106,7 @@ func TestFullBufferAfterComplete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	natstest.Eventually(t, 30*time.Second, "3 buffered: the buffer full", func() bool {
-		n, err := c.buffer.Len(context.Background(), s)
-		return err == nil && n == 3
-	})
+	c.awaitBuffered(s, 3, "3 buffered: the buffer full")
 	c.must("b", protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: hs})
 	answers, err := c.nc.SubscribeSync(nats.NewInbox())
 	if err != nil {

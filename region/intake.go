@@ -91,9 +91,9 @@ func (st *shardState) goLive() { st.a.goLive(st) }
 func (st *shardState) whileLive(f func()) bool { return whileIn(&st.mu, &st.mode, modeLive, f) }
 
 func (st *shardState) suspend() {
-	// What the shard's replay delivered before a stall waits for the
-	// confirmation (resume, or the shard's stop or abort): it has no other
-	// copy. The stall was counted before the suspension (Agent.stalled).
+	// What the shard's entities had queued before a stall waits for the
+	// confirmation (resume, or the shard's stop or abort: host.Deliver).
+	// The stall was counted before the suspension (Agent.stalled).
 	st.a.host.HoldShard(st.n)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -137,7 +137,7 @@ func (st *shardState) resume() {
 
 // settle waits for the clearing of the shard's buffer that pause began.
 func (st *shardState) settle(ctx context.Context) error {
-	st.completed.Store(true) // complete may be answered from now on (appendFailed)
+	st.mayComplete.Store(true) // complete may be answered from now on (appendFailed)
 	st.mu.Lock()
 	cleared := st.cleared
 	st.mu.Unlock()

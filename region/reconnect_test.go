@@ -219,10 +219,7 @@ func TestServerLossWhileReplaying(t *testing.T) {
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateParked, Handoff: 1})
 	c.handoff = 1
 	c.publishSeqs(ids, 1, 50)
-	natstest.Eventually(t, 30*time.Second, "1..50 buffered", func() bool {
-		n, err := c.buffer.Len(ctx, shard)
-		return err == nil && n == uint64(50*len(ids))
-	})
+	c.awaitBuffered(shard, uint64(50*len(ids)), "1..50 buffered")
 	// Bound to a, which replays them; the marker is not written yet.
 	c.putRow(protocol.ShardRecord{Shard: shard, State: protocol.StateBinding, Region: "a", Incarnation: c.incs["a"], Handoff: 1})
 	c.must("a", protocol.Command{Kind: protocol.CmdBind, Shards: []int{shard}, Handoffs: []uint64{1}})
@@ -588,6 +585,17 @@ func (c *cluster) addGatedAgent(id string, gate <-chan struct{}) *region.Agent {
 	})
 }
 
+// stallAndConfirm makes a stall (a gap of two minutes in a's clock) and
+// waits until a has confirmed its shards after it.
+func stallAndConfirm(t *testing.T, a *region.Agent) {
+	t.Helper()
+	a.Stall(2 * time.Minute)
+	natstest.Eventually(t, 30*time.Second, "a to confirm its shard after the stall", func() bool {
+		st := a.Stats()
+		return st.Stalls.Load() > 0 && st.Confirmed.Load() > 0
+	})
+}
+
 // TestStallWhileReplaying (issue 30; found by stressing
 // coordinator.TestStepDownWhileParked/binding, whose region stalled 537 ms
 // on a starved machine while it replayed): what a shard's replay handed to
@@ -619,11 +627,7 @@ func TestStallWhileReplaying(t *testing.T) {
 	// Every entity is in its first Handle, its other nine messages queued.
 	natstest.Eventually(t, 30*time.Second, "a to replay 1..10", func() bool { return a.Stats().Replayed.Load() == uint64(10*len(ids)) })
 
-	a.Stall(2 * time.Minute)
-	natstest.Eventually(t, 30*time.Second, "a to confirm its shard after the stall", func() bool {
-		st := a.Stats()
-		return st.Stalls.Load() > 0 && st.Confirmed.Load() > 0
-	})
+	stallAndConfirm(t, a)
 	close(gate)
 	if _, err := c.buffer.Mark(ctx, shard, hs[0]); err != nil {
 		t.Fatal(err)
@@ -657,11 +661,7 @@ func TestStallWhileLive(t *testing.T) {
 	// Every entity is in its first Handle, its other nine messages queued.
 	natstest.Eventually(t, 30*time.Second, "a to deliver 1..10", func() bool { return a.EntityCounts().Delivered-delivered == uint64(10*len(ids)) })
 
-	a.Stall(2 * time.Minute)
-	natstest.Eventually(t, 30*time.Second, "a to confirm its shard after the stall", func() bool {
-		st := a.Stats()
-		return st.Stalls.Load() > 0 && st.Confirmed.Load() > 0
-	})
+	stallAndConfirm(t, a)
 	close(gate)
 	c.publishSeqs(ids, 11, 20)
 	c.expectSeqs(ids, 20)

@@ -140,8 +140,8 @@ type shardState struct {
 	// divert: appendFailed for this shard (made once, at the pause), and
 	// whether its source may have answered complete (settle began): the
 	// target may be bound from then on.
-	failed    func(m *nats.Msg, err error)
-	completed atomic.Bool
+	failed      func(m *nats.Msg, err error)
+	mayComplete atomic.Bool
 }
 
 // lateCopy reports whether m, arriving at a live shard, is a copy of a
@@ -314,7 +314,7 @@ func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 	if full {
 		a.stats.BufferFull.Add(1)
 	}
-	if _, _, stalled := a.clock.check(); stalled || st.completed.Load() || a.viewNow().suspended {
+	if _, _, stalled := a.clock.check(); stalled || st.mayComplete.Load() || a.viewNow().suspended {
 		// The source may have answered complete, and the target been
 		// bound: the target holds its own copy of what arrives since, and
 		// answers it after the buffer. Or the region stalled or lost its
@@ -483,7 +483,7 @@ func (st *shardState) clear() {
 // would tell the publisher that nothing was done with a message its next
 // owner may handle (a "phantom", as the fault campaign calls it), so no
 // answer is sent: a request's outcome is unknown to its sender, who sends
-// it again with its key (PROTOCOL.md, Errors on the data plane).
+// it again with its key (PROTOCOL.md, What a region cannot vouch for).
 func (st *shardState) stop(why string) {
 	a := st.a
 	st.mu.Lock()
