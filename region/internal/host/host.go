@@ -124,6 +124,7 @@ type Host struct {
 	overLimit       atomic.Uint64 // of those, stopped because the region held more than MaxActive
 	refusedStopping atomic.Uint64 // messages refused because their shard was being stopped
 	tooLarge        rareLog       // answers too large to send
+	droppedStopping rareLog       // messages of a stopping shard dropped unanswered (a shard's stop drops all it queued at once)
 
 	// The active-entity limit's policy (nil without MaxActive): every
 	// cell has an entry in it (cell.lim), attached but while it is being

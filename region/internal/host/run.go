@@ -237,7 +237,7 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				// may have a copy (a replay's, from the buffer it leaves)
 				// and answer it, so a refusal could be false.
 				h.refusedStopping.Add(1)
-				h.log.Warn("region: a message queued before a stall dropped unanswered: its shard left the region", "shard", shard, "entity", id)
+				h.droppedStopping.warn(h, "region: a message queued before a stall dropped unanswered: its shard left the region", "shard", shard, "entity", id)
 				return ent, errShardNotServed
 			}
 			h.refuse(shard, id, e.m)
@@ -494,7 +494,7 @@ func (h *Host) reply(shard int, id string, m *nats.Msg, data []byte, err error) 
 func (h *Host) refuse(shard int, id string, m *nats.Msg) {
 	h.refusedStopping.Add(1)
 	if m.Reply == "" {
-		h.log.Warn("region: message to a stopping shard dropped",
+		h.droppedStopping.warn(h, "region: message to a stopping shard dropped",
 			"shard", shard, "entity", id, "subject", m.Subject)
 		return
 	}
