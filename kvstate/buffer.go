@@ -160,9 +160,10 @@ type Buffer struct {
 
 // appendRec is one Append waiting for its acknowledgement.
 type appendRec struct {
-	orig   *nats.Msg
-	failed func(*nats.Msg, error)
-	epoch  *flushEpoch
+	orig    *nats.Msg
+	failed  func(*nats.Msg, error)
+	epoch   *flushEpoch
+	counted int64 // the bytes the budget admitted for it (ended with it); 0: none
 }
 
 type flushEpoch struct {
@@ -401,9 +402,17 @@ func (b *Buffer) append(shard int, source string, m *nats.Msg, failed func(m *na
 		b.refused(nil, bm, errors.New("kvstate: append of a message without subject"))
 		return
 	}
-	if err := b.space.admit(context.Background(), b.size(bm), false); err != nil {
+	size := b.size(bm)
+	if err := b.space.admit(context.Background(), size, false); err != nil {
 		b.refused(nil, bm, err)
 		return
+	}
+	if size > 0 {
+		b.mu.Lock()
+		rec := b.pending[bm]
+		rec.counted = size
+		b.pending[bm] = rec
+		b.mu.Unlock()
 	}
 	if _, err := b.js.PublishMsgAsync(bm, noRetry, jetstream.WithStallWait(bufferStallWait)); err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
@@ -430,7 +439,7 @@ func (b *Buffer) take(bm *nats.Msg) (appendRec, bool) {
 // the context's reply subscription and must not block.
 func (b *Buffer) acked(_ jetstream.JetStream, bm *nats.Msg, _ *jetstream.PubAck) {
 	if rec, ok := b.take(bm); ok {
-		b.space.add(b.size(bm))
+		b.space.end(rec.counted)
 		b.done(rec.epoch)
 	}
 }
@@ -461,6 +470,7 @@ func (b *Buffer) refused(_ jetstream.JetStream, bm *nats.Msg, err error) {
 	if !ok {
 		return
 	}
+	b.space.end(rec.counted) // stored or not: counted until the next read
 	if rec.failed == nil {
 		b.done(rec.epoch)
 		return

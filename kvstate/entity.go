@@ -99,9 +99,13 @@ func (s *Store) SaveEntityState(ctx context.Context, id string, r EntityState) (
 		hdr.Set(protocol.HeaderAnswers, r.Answers)
 	}
 	size := msgSize(s.subject(key), 64+len(r.Answers), len(data)) // headers: the applied sequence, a TTL marker, the answers
-	if err := s.space.admit(ctx, size, true); err != nil && !s.shrinks(ctx, key, rev, data) {
+	if err := s.space.admit(ctx, size, true); err == nil {
+		defer s.space.end(size)
+	} else if !s.shrinks(ctx, key, rev, data) {
 		s.spaceLog.refused(err)
 		return 0, fmt.Errorf("save entity %q at revision %d: %w", id, rev, err)
+	} else {
+		defer s.space.add(size) // let through: it adds no bytes, counted all the same until the next read
 	}
 	var (
 		newRev uint64
@@ -119,7 +123,6 @@ func (s *Store) SaveEntityState(ctx context.Context, id string, r EntityState) (
 		}
 		return 0, err
 	}
-	s.space.add(size)
 	return newRev, nil
 }
 

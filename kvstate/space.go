@@ -94,6 +94,13 @@ func refreshNeeded(used, size, maxBytes, reserve int64, age time.Duration) (refr
 
 // budget guards a stream's reserve (see the comment at the top). Safe
 // for concurrent use; a nil budget admits everything.
+//
+// It counts a write from the moment it is admitted, not from its end: a
+// process may have many writes in flight (the buffer's asynchronous
+// appends, entities' concurrent saves), and each is judged against the
+// others. And a read of the stream's size keeps the writes that ended
+// while it was in flight: the server's figure may be older than they are.
+// Both err on the side of the reserve; the next read corrects the excess.
 type budget struct {
 	stream   string
 	maxBytes int64
@@ -103,7 +110,9 @@ type budget struct {
 	size func(ctx context.Context) (int64, error)
 
 	mu         sync.Mutex
-	used       int64     // bytes, as read at readAt plus what this process wrote since
+	known      int64     // bytes, as read at readAt plus the writes that ended since the read was sent
+	inflight   int64     // bytes of admitted writes not ended yet
+	ended      int64     // bytes of every write ended so far (a read adds those that ended while it was in flight)
 	readAt     time.Time // zero: never read
 	refreshing bool
 }
@@ -114,20 +123,21 @@ func newBudget(stream string, maxBytes, used int64, what string, size func(conte
 		return nil
 	}
 	return &budget{stream: stream, maxBytes: maxBytes, reserve: reserveFor(maxBytes), what: what, size: size,
-		used: used, readAt: time.Now()}
+		known: used, readAt: time.Now()}
 }
 
-// admit returns ErrNoSpace when a write of size bytes would eat into the
-// reserve. With wait it may read the stream's size first (near the
-// limit, when the known size is old), within ctx; without, it never
-// blocks and judges on the known size while a fresh one is read. The
-// caller logs a refusal (spaceLog).
+// admit counts a write of size bytes, or returns ErrNoSpace when it
+// would eat into the reserve. With wait it may read the stream's size
+// first (near the limit, when the known size is old), within ctx;
+// without, it never blocks and judges on the known size while a fresh
+// one is read. A write admitted is ended with end once it is stored or
+// failed. The caller logs a refusal (spaceLog).
 func (b *budget) admit(ctx context.Context, size int64, wait bool) error {
 	if b == nil {
 		return nil
 	}
 	b.mu.Lock()
-	refresh, sync := refreshNeeded(b.used, size, b.maxBytes, b.reserve, time.Since(b.readAt))
+	refresh, sync := refreshNeeded(b.known+b.inflight, size, b.maxBytes, b.reserve, time.Since(b.readAt))
 	if refresh && sync && wait {
 		b.mu.Unlock()
 		b.read(ctx)
@@ -143,35 +153,56 @@ func (b *budget) admit(ctx context.Context, size int64, wait bool) error {
 			b.mu.Unlock()
 		}()
 	}
-	used := b.used
+	used := b.known + b.inflight
 	over := overBudget(used, size, b.maxBytes, b.reserve)
+	if !over {
+		b.inflight += size
+	}
 	b.mu.Unlock()
 	if !over {
 		return nil
 	}
-	err := fmt.Errorf("%w: stream %s holds %d of its %d bytes (max bytes); its last %d bytes are kept for leases, the shard table and end markers, so %s is refused until space is freed",
+	err := fmt.Errorf("%w: stream %s holds %d of its %d bytes (max bytes; with this process's writes in flight); its last %d bytes are kept for leases, the shard table and end markers, so %s is refused until space is freed",
 		ErrNoSpace, b.stream, used, b.maxBytes, b.reserve, b.what)
 	return err
 }
 
 // read reads the stream's size; an error keeps the old figure.
 func (b *budget) read(ctx context.Context) {
+	b.mu.Lock()
+	from := b.ended
+	b.mu.Unlock()
 	n, err := b.size(ctx)
 	if err != nil {
 		return
 	}
 	b.mu.Lock()
-	b.used, b.readAt = n, time.Now()
+	b.known, b.readAt = n+b.ended-from, time.Now()
 	b.mu.Unlock()
 }
 
-// add counts size bytes this process wrote, until the next read.
+// end ends a write that admit counted, stored or not (a failed write's
+// bytes stay counted until the next read).
+func (b *budget) end(size int64) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.inflight -= size
+	b.known += size
+	b.ended += size
+	b.mu.Unlock()
+}
+
+// add counts a write of size bytes that admit did not count (a write
+// let through a full budget), until the next read.
 func (b *budget) add(size int64) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
-	b.used += size
+	b.known += size
+	b.ended += size
 	b.mu.Unlock()
 }
 
