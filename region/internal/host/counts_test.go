@@ -144,7 +144,7 @@ func TestHostTrace(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		seen  []string // what the entity saw in its contexts
-		ended []error
+		ended = make(chan error, 3)
 	)
 	factory := func(ctx context.Context, id string) (Entity, error) {
 		mu.Lock()
@@ -163,11 +163,7 @@ func TestHostTrace(t *testing.T) {
 	rec := newRecorder()
 	h := newTestHost(t, factory, rec, func(c *Config) {
 		c.Trace = func(ctx context.Context, m *nats.Msg) (context.Context, func(error)) {
-			return context.WithValue(ctx, key{}, m.Header.Get("traceparent")), func(err error) {
-				mu.Lock()
-				ended = append(ended, err)
-				mu.Unlock()
-			}
+			return context.WithValue(ctx, key{}, m.Header.Get("traceparent")), func(err error) { ended <- err }
 		}
 	})
 	traced := func(data, tp string) *nats.Msg {
@@ -182,12 +178,28 @@ func TestHostTrace(t *testing.T) {
 	h.Deliver(0, "a", traced("fail", "tp2"))
 	rec.next(t)
 	mu.Lock()
-	defer mu.Unlock()
 	if want := []string{"factory:tp1", "one:tp1", "plain:", "fail:tp2"}; !equal(seen, want) {
 		t.Fatalf("contexts seen %q, want %q", seen, want)
 	}
-	if len(ended) != 2 || ended[0] != nil || ended[1] == nil || ended[1].Error() != "failed" {
-		t.Fatalf("end functions got %v, want [nil failed]", ended)
+	mu.Unlock()
+	// An end function runs once its message's delivery returned, which
+	// may be after the answer was sent: they are waited for, in order.
+	var got []error
+	for range 2 {
+		select {
+		case err := <-ended:
+			got = append(got, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("end functions got %v, then nothing for 10 s; want [nil failed]", got)
+		}
+	}
+	if got[0] != nil || got[1] == nil || got[1].Error() != "failed" {
+		t.Fatalf("end functions got %v, want [nil failed]", got)
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("a third end function (%v) for two traced messages", err)
+	default:
 	}
 }
 
