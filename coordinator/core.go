@@ -229,14 +229,22 @@ func (c *Core) takeOver(sh int) {
 			c.park(sh)
 		}
 	case protocol.StateBinding:
+		target := c.live(rec.Region, rec.Incarnation)
 		if rec.Source == "" {
-			// The previous coordinator diverted; this one does now.
-			c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff})
+			// The previous coordinator diverted. Its parking ended with
+			// its term, unless this process ran it (then it is adopted).
+			// A live target may have subscribed and be holding what
+			// arrived since, which is older than anything a new parking
+			// would append: it is not parked again; the end marker
+			// follows its confirmation of the bind (Unpark). A target
+			// that is gone is not holding anything: the shard is parked
+			// again for the next one.
+			c.out = append(c.out, Park{Shard: sh, Handoff: rec.Handoff, Adopt: target})
 		} else if !c.live(rec.Source, rec.SourceIncarnation) {
 			c.sourceGone(sh)
 			return
 		}
-		if c.live(rec.Region, rec.Incarnation) {
+		if target {
 			c.sendBind(sh)
 		} else {
 			c.retarget(sh)

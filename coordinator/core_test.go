@@ -552,3 +552,48 @@ func sameView(a, b []strategies.Region) bool {
 		return x.ID == y.ID && x.Version == y.Version && x.Leaving == y.Leaving && slices.Equal(x.Shards, y.Shards) && slices.Equal(x.Load, y.Load)
 	})
 }
+
+// TestTakeoverOfBindingFromParkingAdoptsOnly: a new coordinator that finds
+// a shard binding from parking to a live region starts no parking of its
+// own (it adopts the one this process may still run), since the region
+// may be holding what arrived while nobody parked, and a new parking's
+// appends would be replayed before those older messages (campaign core
+// seed 37, docs/FAULTS.md; TestTakeoverOfBindingFromParking end to end).
+// It binds the region again; the end marker follows its confirmation.
+// With the region gone, it parks the shard again for the next one.
+func TestTakeoverOfBindingFromParkingAdoptsOnly(t *testing.T) {
+	const sh, handoff = 3, 40
+	for _, live := range []bool{true, false} {
+		t.Run(fmt.Sprintf("target live %v", live), func(t *testing.T) {
+			rows := []protocol.ShardRecord{{Shard: sh, Region: "a", Incarnation: "a1", State: protocol.StateBinding, Order: handoff, Handoff: handoff, Epoch: 1}}
+			regions := []RegionSeen{{Info: protocol.RegionInfo{ID: "b", Incarnation: "b1"}, Revision: 2}}
+			if live {
+				regions = append(regions, RegionSeen{Info: protocol.RegionInfo{ID: "a", Incarnation: "a1"}, Revision: 1})
+			}
+			_, acts := NewCore(testConfig(8), "coord", 2, rows, regions)
+			var parks []Park
+			bound := ""
+			for _, a := range acts {
+				switch a := a.(type) {
+				case Park:
+					if a.Shard == sh {
+						parks = append(parks, a)
+					}
+				case Send:
+					if a.Command.Kind == protocol.CmdBind && slices.Contains(a.Command.Shards, sh) {
+						bound = a.Region
+					}
+				}
+			}
+			if len(parks) == 0 {
+				t.Fatalf("no Park of shard %d in %v", sh, acts)
+			}
+			if parks[0].Adopt != live {
+				t.Fatalf("first Park of shard %d %+v: Adopt %v, want %v (a new parking behind a holding target reorders its messages)", sh, parks[0], parks[0].Adopt, live)
+			}
+			if want := map[bool]string{true: "a", false: "b"}[live]; bound != want {
+				t.Fatalf("shard %d bound to %q, want %q", sh, bound, want)
+			}
+		})
+	}
+}

@@ -111,10 +111,18 @@ type StepDown struct{ Reason string }
 // is taken from without its consent: the buffer is fenced on it
 // (kvstate.Buffer.Fence) before anything is diverted, so that what that
 // source appends from then on is never replayed.
+//
+// Adopt: start no parking; only adopt the shard's parking if this process
+// still runs it for an earlier term (renaming it to Handoff and this
+// term). A new coordinator that finds a shard binding from parking to a
+// live region parks so (Core.takeOver): the region may be holding what
+// arrives already, and a new parking's appends, replayed before what it
+// held, would put newer messages before older ones.
 type Park struct {
 	Shard   int
 	Handoff uint64
 	Fence   uint64
+	Adopt   bool
 }
 
 // Unpark: keep diverting for the grace period, unsubscribe, append the end

@@ -131,6 +131,10 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 				l.log.Debug("fenced a handoff's source in the shard's buffer: what it appends from now on is not replayed", "shard", a.Shard, "handoff", a.Fence)
 				fenced = append(fenced, a.Shard)
 			}
+			if a.Adopt {
+				l.parker.adopt(a.Shard, a.Handoff, l.info.Epoch)
+				continue
+			}
 			if err := l.parker.park(a.Shard, a.Handoff, l.info.Epoch); err != nil {
 				return fmt.Errorf("%w: park shard %d: %w", errStepDown, a.Shard, err)
 			}

@@ -84,6 +84,16 @@ func (p *parker) park(shard int, handoff, term uint64) error {
 	return p.subscribeLocked(shard, handoff, term)
 }
 
+// adopt makes shard's parking, if it runs and is not draining, the one of
+// the term of epoch term under handoff; it starts none (Park.Adopt).
+func (p *parker) adopt(shard int, handoff, term uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pk, ok := p.parked[shard]; ok && !pk.draining() {
+		pk.handoff, pk.term = handoff, term
+	}
+}
+
 // setLayout gives the parker the type's shard counts: the parkings that
 // begin from now on listen on every subject of their shard.
 func (p *parker) setLayout(l protocol.Layout) { p.layout.Store(&l) }
@@ -155,10 +165,10 @@ func (p *parker) failed(m *nats.Msg, err error) {
 // under handoff. It drains the subscription (package drain says why) and
 // returns when it is closed.
 //
-// If the shard's parking is draining (an earlier term's), with a park of
-// this term and handoff waiting for the drain (again), that park is
-// cancelled and unsubscribe returns when the drain is done: the caller's
-// end marker must come after what the drain buffers.
+// If the shard's parking is draining (an earlier term's), unsubscribe
+// returns when the drain is done: the caller's end marker must come after
+// what the drain buffers. A park of this term and handoff waiting for
+// the drain (again) is cancelled.
 func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	p.mu.Lock()
 	pk, ok := p.parked[shard]
@@ -166,14 +176,11 @@ func (p *parker) unsubscribe(shard int, handoff, term uint64) {
 	case !ok:
 		p.mu.Unlock()
 	case pk.draining():
-		a := pk.again
-		if a != nil && a.handoff == handoff && a.term == term {
+		if a := pk.again; a != nil && a.handoff == handoff && a.term == term {
 			pk.again = nil
-			p.mu.Unlock()
-			<-pk.drained
-			return
 		}
 		p.mu.Unlock()
+		<-pk.drained
 	case pk.handoff != handoff || pk.term != term:
 		p.mu.Unlock()
 	default:

@@ -139,7 +139,9 @@ func (s *sim) run(acts []Action) {
 			if a.Fence != 0 {
 				s.fences[a.Shard] = append(s.fences[a.Shard], a.Fence)
 			}
-			s.parked[a.Shard] = a.Handoff
+			if _, ok := s.parked[a.Shard]; ok || !a.Adopt {
+				s.parked[a.Shard] = a.Handoff
+			}
 			about = []int{a.Shard}
 		case Unpark:
 			delete(s.parked, a.Shard)

@@ -241,7 +241,9 @@ func (s *sim) runCut(acts []Action, n int) {
 		case Send:
 			s.answer(a)
 		case Park:
-			s.parked[a.Shard] = a.Handoff
+			if _, ok := s.parked[a.Shard]; ok || !a.Adopt {
+				s.parked[a.Shard] = a.Handoff
+			}
 		}
 	}
 	s.check()
