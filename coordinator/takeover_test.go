@@ -75,14 +75,36 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 
 	// Numbered messages to one entity of shard x, all along.
 	id := entityOf(x)
-	pubStop := make(chan struct{})
-	var pubWG sync.WaitGroup
+	published, stopPub := publishNumbered(t, nc, subjects, x, id)
+	underLoad(t, published, 100)
+
+	stop = runCoordinator("c2")
+	defer stop()
+	waitShard("shard active on r1 again", "active", "r1")
+	underLoad(t, published, 200)
+
+	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
+	move(t, nc, subjects, x, "r2")
+	waitShard("shard active on r2", "active", "r2")
+	underLoad(t, published, 200)
+	sent := stopPub()
+	handledOnceInOrder(t, rec, id, sent, false)
+}
+
+// publishNumbered publishes messages 0, 1, 2... with a Nats-Msg-Id of
+// their number to entity id of shard x, one a millisecond, until stop,
+// which returns how many it sent once they are flushed; published counts
+// them meanwhile (underLoad).
+func publishNumbered(t *testing.T, nc *nats.Conn, subjects protocol.Subjects, x int, id string) (published *atomic.Int64, stop func() int) {
+	t.Helper()
+	published = new(atomic.Int64)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
 	var sent int
-	var published atomic.Int64 // sent, for the test to read meanwhile
-	pubWG.Go(func() {
+	wg.Go(func() {
 		for ; ; sent++ {
 			select {
-			case <-pubStop:
+			case <-done:
 				return
 			case <-time.After(time.Millisecond):
 			}
@@ -96,23 +118,21 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 			published.Add(1)
 		}
 	})
-	underLoad(t, &published, 100)
-
-	stop = runCoordinator("c2")
-	defer stop()
-	waitShard("shard active on r1 again", "active", "r1")
-	underLoad(t, &published, 200)
-
-	openRegion(t, nc, store, buffer, subjects, "r2", rec.factory)
-	move(t, nc, subjects, x, "r2")
-	waitShard("shard active on r2", "active", "r2")
-	underLoad(t, &published, 200)
-	close(pubStop)
-	pubWG.Wait()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
+	return published, func() int {
+		close(done)
+		wg.Wait()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return sent
 	}
+}
 
+// handledOnceInOrder waits until entity id handled the last of sent
+// numbered messages (publishNumbered), then checks that it handled each
+// once, in order, and with all, none missing.
+func handledOnceInOrder(t *testing.T, rec *recorder, id string, sent int, all bool) {
+	t.Helper()
 	rec.waitLast(t, sent-1, id)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -123,6 +143,9 @@ func TestTakeoverOfLiveBinding(t *testing.T) {
 			t.Fatalf("message %d handled after %d: handled twice or out of order (%d messages sent)", v, prev, sent)
 		}
 		prev = v
+	}
+	if all && len(rec.got[id]) != sent {
+		t.Fatalf("%d of %d messages handled", len(rec.got[id]), sent)
 	}
 	t.Logf("%d messages sent, %d handled once each, in order", sent, len(rec.got[id]))
 }
@@ -490,54 +513,14 @@ func TestTakeoverOfBindingFromParking(t *testing.T) {
 	}
 
 	id := entityOf(x)
-	pubStop := make(chan struct{})
-	var pubWG sync.WaitGroup
-	var sent int
-	var published atomic.Int64
-	pubWG.Go(func() {
-		for ; ; sent++ {
-			select {
-			case <-pubStop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			m := nats.NewMsg(subjects.Entity(x, id))
-			m.Data = []byte(strconv.Itoa(sent))
-			m.Header.Set(protocol.HeaderMsgID, strconv.Itoa(sent))
-			if err := nc.PublishMsg(m); err != nil {
-				t.Error(err)
-				return
-			}
-			published.Add(1)
-		}
-	})
-	underLoad(t, &published, 100) // held by r1 alone: nobody parks
+	published, stopPub := publishNumbered(t, nc, subjects, x, id)
+	underLoad(t, published, 100) // held by r1 alone: nobody parks
 	if err := store.Release(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
 	stop := startCoordinator(nc, store, buffer, subjects, "c2")
 	defer stop()
 	waitRows(t, nc, subjects, "shard active on r1", "active", "r1", x)
-	underLoad(t, &published, 100)
-	close(pubStop)
-	pubWG.Wait()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-
-	rec.waitLast(t, sent-1, id)
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	prev := -1
-	for _, s := range rec.got[id] {
-		v, _ := strconv.Atoi(s)
-		if v <= prev {
-			t.Fatalf("message %d handled after %d: handled twice or out of order (%d messages sent): %v", v, prev, sent, rec.got[id])
-		}
-		prev = v
-	}
-	if len(rec.got[id]) != sent {
-		t.Fatalf("%d of %d messages handled", len(rec.got[id]), sent)
-	}
-	t.Logf("%d messages sent, handled once each, in order", sent)
+	underLoad(t, published, 100)
+	handledOnceInOrder(t, rec, id, stopPub(), true)
 }
