@@ -15,8 +15,9 @@ type Counts struct {
 	// panicked, or the entity could not be created); Failed: of those,
 	// the ones answered with an error.
 	Handled, Failed uint64
-	// RefusedStopping: messages refused because their shard's entities
-	// were being stopped (the shard was leaving).
+	// RefusedStopping: messages no entity got because their shard's
+	// entities were being stopped (the shard was leaving): refused, or
+	// dropped unanswered where its next holder may answer a copy.
 	RefusedStopping uint64
 }
 

@@ -122,7 +122,7 @@ type Host struct {
 	activations     atomic.Uint64 // entities created by the Factory
 	passivations    atomic.Uint64 // idle entities stopped (for idleness or the limit)
 	overLimit       atomic.Uint64 // of those, stopped because the region held more than MaxActive
-	refusedStopping atomic.Uint64 // messages refused because their shard was being stopped
+	refusedStopping atomic.Uint64 // messages no entity got because their shard was being stopped (refused, or dropped unanswered)
 	tooLarge        rareLog       // answers too large to send
 	droppedStopping rareLog       // messages of a stopping shard dropped unanswered (a shard's stop drops all it queued at once)
 
