@@ -389,30 +389,33 @@ func (b *Buffer) append(shard int, source string, m *nats.Msg, failed func(m *na
 		bm.Header[protocol.HeaderSource] = []string{source}
 	}
 
+	// Judged before it is registered, so that the record carries the
+	// bytes the budget counted for it (ended with it: acked, refused).
+	var (
+		refusal error
+		counted int64
+	)
+	if m.Subject == "" {
+		refusal = errors.New("kvstate: append of a message without subject")
+	} else {
+		size := b.size(bm)
+		if refusal = b.space.admit(context.Background(), size, false); refusal == nil {
+			counted = size
+		}
+	}
+
 	// Registered before publishing: the acknowledgement may arrive before
 	// PublishMsgAsync returns.
 	b.mu.Lock()
 	ep := b.epochs[len(b.epochs)-1]
 	ep.n++
 	b.inflight++
-	b.pending[bm] = appendRec{orig: m, failed: failed, epoch: ep}
+	b.pending[bm] = appendRec{orig: m, failed: failed, epoch: ep, counted: counted}
 	b.mu.Unlock()
 
-	if m.Subject == "" {
-		b.refused(nil, bm, errors.New("kvstate: append of a message without subject"))
+	if refusal != nil {
+		b.refused(nil, bm, refusal)
 		return
-	}
-	size := b.size(bm)
-	if err := b.space.admit(context.Background(), size, false); err != nil {
-		b.refused(nil, bm, err)
-		return
-	}
-	if size > 0 {
-		b.mu.Lock()
-		rec := b.pending[bm]
-		rec.counted = size
-		b.pending[bm] = rec
-		b.mu.Unlock()
 	}
 	if _, err := b.js.PublishMsgAsync(bm, noRetry, jetstream.WithStallWait(bufferStallWait)); err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
