@@ -64,6 +64,7 @@ type Store struct {
 	nc         *nats.Conn
 	subjPrefix string // "$KV.<bucket>."
 	msgGetSubj string // "$JS.API.STREAM.MSG.GET.KV_<bucket>": leader reads
+	infoSubj   string // "$JS.API.STREAM.INFO.KV_<bucket>": answered by the leader
 
 	// space guards the bucket's reserve against entity state (nil: the
 	// bucket has no byte limit); spaceLog reports refusals for lack of
@@ -209,6 +210,7 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 		nc:         js.Conn(),
 		subjPrefix: "$KV." + bucket + ".",
 		msgGetSubj: apiPrefix(js) + "STREAM.MSG.GET.KV_" + bucket,
+		infoSubj:   apiPrefix(js) + "STREAM.INFO.KV_" + bucket,
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -524,6 +526,46 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 		r.answers = h.Get(protocol.HeaderAnswers)
 	}
 	return r, nil
+}
+
+// leaderKeys reads from the stream leader the keys matching pattern that
+// have a message (a value or a tombstone), a page of STREAM.INFO's
+// subjects at a time.
+func (s *Store) leaderKeys(ctx context.Context, pattern string) (map[string]bool, error) {
+	keys := map[string]bool{}
+	for {
+		req, err := json.Marshal(struct {
+			Filter string `json:"subjects_filter"`
+			Offset int    `json:"offset,omitempty"`
+		}{s.subject(pattern), len(keys)})
+		if err != nil {
+			return nil, err
+		}
+		msg, err := s.nc.RequestWithContext(ctx, s.infoSubj, req)
+		if err != nil {
+			return nil, err
+		}
+		var resp struct {
+			Error *jetstream.APIError `json:"error,omitempty"`
+			State struct {
+				Subjects map[string]uint64 `json:"subjects"`
+			} `json:"state"`
+			Total int `json:"total"`
+		}
+		if err := json.Unmarshal(msg.Data, &resp); err != nil {
+			return nil, fmt.Errorf("kvstate: bad answer to %s: %w", s.infoSubj, err)
+		}
+		if resp.Error != nil {
+			return nil, resp.Error
+		}
+		n := len(keys)
+		for subj := range resp.State.Subjects {
+			keys[strings.TrimPrefix(subj, s.subjPrefix)] = true
+		}
+		if len(keys) >= resp.Total || len(keys) == n {
+			return keys, nil
+		}
+	}
 }
 
 // msgGet asks the JetStream API's STREAM.MSG.GET on subj (answered by

@@ -149,3 +149,79 @@ func TestFenceLockRenewalFirst(t *testing.T) {
 		}
 	})
 }
+
+// entry is a KV entry as a watch delivers it.
+type entry struct {
+	key string
+	rev uint64
+	op  jetstream.KeyValueOp
+}
+
+func (e entry) Bucket() string                  { return "b" }
+func (e entry) Key() string                     { return e.key }
+func (e entry) Value() []byte                   { return nil }
+func (e entry) Revision() uint64                { return e.rev }
+func (e entry) Created() time.Time              { return time.Time{} }
+func (e entry) Delta() uint64                   { return 0 }
+func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+
+// TestSnapshotFromAReplicaBehind replays what watches placed on replicas
+// that are behind deliver: a snapshot is complete only when its initial
+// values reach the barrier and hold every key the leader had.
+func TestSnapshotFromAReplicaBehind(t *testing.T) {
+	keys := map[string]bool{"regions.r0": true, "regions.r1": true, "regions.r2": true}
+	for _, tc := range []struct {
+		name     string
+		entries  []jetstream.KeyValueEntry
+		complete bool
+	}{{
+		// Core seed 50 of the campaign: the leader's last revision among
+		// the keys is 10, r2's registration at 9; the replica began the
+		// watch at revision 5, where r2 was deleted; catching up, it held
+		// r2's renewal at 12 before the watch reached 9, so 9 was gone,
+		// and it delivered r1's renewal at 11 first.
+		name: "behind the barrier",
+		entries: []jetstream.KeyValueEntry{
+			entry{"regions.r0", 3, jetstream.KeyValuePut},
+			entry{"regions.r1", 4, jetstream.KeyValuePut},
+			entry{"regions.r2", 5, jetstream.KeyValueDelete},
+			nil, // end of the initial values
+			entry{"regions.r1", 11, jetstream.KeyValuePut},
+		},
+	}, {
+		// A replica rebuilding its store from the leader's after a
+		// restart holds r0's latest renewal but not yet r1's or r2's,
+		// which the leader wrote again since.
+		name: "a key missing",
+		entries: []jetstream.KeyValueEntry{
+			entry{"regions.r0", 11, jetstream.KeyValuePut},
+			nil,
+			entry{"regions.r1", 12, jetstream.KeyValuePut},
+			entry{"regions.r2", 13, jetstream.KeyValuePut},
+		},
+	}, {
+		name: "caught up",
+		entries: []jetstream.KeyValueEntry{
+			entry{"regions.r0", 3, jetstream.KeyValuePut},
+			entry{"regions.r2", 9, jetstream.KeyValuePut},
+			entry{"regions.r1", 10, jetstream.KeyValuePut},
+			nil,
+		},
+		complete: true,
+	}} {
+		sn := &snapshot{barrier: 10, keys: keys, last: map[string]jetstream.KeyValueEntry{}}
+		for i, e := range tc.entries {
+			sn.add(e)
+			if sn.complete() && (!tc.complete || i < len(tc.entries)-1) {
+				var live []string
+				for _, e := range sn.live() {
+					live = append(live, e.Key())
+				}
+				t.Fatalf("%s: complete after %d entries, with %v", tc.name, i+1, live)
+			}
+		}
+		if sn.complete() != tc.complete || sn.behind() == tc.complete {
+			t.Errorf("%s: complete %v, behind %v; want complete %v", tc.name, sn.complete(), sn.behind(), tc.complete)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package kvstate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -105,16 +106,9 @@ func toEvent(e jetstream.KeyValueEntry, afterSync bool) kvEvent {
 // subscription ends when it does.
 func watch[T any](s *Store, ctx context.Context, pattern string, conv func(kvEvent) (T, bool)) (<-chan T, error) {
 	wctx, cancel := context.WithCancel(ctx)
-	var timer *time.Timer
-	if _, ok := ctx.Deadline(); !ok {
-		timer = time.AfterFunc(s.opts.Timeout, cancel)
-	}
 	status := s.nc.StatusChanged(nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
-	sn, w, err := s.startSnapshot(wctx, pattern)
-	if err == nil && timer != nil && !timer.Stop() {
-		stopWatcher(w)
-		err = context.DeadlineExceeded
-	}
+	start := func() (*snapshot, jetstream.KeyWatcher, error) { return s.startSnapshot(wctx, cancel, pattern) }
+	sn, w, err := start()
 	if err == nil && !s.nc.IsConnected() {
 		stopWatcher(w)
 		err = nats.ErrDisconnected
@@ -130,7 +124,7 @@ func watch[T any](s *Store, ctx context.Context, pattern string, conv func(kvEve
 		defer close(out)
 		defer cancel()
 		defer s.nc.RemoveStatusListener(status)
-		defer stopWatcher(w)
+		defer func() { stopWatcher(w) }()
 		send := func(ev kvEvent) bool {
 			v, ok := conv(ev)
 			if !ok {
@@ -144,7 +138,8 @@ func watch[T any](s *Store, ctx context.Context, pattern string, conv func(kvEve
 			}
 			return false
 		}
-		if s.fill(wctx, pattern, w, sn, status) != nil {
+		sn, w, err = s.settle(wctx, pattern, sn, w, start, status)
+		if err != nil {
 			return
 		}
 		for _, e := range sn.live() {
@@ -179,12 +174,14 @@ func watch[T any](s *Store, ctx context.Context, pattern string, conv func(kvEve
 func (s *Store) list(ctx context.Context, pattern string) ([]jetstream.KeyValueEntry, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sn, w, err := s.startSnapshot(wctx, pattern)
+	start := func() (*snapshot, jetstream.KeyWatcher, error) { return s.startSnapshot(wctx, cancel, pattern) }
+	sn, w, err := start()
 	if err != nil {
 		return nil, err
 	}
-	defer stopWatcher(w)
-	if err := s.fill(wctx, pattern, w, sn, nil); err != nil {
+	sn, w, err = s.settle(wctx, pattern, sn, w, start, nil)
+	stopWatcher(w)
+	if err != nil {
 		return nil, err
 	}
 	return sn.live(), nil
@@ -193,20 +190,39 @@ func (s *Store) list(ctx context.Context, pattern string) ([]jetstream.KeyValueE
 // snapshot collects the initial values of a watch.
 //
 // A KV watch is an ordered consumer, which the server places on any replica
-// of the bucket (createGroupForConsumer in nats-server picks a random
-// caught-up peer), and a follower applies a write some time after the
-// leader acknowledged it: a watch's initial values may lack writes that
+// of the bucket (createGroupForConsumer in nats-server picks a random peer,
+// preferring those caught up with the cluster's metadata, not with the
+// stream), and a follower applies a write some time after the leader
+// acknowledged it: a watch's initial values may lack writes that
 // completed before the watch began. Seen in tests on a three-server
-// cluster: a listing right after a write often misses it. So the snapshot
-// is not complete at the watcher's end-of-initial-values marker alone, but
-// only once the watch has also delivered a revision at least as high as the
-// barrier: the last revision among the watched keys, read from the stream
-// leader before the watch began. A replica delivers in stream order, so
-// then it has delivered everything up to the barrier.
+// cluster: a listing right after a write often misses it. So before the
+// watch begins, two things are read from the stream leader: the barrier,
+// the last revision among the watched keys, and the keys that have a
+// message. The snapshot is complete when the initial values, which the
+// replica reads from its store as the watch begins, reach the barrier and
+// hold every one of those keys.
+//
+// Until the eighth session it waited instead for any later update to
+// reach the barrier, and that missed keys: a replica that is behind, or
+// that rebuilds its store from the leader's after a restart (keeping only
+// what the leader still holds), may deliver another key's later value
+// before it holds the key's value of the barrier's time, which history 1
+// removed at the leader once the key was written again. A new
+// coordinator's list of the regions missed a live one so, and took its
+// shards while it served them (docs/FAULTS.md, core seed 50;
+// TestListingWhileAReplicaCatchesUp). A watch whose initial values fall
+// short is started again (settle).
+//
+// What this does not catch: a replica rebuilding its store may hold a
+// key's value older than the barrier's time, when the key was written
+// between the leader sending it and the barrier's read, a few
+// milliseconds; a renewal, which keeps the value, is harmless.
 type snapshot struct {
 	barrier uint64
-	marker  bool   // the watcher's end-of-initial-values marker came
-	maxRev  uint64 // highest revision delivered, tombstones included
+	keys    map[string]bool // the keys with a message at the leader as the watch began
+	marker  bool            // the watcher's end-of-initial-values marker came
+	initMax uint64          // highest revision among the initial values, tombstones included
+	found   int             // how many of keys the initial values hold
 	last    map[string]jetstream.KeyValueEntry
 }
 
@@ -215,13 +231,25 @@ func (sn *snapshot) add(e jetstream.KeyValueEntry) {
 		sn.marker = true
 		return
 	}
-	sn.maxRev = max(sn.maxRev, e.Revision())
-	if old, ok := sn.last[e.Key()]; !ok || e.Revision() > old.Revision() {
+	old, seen := sn.last[e.Key()]
+	if !sn.marker {
+		sn.initMax = max(sn.initMax, e.Revision())
+		if !seen && sn.keys[e.Key()] {
+			sn.found++
+		}
+	}
+	if !seen || e.Revision() > old.Revision() {
 		sn.last[e.Key()] = e
 	}
 }
 
-func (sn *snapshot) complete() bool { return sn.marker && sn.maxRev >= sn.barrier }
+// complete: the initial values reached the barrier and hold every key.
+func (sn *snapshot) complete() bool {
+	return sn.marker && sn.initMax >= sn.barrier && sn.found == len(sn.keys)
+}
+
+// behind: the initial values are all in and fall short.
+func (sn *snapshot) behind() bool { return sn.marker && !sn.complete() }
 
 // live is the snapshot's keys that are not deleted, in revision order.
 func (sn *snapshot) live() []jetstream.KeyValueEntry {
@@ -235,36 +263,99 @@ func (sn *snapshot) live() []jetstream.KeyValueEntry {
 	return out
 }
 
-// startSnapshot reads the barrier of pattern from the stream leader, then
-// starts a watcher of pattern that ends with ctx.
-func (s *Store) startSnapshot(ctx context.Context, pattern string) (*snapshot, jetstream.KeyWatcher, error) {
-	rctx, cancel := s.ctx(ctx)
-	barrier, err := s.lastRev(rctx, pattern)
-	cancel()
+// startSnapshot reads the barrier of pattern and its keys from the stream
+// leader, then starts a watcher of pattern that ends with ctx. When ctx has no
+// deadline, starting the watcher is bounded by Options.Timeout, and cancel
+// (ctx's) ends it then: the watcher's context must not carry that
+// deadline, as its subscription ends when it does.
+func (s *Store) startSnapshot(ctx context.Context, cancel context.CancelFunc, pattern string) (*snapshot, jetstream.KeyWatcher, error) {
+	rctx, rcancel := s.ctx(ctx)
+	keys, err := s.leaderKeys(rctx, pattern)
+	var barrier uint64
+	if err == nil {
+		barrier, err = s.lastRev(rctx, pattern)
+	}
+	rcancel()
 	if err != nil {
 		return nil, nil, err
+	}
+	var timer *time.Timer
+	if _, ok := ctx.Deadline(); !ok {
+		timer = time.AfterFunc(s.opts.Timeout, cancel)
 	}
 	w, err := s.kv.Watch(ctx, pattern)
+	if err == nil && timer != nil && !timer.Stop() {
+		stopWatcher(w)
+		err = context.DeadlineExceeded
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	return &snapshot{barrier: barrier, last: map[string]jetstream.KeyValueEntry{}}, w, nil
+	return &snapshot{barrier: barrier, keys: keys, last: map[string]jetstream.KeyValueEntry{}}, w, nil
 }
 
-// barrierRecheck is how often fill asks the leader again for the barrier
-// while it waits for the watch to reach it.
-const barrierRecheck = 100 * time.Millisecond
+// errBehind: the replica that served a watch was behind the barrier when
+// the watch began (see snapshot).
+var errBehind = errors.New("kvstate: the watch's replica was behind the stream leader")
+
+// behindRetry is how long settle first waits before it starts a watch
+// again, doubling up to behindRetryMax: a follower is usually a few
+// milliseconds behind the leader, and the next watch may be placed on
+// another replica.
+const (
+	behindRetry    = 10 * time.Millisecond
+	behindRetryMax = 160 * time.Millisecond
+)
+
+// settle fills sn from w (see fill). When w's replica was behind, it starts
+// the watch again with start, after a pause (behindRetry), until a snapshot is complete or ctx
+// ends. It returns the snapshot and the watcher that made it, or, with an
+// error, the watcher still running (nil if none) for the caller to stop.
+func (s *Store) settle(ctx context.Context, pattern string, sn *snapshot, w jetstream.KeyWatcher, start func() (*snapshot, jetstream.KeyWatcher, error), lost <-chan nats.Status) (*snapshot, jetstream.KeyWatcher, error) {
+	for pause := behindRetry; ; pause = min(2*pause, behindRetryMax) {
+		err := s.fill(ctx, pattern, w, sn, lost)
+		if !errors.Is(err, errBehind) {
+			return sn, w, err
+		}
+		stopWatcher(w)
+		w = nil
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-lost:
+			return nil, nil, nats.ErrDisconnected
+		case <-time.After(pause):
+		}
+		if sn, w, err = start(); err != nil {
+			return nil, nil, err
+		}
+	}
+}
 
 // fill feeds sn from w until sn is complete. It fails when ctx ends, w's
-// channel closes or lost (nil: never) delivers.
+// channel closes or lost (nil: never) delivers, and with errBehind when the
+// initial values fall short of the barrier.
 //
-// While it waits for the barrier, it reads it again from the leader now and
-// then and lowers it if the message at the barrier is gone: an expiry
+// Before it gives up on a replica, it reads the barrier again from the
+// leader and lowers it if the message at the barrier is gone: an expiry
 // marker expires itself, and a replica may drop it before delivering it.
 func (s *Store) fill(ctx context.Context, pattern string, w jetstream.KeyWatcher, sn *snapshot, lost <-chan nats.Status) error {
-	tick := time.NewTicker(barrierRecheck)
-	defer tick.Stop()
 	for !sn.complete() {
+		if sn.behind() {
+			rctx, cancel := s.ctx(ctx)
+			b, err := s.lastRev(rctx, pattern)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if b < sn.barrier {
+				sn.barrier = b
+			}
+			if sn.behind() {
+				return errBehind
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -278,16 +369,6 @@ func (s *Store) fill(ctx context.Context, pattern string, w jetstream.KeyWatcher
 				return fmt.Errorf("%w: watch of %s ended before its initial values", nats.ErrConnectionClosed, pattern)
 			}
 			sn.add(e)
-		case <-tick.C:
-			if !sn.marker {
-				continue
-			}
-			rctx, cancel := s.ctx(ctx)
-			b, err := s.lastRev(rctx, pattern)
-			cancel()
-			if err == nil && b < sn.barrier {
-				sn.barrier = b
-			}
 		}
 	}
 	return nil
@@ -297,6 +378,9 @@ func (s *Store) fill(ctx context.Context, pattern string, w jetstream.KeyWatcher
 // message handler blocks on a full channel, and only closes the channel
 // after the handler returns.
 func stopWatcher(w jetstream.KeyWatcher) {
+	if w == nil {
+		return
+	}
 	_ = w.Stop()
 	go func() {
 		for range w.Updates() {
