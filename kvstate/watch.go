@@ -202,8 +202,8 @@ func (s *Store) list(ctx context.Context, pattern string) ([]jetstream.KeyValueE
 // replica reads from its store as the watch begins, reach the barrier and
 // hold every one of those keys.
 //
-// Until the eighth session it waited instead for any later update to
-// reach the barrier, and that missed keys: a replica that is behind, or
+// Waiting instead for any later update to reach the barrier is not
+// enough, and missed keys: a replica that is behind, or
 // that rebuilds its store from the leader's after a restart (keeping only
 // what the leader still holds), may deliver another key's later value
 // before it holds the key's value of the barrier's time, which history 1
