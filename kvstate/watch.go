@@ -319,6 +319,9 @@ func (s *Store) settle(ctx context.Context, pattern string, sn *snapshot, w jets
 		}
 		stopWatcher(w)
 		w = nil
+		if s.opts.Logger != nil {
+			s.opts.Logger.Debug("watching again: the watch's replica was behind the stream leader", "keys", pattern, "barrier", sn.barrier, "reached", sn.initMax, "keys_held", sn.found, "keys_at_leader", len(sn.keys))
+		}
 		select {
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
