@@ -62,9 +62,9 @@ type Store struct {
 	opts   Options
 
 	nc         *nats.Conn
-	subjPrefix string // "$KV.<bucket>."
-	msgGetSubj string // "$JS.API.STREAM.MSG.GET.KV_<bucket>": leader reads
-	infoSubj   string // "$JS.API.STREAM.INFO.KV_<bucket>": answered by the leader
+	subjPrefix string           // "$KV.<bucket>."
+	msgGetSubj string           // "$JS.API.STREAM.MSG.GET.KV_<bucket>": leader reads
+	stream     jetstream.Stream // the bucket's stream: STREAM.INFO, answered by the leader
 
 	// space guards the bucket's reserve against entity state (nil: the
 	// bucket has no byte limit); spaceLog reports refusals for lack of
@@ -210,7 +210,6 @@ func open(ctx context.Context, js jetstream.JetStream, typ string, opts Options,
 		nc:         js.Conn(),
 		subjPrefix: "$KV." + bucket + ".",
 		msgGetSubj: apiPrefix(js) + "STREAM.MSG.GET.KV_" + bucket,
-		infoSubj:   apiPrefix(js) + "STREAM.INFO.KV_" + bucket,
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -284,6 +283,7 @@ func (s *Store) openBudget(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.stream = st
 	info := st.CachedInfo()
 	s.atomicBatches.Store(info.Config.AllowAtomicPublish)
 	s.batchFrom = batchFrom(info.Config.Replicas)
@@ -529,43 +529,17 @@ func (s *Store) last(ctx context.Context, key string) (record, error) {
 }
 
 // leaderKeys reads from the stream leader the keys matching pattern that
-// have a message (a value or a tombstone), a page of STREAM.INFO's
-// subjects at a time.
+// have a message (a value or a tombstone): the subjects of STREAM.INFO.
 func (s *Store) leaderKeys(ctx context.Context, pattern string) (map[string]bool, error) {
-	keys := map[string]bool{}
-	for {
-		req, err := json.Marshal(struct {
-			Filter string `json:"subjects_filter"`
-			Offset int    `json:"offset,omitempty"`
-		}{s.subject(pattern), len(keys)})
-		if err != nil {
-			return nil, err
-		}
-		msg, err := s.nc.RequestWithContext(ctx, s.infoSubj, req)
-		if err != nil {
-			return nil, err
-		}
-		var resp struct {
-			Error *jetstream.APIError `json:"error,omitempty"`
-			State struct {
-				Subjects map[string]uint64 `json:"subjects"`
-			} `json:"state"`
-			Total int `json:"total"`
-		}
-		if err := json.Unmarshal(msg.Data, &resp); err != nil {
-			return nil, fmt.Errorf("kvstate: bad answer to %s: %w", s.infoSubj, err)
-		}
-		if resp.Error != nil {
-			return nil, resp.Error
-		}
-		n := len(keys)
-		for subj := range resp.State.Subjects {
-			keys[strings.TrimPrefix(subj, s.subjPrefix)] = true
-		}
-		if len(keys) >= resp.Total || len(keys) == n {
-			return keys, nil
-		}
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(s.subject(pattern)))
+	if err != nil {
+		return nil, err
 	}
+	keys := make(map[string]bool, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		keys[strings.TrimPrefix(subj, s.subjPrefix)] = true
+	}
+	return keys, nil
 }
 
 // msgGet asks the JetStream API's STREAM.MSG.GET on subj (answered by

@@ -307,10 +307,11 @@ const (
 	behindRetryMax = 160 * time.Millisecond
 )
 
-// settle fills sn from w (see fill). When w's replica was behind, it starts
-// the watch again with start, after a pause (behindRetry), until a snapshot is complete or ctx
-// ends. It returns the snapshot and the watcher that made it, or, with an
-// error, the watcher still running (nil if none) for the caller to stop.
+// settle fills sn from w (see fill). When w's replica was behind, it
+// starts the watch again with start, after a pause (behindRetry), until a
+// snapshot is complete or ctx ends. It returns the snapshot and the
+// watcher that made it, or, with an error, the watcher still running (nil
+// if none) for the caller to stop.
 func (s *Store) settle(ctx context.Context, pattern string, sn *snapshot, w jetstream.KeyWatcher, start func() (*snapshot, jetstream.KeyWatcher, error), lost <-chan nats.Status) (*snapshot, jetstream.KeyWatcher, error) {
 	for pause := behindRetry; ; pause = min(2*pause, behindRetryMax) {
 		err := s.fill(ctx, pattern, w, sn, lost)
@@ -335,30 +336,13 @@ func (s *Store) settle(ctx context.Context, pattern string, sn *snapshot, w jets
 	}
 }
 
-// fill feeds sn from w until sn is complete. It fails when ctx ends, w's
-// channel closes or lost (nil: never) delivers, and with errBehind when the
-// initial values fall short of the barrier.
-//
-// Before it gives up on a replica, it reads the barrier again from the
-// leader and lowers it if the message at the barrier is gone: an expiry
-// marker expires itself, and a replica may drop it before delivering it.
+// fill feeds sn the initial values of w. It fails when ctx ends, w's
+// channel closes or lost (nil: never) delivers, and with errBehind when
+// the initial values fall short (a key whose last message at the leader
+// expired and went since, an expiry marker expiring itself, is short too:
+// the next watch starts from the leader's keys of then).
 func (s *Store) fill(ctx context.Context, pattern string, w jetstream.KeyWatcher, sn *snapshot, lost <-chan nats.Status) error {
-	for !sn.complete() {
-		if sn.behind() {
-			rctx, cancel := s.ctx(ctx)
-			b, err := s.lastRev(rctx, pattern)
-			cancel()
-			if err != nil {
-				return err
-			}
-			if b < sn.barrier {
-				sn.barrier = b
-			}
-			if sn.behind() {
-				return errBehind
-			}
-			continue
-		}
+	for !sn.marker {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -373,6 +357,9 @@ func (s *Store) fill(ctx context.Context, pattern string, w jetstream.KeyWatcher
 			}
 			sn.add(e)
 		}
+	}
+	if sn.behind() {
+		return errBehind
 	}
 	return nil
 }
