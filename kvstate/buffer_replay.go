@@ -20,8 +20,9 @@ import (
 )
 
 // Replay reads shard's buffer in order from its first message and calls fn
-// with each buffered message as it was published (Subject, Reply, Header
-// and Data restored; the buffer's own headers removed), skipping end
+// with each buffered message's stream sequence and the message as it was
+// published (Subject, Reply, Header and Data restored; the buffer's own
+// headers removed), skipping end
 // markers of other handoffs, until the end marker of handoff; it waits for
 // more messages until then. It returns the marker's sequence, or ctx's
 // error. fn runs on Replay's goroutine, one message at a time.
@@ -44,7 +45,7 @@ import (
 // appended by Append: it is skipped silently. A restored message has a nil Header when the
 // original had none; Data may be an empty slice instead of nil. Replay
 // does not remove anything: see Purge.
-func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(m *nats.Msg)) (uint64, error) {
+func (b *Buffer) Replay(ctx context.Context, shard int, handoff uint64, fn func(seq uint64, m *nats.Msg)) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -102,7 +103,7 @@ type replay struct {
 	b       *Buffer
 	subject string // messages and markers of the shard, in stream order
 	want    string // the handoff id of the marker that ends the replay
-	fn      func(m *nats.Msg)
+	fn      func(seq uint64, m *nats.Msg)
 
 	next     uint64 // stream sequence to start or resume from
 	read     atomic.Uint64
@@ -211,7 +212,7 @@ func (r *replay) run(ctx context.Context) (seq uint64, done bool, err error) {
 				continue
 			}
 			if m := restore(h, jm.Data()); m != nil {
-				r.fn(m)
+				r.fn(md.Sequence.Stream, m)
 			}
 		}
 		// The batch ended: full, expired, or failed. Fetch again. A pull

@@ -88,13 +88,26 @@ func noFailure(t *testing.T) func(*nats.Msg, error) {
 }
 
 // replayAll replays shard up to the marker of handoff and returns what it
-// delivered.
+// delivered. The sequences Replay gives must increase, and end before the
+// marker's.
 func replayAll(t *testing.T, b *kvstate.Buffer, shard int, handoff uint64) ([]*nats.Msg, uint64) {
 	t.Helper()
-	var got []*nats.Msg
-	seq, err := b.Replay(testCtx(t), shard, handoff, func(m *nats.Msg) { got = append(got, m) })
+	var (
+		got  []*nats.Msg
+		last uint64
+	)
+	seq, err := b.Replay(testCtx(t), shard, handoff, func(seq uint64, m *nats.Msg) {
+		if seq <= last {
+			t.Errorf("Replay(%d, %d) gave sequence %d after %d", shard, handoff, seq, last)
+		}
+		last = seq
+		got = append(got, m)
+	})
 	if err != nil {
 		t.Fatalf("Replay(%d, %d): %v", shard, handoff, err)
+	}
+	if last >= seq {
+		t.Errorf("Replay(%d, %d) gave sequence %d, not before its marker's %d", shard, handoff, last, seq)
 	}
 	return got, seq
 }
@@ -246,7 +259,7 @@ func (e *bufEnv) testReplayBeforeAppends(t *testing.T) {
 	ctx := testCtx(t)
 	go func() {
 		var r result
-		r.seq, r.err = b.Replay(ctx, 3, 9, func(m *nats.Msg) {
+		r.seq, r.err = b.Replay(ctx, 3, 9, func(_ uint64, m *nats.Msg) {
 			r.got = append(r.got, m)
 			delivered <- struct{}{}
 		})
@@ -618,7 +631,7 @@ func (e *bufEnv) testReplayCancel(t *testing.T) {
 	mark(t, b, 3, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	n := 0
-	seq, err := b.Replay(ctx, 3, 2, func(*nats.Msg) {
+	seq, err := b.Replay(ctx, 3, 2, func(uint64, *nats.Msg) {
 		if n++; n == 10 {
 			time.AfterFunc(100*time.Millisecond, cancel)
 		}
@@ -632,10 +645,10 @@ func (e *bufEnv) testReplayCancel(t *testing.T) {
 
 	dctx, dcancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer dcancel()
-	if _, err := b.Replay(dctx, 4, 1, func(*nats.Msg) {}); err != context.DeadlineExceeded {
+	if _, err := b.Replay(dctx, 4, 1, func(uint64, *nats.Msg) {}); err != context.DeadlineExceeded {
 		t.Fatalf("Replay past its deadline: %v", err)
 	}
-	if _, err := b.Replay(ctx, 4, 1, func(*nats.Msg) {}); err != context.Canceled {
+	if _, err := b.Replay(ctx, 4, 1, func(uint64, *nats.Msg) {}); err != context.Canceled {
 		t.Fatalf("Replay with a canceled ctx: %v", err)
 	}
 
@@ -668,7 +681,7 @@ func (e *bufEnv) testReplayConsumerLost(t *testing.T) {
 	}
 	var got []*nats.Msg
 	deleted := 0
-	if _, err := b.Replay(testCtx(t), 5, 1, func(m *nats.Msg) {
+	if _, err := b.Replay(testCtx(t), 5, 1, func(_ uint64, m *nats.Msg) {
 		got = append(got, m)
 		if len(got) != 100 && len(got) != 1500 {
 			return
@@ -720,7 +733,7 @@ func (e *bufEnv) testReplayIdleConsumerReplaced(t *testing.T) {
 	)
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.Replay(ctx, 6, 1, func(m *nats.Msg) {
+		_, err := b.Replay(ctx, 6, 1, func(_ uint64, m *nats.Msg) {
 			mu.Lock()
 			got = append(got, m)
 			mu.Unlock()

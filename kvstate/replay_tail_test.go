@@ -53,7 +53,7 @@ func TestReplayTailLost(t *testing.T) {
 		done := make(chan error, 1)
 		ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 		go func() {
-			_, err := rb.Replay(ctx, shard, 1, func(m *nats.Msg) { got <- m })
+			_, err := rb.Replay(ctx, shard, 1, func(_ uint64, m *nats.Msg) { got <- m })
 			done <- err
 		}()
 		natstest.Eventually(t, 30*time.Second, "the 20 messages replayed", func() bool { return len(got) == len(want) })

@@ -69,12 +69,15 @@ func newCluster(t *testing.T, bufOpts kvstate.BufferOptions) *cluster {
 // addProxiedAgent opens agent id with every connection of its own (its
 // subscriptions, store and buffer) through a proxy the test can freeze or
 // cut, and returns the agent, that connection and the proxy.
-func (c *cluster) addProxiedAgent(id string) (*region.Agent, *nats.Conn, *natstest.Proxy) {
+func (c *cluster) addProxiedAgent(id string, tweaks ...func(*region.Config)) (*region.Agent, *nats.Conn, *natstest.Proxy) {
 	t := c.t
 	t.Helper()
 	proxy := natstest.NewProxy(t, c.url[len("nats://"):])
 	var nc *nats.Conn
 	a := c.addAgent(id, func(cfg *region.Config) {
+		for _, tweak := range tweaks {
+			tweak(cfg)
+		}
 		nc = natstest.Connect(t, proxy.URL())
 		js := natstest.JetStream(t, nc)
 		store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})

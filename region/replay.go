@@ -24,6 +24,11 @@ import (
 // coordinator) appends the end marker without it.
 const maxReplays = 64
 
+// replayPatience is how long a replay waits, at most, for its entities to
+// handle what it delivered before it may deliver more (replayTrail.wait);
+// a variable for tests.
+var replayPatience = 30 * time.Second
+
 // replay is the goroutine of a binding shard (modeHold): it replays the
 // shard's buffer up to the end marker handoff, delivering each message to
 // its entity at once (the source may still be appending meanwhile), then
@@ -32,6 +37,11 @@ const maxReplays = 64
 // dropped, or the region fenced or closed). prior, when not nil, is closed
 // when the entities of the shard's previous life in this region have
 // stopped; nothing is delivered before.
+//
+// While it replays, it also purges the buffer behind itself, up to
+// messages whose deliveries were all handled, so that no entity has more
+// than replayAhead of them in the buffer (replayTrail): a target that dies
+// here leaves the next one little to handle again.
 func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prior <-chan struct{}) {
 	if prior != nil {
 		select {
@@ -46,21 +56,32 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	case <-ctx.Done():
 		return
 	}
-	// A failed attempt is retried from the start of the buffer, which
-	// nobody purges while this replay runs: the messages the earlier
-	// attempts delivered are skipped.
-	done := 0
+	trail := newReplayTrail(replayAhead)
+	pctx, stopPurges := context.WithCancel(ctx)
+	purges := make(chan struct{})
+	go func() {
+		defer close(purges)
+		a.purgeBehind(pctx, st, trail)
+	}()
+	defer func() {
+		stopPurges()
+		<-purges
+	}()
+	// A failed attempt is retried from the start of what is left of the
+	// buffer: the messages read before are skipped by their sequence.
+	var last uint64 // the sequence of the last message read
+	read := 0
 	backoff := wait.RetryFirst
 	var marker uint64
 	for {
-		skip := done
-		seq, err := a.cfg.Buffer.Replay(ctx, st.n, handoff, func(m *nats.Msg) {
-			if skip > 0 {
-				skip--
+		seq, err := a.cfg.Buffer.Replay(ctx, st.n, handoff, func(seq uint64, m *nats.Msg) {
+			if seq <= last {
 				return
 			}
-			done++
-			a.deliverReplayed(st, m)
+			last = seq
+			read++
+			a.deliverReplayed(st, m, trail)
+			trail.read(seq)
 		})
 		if err == nil {
 			marker = seq
@@ -84,9 +105,34 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 		return
 	}
 	st.mu.Lock()
-	st.replayed = done
+	st.replayed = read
 	st.mu.Unlock()
 	a.post(CaughtUp{Shard: st.n, Life: st.lifeN})
+}
+
+// purgeBehind purges st's buffer as far as trail allows each time trail
+// asks for it (an entity has half of its replayAhead in the buffer), until
+// ctx ends. Not while the region is suspended, nor after a stall it has
+// not yet handled: the shard may not be its own any more, and its next
+// target may be replaying (what would go is handled here, but the next
+// target's held copies of it would be delivered again).
+func (a *Agent) purgeBehind(ctx context.Context, st *shardState, trail *replayTrail) {
+	for {
+		select {
+		case <-trail.kick:
+		case <-ctx.Done():
+			return
+		}
+		upTo := trail.next()
+		if upTo == 0 {
+			continue
+		}
+		a.stallCount(true)
+		if !st.waitResumed() || ctx.Err() != nil || a.purge(ctx, st.n, upTo) != nil {
+			return
+		}
+		trail.purgedTo(upTo)
+	}
 }
 
 // purge removes shard's buffered messages up to and including upTo,
@@ -108,7 +154,8 @@ func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
 // deliverReplayed hands a replayed message to its entity, unless one with
 // its key (protocol.MessageKey) was delivered already (the buffer may hold
 // a message twice: a publisher's retry, or a copy diverted by two
-// holders).
+// holders). Each delivery is recorded in trail; first it waits while the
+// entity has trail's limit of deliveries in the buffer.
 //
 // Held arrivals come first when this message arrived here too: those that
 // arrived before its copy were, for each publisher, published before it.
@@ -116,7 +163,7 @@ func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
 // arrived while nobody diverted the shard (the parking coordinator lost
 // its connection, or stepped down before the next one parked the shard
 // again) and must keep its place before the later buffered messages.
-func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
+func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail) {
 	_, shard, id, err := a.layoutNow().ParseEntity(a.cfg.Subjects, m.Subject)
 	if err == nil && shard != st.n {
 		err = fmt.Errorf("%w: buffered message %q of shard %d in the buffer of shard %d", protocol.ErrWrongShard, m.Subject, shard, st.n)
@@ -125,7 +172,12 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		a.malformed(m, err)
 		return
 	}
-	if !st.waitResumed() {
+	ok, gaveUp := trail.wait(st.ctx, id, replayPatience)
+	if gaveUp {
+		a.log.Warn("a replay waited too long for its entities to handle what it delivered; it goes on without purging as it goes: a target that dies now leaves the next one more to handle again",
+			"shard", st.n, "handoff", st.handoff, "entity", id, "waited", replayPatience)
+	}
+	if !ok || !st.waitResumed() {
 		return // dropped: the replay is being cancelled
 	}
 	st.mu.Lock()
@@ -143,12 +195,12 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg) {
 		}
 		st.seen[key] = struct{}{}
 		if i, ok := st.heldAt[key]; ok && i >= st.heldNext {
-			a.deliverHeldLocked(st, i)
+			a.deliverHeldLocked(st, i, trail)
 			st.heldNext, st.heldDups = i+1, st.heldDups+1 // held[i] is this message's copy
 		}
 	}
 	a.trace(st, "replayed", key)
-	a.host.Deliver(st.n, id, m)
+	a.host.DeliverTracked(st.n, id, m, trail.delivered(id))
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 }
@@ -186,7 +238,7 @@ func (a *Agent) trace(st *shardState, what, key string) {
 // forgets them and makes the shard live; st.mu is held. It returns how
 // many were held and, of those, how many were skipped as copies.
 func (a *Agent) flushHeldLocked(st *shardState) (held, skipped int) {
-	a.deliverHeldLocked(st, len(st.held))
+	a.deliverHeldLocked(st, len(st.held), nil)
 	held, skipped = len(st.held), st.heldDups
 	st.held, st.heldAt, st.heldNext, st.heldDups = nil, nil, 0, 0
 	st.mode = modeLive
@@ -197,8 +249,8 @@ func (a *Agent) flushHeldLocked(st *shardState) (held, skipped int) {
 // (not including) upTo, in arrival order, skipping those whose key
 // (protocol.MessageKey) was delivered already, and moves st.heldNext to
 // upTo; st.mu is held. While the shard replays, their copies in the
-// buffer are skipped from then on.
-func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
+// buffer are skipped from then on, and trail records the deliveries.
+func (a *Agent) deliverHeldLocked(st *shardState, upTo int, trail *replayTrail) {
 	for _, h := range st.held[st.heldNext:upTo] {
 		key := protocol.MessageKey(h.m.Header, h.m.Reply)
 		if key != "" {
@@ -209,7 +261,11 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int) {
 			st.seen[key] = struct{}{}
 		}
 		a.trace(st, "held message delivered", key)
-		a.host.Deliver(st.n, h.id, h.m)
+		if trail == nil {
+			a.host.Deliver(st.n, h.id, h.m)
+		} else {
+			a.host.DeliverTracked(st.n, h.id, h.m, trail.delivered(h.id))
+		}
 	}
 	st.heldNext = upTo
 }

@@ -281,6 +281,7 @@ type envelope struct {
 	d      *durableMsg
 	stalls uint64     // Config.Stalls when it was delivered
 	timer  *timerFire // set for a message of the entity's timer (timers.go)
+	done   func()     // DeliverTracked's: called once the message is handled
 }
 
 // durableMsg is what a message of durable delivery carries besides itself:
@@ -305,7 +306,17 @@ type durableMsg struct {
 // (paused for a handoff: the message, delivered live before the pause, is
 // nowhere else).
 func (h *Host) Deliver(shard int, id string, m *nats.Msg) {
-	e := envelope{m: m}
+	h.DeliverTracked(shard, id, m, nil)
+}
+
+// DeliverTracked is Deliver, and calls done (when not nil) once the
+// entity has handled m and m was answered: Handle returned, with or
+// without an error, or panicked, or the entity could not be created. A
+// message that was not handled (refused or dropped unanswered, see
+// Deliver) is never done. A replay tracks so which of the buffered
+// messages it delivered have had their effect (region/replaytrail.go).
+func (h *Host) DeliverTracked(shard int, id string, m *nats.Msg, done func()) {
+	e := envelope{m: m, done: done}
 	if h.stalls != nil {
 		e.stalls = h.stalls(false)
 	}

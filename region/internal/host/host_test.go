@@ -1498,3 +1498,79 @@ func TestHostQueuedAfterStall(t *testing.T) {
 		})
 	}
 }
+
+// TestHostDeliverTracked: done comes once the message was handled and
+// answered (an error or a panic included), never for a message that was
+// refused.
+func TestHostDeliverTracked(t *testing.T) {
+	block, block1 := make(chan struct{}), make(chan struct{})
+	f := &testFactory{handle: func(_ int, m *Message) ([]byte, error) {
+		switch string(m.Data) {
+		case "block":
+			<-block
+		case "hold":
+			<-block1
+		case "fail":
+			return nil, errors.New("bad")
+		case "panic":
+			panic("boom")
+		}
+		return []byte("ok"), nil
+	}}
+	rec := newRecorder()
+	h := newTestHost(t, f.factory, rec, nil)
+	dones := make(chan string, 10)
+	deliver := func(shard int, data string) {
+		h.DeliverTracked(shard, "a", req("a", data), func() { dones <- data })
+	}
+	deliver(0, "block")
+	select {
+	case d := <-dones:
+		t.Fatalf("%q done while its Handle runs", d)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(block)
+	for _, want := range []string{"block", "fail", "panic"} {
+		if want != "block" {
+			deliver(0, want)
+		}
+		rec.next(t) // answered first
+		select {
+		case d := <-dones:
+			if d != want {
+				t.Fatalf("done for %q, want %q", d, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no done for %q", want)
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.StopShard(context.Background(), 0) }()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	// A stopped shard's deliveries start it afresh; one being stopped
+	// refuses them: hold the stop open with a blocked entity of shard 1.
+	h.Deliver(1, "b", pub("b", "hold"))
+	natstest.Eventually(t, 5*time.Second, "entity b busy", func() bool { return h.Active() >= 1 })
+	go func() { stopped <- h.StopShard(context.Background(), 1) }()
+	natstest.Eventually(t, 5*time.Second, "shard 1 closing", func() bool {
+		se := h.lookup(1)
+		se.mu.Lock()
+		defer se.mu.Unlock()
+		return se.closing
+	})
+	deliver(1, "late")
+	if r := rec.next(t); !errors.Is(r.err, errShardNotServed) {
+		t.Fatalf("late message answered %+v", r)
+	}
+	close(block1)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-dones:
+		t.Fatalf("done for the refused %q", d)
+	case <-time.After(20 * time.Millisecond):
+	}
+}

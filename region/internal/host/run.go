@@ -366,6 +366,8 @@ func (h *Host) deliverOne(se *shardEntities, id string, c *cell, ent Entity, e e
 				h.log.Debug("region: a message of durable delivery was answered with an error", "shard", shard, "entity", id, "seq", e.d.seq, "error", err)
 			}
 			e.d.done()
+		} else if e.done != nil {
+			e.done()
 		}
 		return ent, err
 	}
