@@ -151,6 +151,10 @@ type Agent struct {
 	loopDone chan struct{} // closed when the driver returned
 	replays  chan struct{} // a slot per replay reading its buffer (maxReplays)
 
+	// onArrival, set by tests only (export_test.go), is called with each
+	// message the shards' subscriptions receive, before it is routed.
+	onArrival atomic.Pointer[func(m *nats.Msg)]
+
 	// The driver's own, touched by no other goroutine (Open's before the
 	// driver starts, Close's after it returned).
 	core    *Core

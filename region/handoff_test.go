@@ -1087,6 +1087,55 @@ func TestHeldDuringDivertingGap(t *testing.T) {
 	}
 }
 
+// TestHeldBeforeAnOvertakingCopy: as TestHeldDuringDivertingGap, a
+// message only the new owner got (2: its source never buffered it) keeps
+// its place before a later buffered message (3), here when the buffered
+// copy of 3 is replayed while the owner's own copy of 3 still waits for
+// its subscription's callback. The campaign (core seed 76, a loaded
+// machine) delivered a run of such held messages after the later one.
+func TestHeldBeforeAnOvertakingCopy(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	a := c.addAgent("a", nil)
+	id := "overtaken"
+	s := protocol.ShardOf(id, shards)
+	msg := func(seq int) *nats.Msg { return c.message(id, seq, true) }
+	appendFailed := func(m *nats.Msg, err error) { t.Errorf("append %s: %v", m.Data, err) }
+	c.buffer.Append(s, msg(1), appendFailed) // parked before the bind
+	hs := c.newHandoffs(1)
+	c.must("a", protocol.Command{Kind: protocol.CmdBind, Shards: []int{s}, Handoffs: hs})
+	// 2 reaches a only.
+	if err := c.nc.PublishMsg(msg(2)); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 30*time.Second, "a to hold 2", func() bool { return a.Stats().Held.Load() == 1 })
+	// a's callback is slow to take its own copy of 3; the buffered copy
+	// is there first.
+	release := make(chan struct{})
+	a.OnArrival(func(m *nats.Msg) {
+		if string(m.Data) == "3" {
+			<-release
+		}
+	})
+	if err := c.nc.PublishMsg(msg(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.buffer.Append(s, msg(3), appendFailed)
+	if _, err := c.buffer.Mark(context.Background(), s, hs[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Long enough for the replay to reach 3 (it would deliver it now,
+	// and 2 after it, at the end), well short of its wait (2 s).
+	time.Sleep(300 * time.Millisecond)
+	close(release)
+	natstest.Eventually(t, 30*time.Second, "the shard to go live", func() bool { return len(c.rec.seqs(t, id)) == 3 })
+	if got, want := c.rec.seqs(t, id), []int{1, 2, 3}; !slices.Equal(got, want) {
+		t.Fatalf("entity %s handled %v, want %v", id, got, want)
+	}
+}
+
 // TestFullBufferAfterComplete (PROTOCOL.md, What a region cannot vouch
 // for): once a paused shard's source answered complete, its target may
 // be bound and hold its own copy of every arrival. A message the source's

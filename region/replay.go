@@ -162,7 +162,11 @@ func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
 // Most were buffered as well, earlier, and are skipped; one that was not
 // arrived while nobody diverted the shard (the parking coordinator lost
 // its connection, or stepped down before the next one parked the shard
-// again) and must keep its place before the later buffered messages.
+// again), or while the source could not buffer, and must keep its place
+// before the later buffered messages. So when this message's own copy is
+// not held yet while held arrivals wait, the subscriptions first hand
+// their callbacks what they received (arrivalsCaughtUp): the own copy may
+// be queued there.
 func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail) {
 	_, shard, id, err := a.layoutNow().ParseEntity(a.cfg.Subjects, m.Subject)
 	if err == nil && shard != st.n {
@@ -180,12 +184,17 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 	if !ok || !st.waitResumed() {
 		return // dropped: the replay is being cancelled
 	}
+	key := protocol.MessageKey(m.Header, m.Reply)
 	st.mu.Lock()
+	if key != "" && st.mayBeOvertaking(key) {
+		st.mu.Unlock()
+		st.arrivalsCaughtUp()
+		st.mu.Lock()
+	}
 	if st.mode != modeHold {
 		st.mu.Unlock()
 		return // dropped: the replay is being cancelled
 	}
-	key := protocol.MessageKey(m.Header, m.Reply)
 	if key != "" {
 		if _, dup := st.seen[key]; dup {
 			st.mu.Unlock()
@@ -203,6 +212,43 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 	a.host.DeliverTracked(st.n, id, m, trail.delivered(id))
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
+}
+
+// ownCopyWait bounds how long a replay waits for the shard's subscriptions
+// to hand their callbacks what they had received (arrivalsCaughtUp).
+const ownCopyWait = 2 * time.Second
+
+// mayBeOvertaking reports whether the replayed message with key may have
+// overtaken this region's own copy of it while held arrivals wait: its key
+// was neither delivered nor held, and some held arrival was not delivered
+// yet; st.mu is held. A held arrival that its source never buffered keeps
+// its place only if the region's own copy of a later message is held
+// before that message's buffered copy is replayed (see deliverReplayed).
+func (st *shardState) mayBeOvertaking(key string) bool {
+	if st.heldNext >= len(st.held) {
+		return false
+	}
+	if _, dup := st.seen[key]; dup {
+		return false
+	}
+	_, held := st.heldAt[key]
+	return !held
+}
+
+// arrivalsCaughtUp waits, ownCopyWait at most, until the shard's
+// subscriptions have handed their callbacks every message they had
+// received: the region's own copy of a message may be queued there while
+// the buffered copy is replayed (a loaded machine runs the replay before
+// the subscription's callback). Campaign core seed 76: a source cut off
+// from the publishers never buffered 41 - 51, which the target held; the
+// target replayed the buffered copy of 52 before its callback held its
+// own, so the held-first rule did not apply, and 41 - 51 went after 52.
+func (st *shardState) arrivalsCaughtUp() {
+	ctx, cancel := context.WithTimeout(st.ctx, ownCopyWait)
+	defer cancel()
+	for _, ss := range st.subs {
+		_ = ss.sub.CaughtUp(ctx)
+	}
 }
 
 // waitResumed waits while the region is suspended (see shardState.gate):

@@ -52,6 +52,9 @@ type routeSet struct {
 // finds the held shard its entity belongs to and hands the message to it
 // (dispatch). It runs on the subscription's goroutine.
 func (a *Agent) onSubject(ss *subjectSub, m *nats.Msg) {
+	if hook := a.onArrival.Load(); hook != nil {
+		(*hook)(m)
+	}
 	for {
 		r := ss.routes.Load()
 		token, shard, id, err := r.layout.ParseEntity(a.cfg.Subjects, m.Subject)
