@@ -93,8 +93,12 @@ func TestListingWhileAReplicaCatchesUp(t *testing.T) {
 	defer wg.Wait()
 	defer stop()
 
-	servers[down] = natstest.RunServerWithOptions(t, opts[down])
+	// The lister opens its bucket before the server comes back: opening
+	// it while that server's JetStream starts timed out once under CI's
+	// load (the listings' watches are placed by the servers, whichever
+	// server the lister is connected to).
 	lister := peer(t, s, "")
+	servers[down] = natstest.RunServerWithOptions(t, opts[down])
 	deadline := time.Now().Add(5 * time.Second)
 	n := 0
 	for ; time.Now().Before(deadline); n++ {
