@@ -103,7 +103,9 @@
 //     arrivals are held in memory (at most Config.MaxHeld); at the marker the
 //     held messages are delivered, except those whose key (Nats-Msg-Id, or
 //     a reply subject marked unique: protocol.MessageKey) was replayed,
-//     the shard goes live and the buffer is purged up to the marker;
+//     the shard goes live and the buffer is purged up to the marker
+//     (and before, behind the replay, as its entities handle what it
+//     delivered: replaytrail.go);
 //   - live: arrivals go straight to the entities;
 //   - paused (HandOff): arrivals are appended to the shard's buffer, naming
 //     the handoff, and the entities stop; Release keeps diverting for

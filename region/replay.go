@@ -25,9 +25,8 @@ import (
 const maxReplays = 64
 
 // replayPatience is how long a replay waits, at most, for its entities to
-// handle what it delivered before it may deliver more (replayTrail.wait);
-// a variable for tests.
-var replayPatience = 30 * time.Second
+// handle what it delivered before it may deliver more (replayTrail.wait).
+const replayPatience = 30 * time.Second
 
 // replay is the goroutine of a binding shard (modeHold): it replays the
 // shard's buffer up to the end marker handoff, delivering each message to
@@ -178,7 +177,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 	}
 	ok, gaveUp := trail.wait(st.ctx, id, replayPatience)
 	if gaveUp {
-		a.log.Warn("a replay waited too long for its entities to handle what it delivered; it goes on without purging as it goes: a target that dies now leaves the next one more to handle again",
+		a.log.Warn("a replay waited too long for its entities to handle what it delivered; it no longer waits for them: a target that dies now may leave the next one more to handle again",
 			"shard", st.n, "handoff", st.handoff, "entity", id, "waited", replayPatience)
 	}
 	if !ok || !st.waitResumed() {
