@@ -201,7 +201,7 @@ func TestParkerSplitChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []string
-	if _, err := buffer.Replay(context.Background(), child, 7, func(m *nats.Msg) { got = append(got, string(m.Data)) }); err != nil {
+	if _, err := buffer.Replay(context.Background(), child, 7, func(_ uint64, m *nats.Msg) { got = append(got, string(m.Data)) }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(got, want) {
