@@ -80,19 +80,34 @@ func (b *Buffer) Purge(ctx context.Context, shard int, upTo uint64) error {
 	}
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
-	purge := func(subject string) error {
-		opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subject)}
-		if upTo < ^uint64(0) {
-			opts = append(opts, jetstream.WithPurgeSequence(upTo+1))
-		}
-		if err := b.stream.Purge(ctx, opts...); err != nil {
-			return translate(fmt.Errorf("purge %s up to %d: %w", subject, upTo, err), ErrConflict)
-		}
+	markers := make(chan error, 1)
+	go func() { markers <- b.purge(ctx, b.subjects.BufferMarker(shard), upTo) }()
+	return errors.Join(b.purge(ctx, b.subjects.Buffer(shard), upTo), <-markers)
+}
+
+// PurgeMessages is Purge without the markers: one request. A replay that
+// purges behind itself leaves the markers it passed (those of other
+// handoffs, which every replay skips) to its purge at its own marker.
+func (b *Buffer) PurgeMessages(ctx context.Context, shard int, upTo uint64) error {
+	if upTo == 0 {
 		return nil
 	}
-	markers := make(chan error, 1)
-	go func() { markers <- purge(b.subjects.BufferMarker(shard)) }()
-	return errors.Join(purge(b.subjects.Buffer(shard)), <-markers)
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	return b.purge(ctx, b.subjects.Buffer(shard), upTo)
+}
+
+// purge removes the messages of subject with sequence up to and including
+// upTo (all of them for math.MaxUint64).
+func (b *Buffer) purge(ctx context.Context, subject string, upTo uint64) error {
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(subject)}
+	if upTo < ^uint64(0) {
+		opts = append(opts, jetstream.WithPurgeSequence(upTo+1))
+	}
+	if err := b.stream.Purge(ctx, opts...); err != nil {
+		return translate(fmt.Errorf("purge %s up to %d: %w", subject, upTo, err), ErrConflict)
+	}
+	return nil
 }
 
 // Clear empties shard's buffer for the source of handoff as it pauses

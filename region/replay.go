@@ -55,7 +55,7 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	case <-ctx.Done():
 		return
 	}
-	trail := newReplayTrail(replayAhead)
+	trail := newReplayTrail(replayAhead, replaySoon)
 	pctx, stopPurges := context.WithCancel(ctx)
 	purges := make(chan struct{})
 	go func() {
@@ -100,7 +100,7 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 	// messages left in it would be handled twice (a load test caught that
 	// when the purge came after). Held arrivals wait meanwhile. Not while
 	// the region is suspended: the shard may not be its own any more.
-	if !st.waitResumed() || a.purge(ctx, st.n, marker) != nil {
+	if !st.waitResumed() || a.purge(ctx, a.cfg.Buffer.Purge, st.n, marker) != nil {
 		return
 	}
 	st.mu.Lock()
@@ -127,19 +127,20 @@ func (a *Agent) purgeBehind(ctx context.Context, st *shardState, trail *replayTr
 			continue
 		}
 		a.stallCount(true)
-		if !st.waitResumed() || ctx.Err() != nil || a.purge(ctx, st.n, upTo) != nil {
+		if !st.waitResumed() || ctx.Err() != nil || a.purge(ctx, a.cfg.Buffer.PurgeMessages, st.n, upTo) != nil {
 			return
 		}
 		trail.purgedTo(upTo)
 	}
 }
 
-// purge removes shard's buffered messages up to and including upTo,
-// trying again (each failure logged, at most every 10 s) until it has or
-// ctx ends; it returns the last error then.
-func (a *Agent) purge(ctx context.Context, shard int, upTo uint64) error {
+// purge removes shard's buffered messages up to and including upTo with
+// purge (kvstate.Buffer's Purge, or PurgeMessages), trying again (each
+// failure logged, at most every 10 s) until it has or ctx ends; it returns
+// the last error then.
+func (a *Agent) purge(ctx context.Context, purge func(context.Context, int, uint64) error, shard int, upTo uint64) error {
 	for backoff := wait.RetryFirst; ; backoff = wait.Next(backoff) {
-		err := a.cfg.Buffer.Purge(ctx, shard, upTo)
+		err := purge(ctx, shard, upTo)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -175,7 +176,11 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 		a.malformed(m, err)
 		return
 	}
-	ok, gaveUp := trail.wait(st.ctx, id, replayPatience)
+	counted := "" // the entity, when the message has an idempotency key (replayAhead)
+	if protocol.IdempotencyKey(m.Header) != "" {
+		counted = id
+	}
+	ok, gaveUp := trail.wait(st.ctx, counted, replayPatience)
 	if gaveUp {
 		a.log.Warn("a replay waited too long for its entities to handle what it delivered; it no longer waits for them: a target that dies now may leave the next one more to handle again",
 			"shard", st.n, "handoff", st.handoff, "entity", id, "waited", replayPatience)
@@ -208,7 +213,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 		}
 	}
 	a.trace(st, "replayed", key)
-	a.host.DeliverTracked(st.n, id, m, trail.delivered(id))
+	a.host.DeliverTracked(st.n, id, m, trail.delivered(counted))
 	st.mu.Unlock()
 	a.stats.Replayed.Add(1)
 }
@@ -306,10 +311,13 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int, trail *replayTrail) 
 			st.seen[key] = struct{}{}
 		}
 		a.trace(st, "held message delivered", key)
-		if trail == nil {
+		switch {
+		case trail == nil:
 			a.host.Deliver(st.n, h.id, h.m)
-		} else {
+		case protocol.IdempotencyKey(h.m.Header) != "":
 			a.host.DeliverTracked(st.n, h.id, h.m, trail.delivered(h.id))
+		default:
+			a.host.DeliverTracked(st.n, h.id, h.m, trail.delivered(""))
 		}
 	}
 	st.heldNext = upTo

@@ -20,7 +20,7 @@ import (
 // while replaying"): the coordinator binds the shard to another target
 // with the same handoff, and that one replays what is left of the buffer.
 // The first target purged behind itself as its entities handled what it
-// replayed, so the second handles again at most region.ReplayAhead
+// replayed, so the second handles again at most region.ReplayAhead keyed
 // messages per entity, and loses none.
 //
 // Before, the first target purged only at the end marker, and the second

@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// replayAhead bounds, for each entity, the messages a replay has delivered
-// to it whose buffered copies are still in the buffer: at replayAhead the
-// replay waits until the buffer is purged past some of them (the purge
-// starts at half of it, so that it rarely has to wait).
+// replayAhead bounds, for each entity, the messages with an idempotency
+// key (protocol.IdempotencyKey) that a replay has delivered to it and not
+// yet purged from the buffer: at replayAhead the replay waits until the
+// buffer is purged past some of them. The purge is asked for at
+// replaySoon, so that it is usually done before the replay has to wait.
 //
 // A binding target that dies while it replays leaves the buffer to the
 // next target, which replays it from its first message: whatever the dead
@@ -17,12 +18,19 @@ import (
 // at the end marker, and the next target handled again everything the
 // dead one had (campaign core seed 76: 206 messages; keys of an entity
 // older than its window of 32 were applied twice). Now each entity is
-// handled again at most replayAhead times, and a persistent entity that
-// keeps the keys of its last replayAhead changes or more (the kv kind
-// keeps 32: entities.KeptAnswers) answers those from its saved answers
-// instead of applying them (PROTOCOL.md, Handoff, "B dies while
-// replaying").
-const replayAhead = 16
+// given again at most replayAhead of the keyed messages it handled, its
+// latest, and a persistent entity that keeps the keys of its last
+// replayAhead keyed changes or more (the kv kind keeps 32:
+// entities.KeptAnswers) answers those from its saved answers instead of
+// applying them (PROTOCOL.md, Handoff, "B dies while replaying").
+// Messages without a key are handled at least once, as before: they do
+// not count, so that the purges, each a JetStream request that writes,
+// stay few (purging every 8 messages of any kind tripled the time a
+// coordinator test's replays took under load: TestStepDownWhileParked).
+const (
+	replayAhead = 32
+	replaySoon  = 24
+)
 
 // replayTrail is one replay's account of what it delivered and what of the
 // buffer it may purge: the pure core of the purges a replay makes as it
@@ -36,7 +44,7 @@ const replayAhead = 16
 // concurrent use (done comes from the entities' workers).
 type replayTrail struct {
 	limit int // replayAhead, or a test's
-	half  int // (limit+1)/2: an entity with this many makes the trail ask for purges
+	soon  int // replaySoon, or a test's: an entity with this many makes the trail ask for purges
 
 	mu   sync.Mutex
 	recs []trailRec // recs[0] is the oldest record not purged
@@ -45,9 +53,12 @@ type replayTrail struct {
 	// safe is the sequence of the last read in recs[:doneTo]: the buffer
 	// may be purged up to it. purged is how far it was.
 	safe, purged uint64
-	open         map[string]int // entity -> its deliveries in recs
-	hot          int            // entities with limit/2 or more deliveries in recs
-	base         int            // records purged so far: recs[i] is record base+i
+	// purgeable counts the counted deliveries a purge up to safe would
+	// take; passed, those in recs[:doneTo] after safe's read.
+	purgeable, passed int
+	open              map[string]int // entity -> its counted deliveries in recs
+	hot               int            // entities with soon or more counted deliveries in recs
+	base              int            // records purged so far: recs[i] is record base+i
 
 	gaveUp bool // wait ran out of patience: limit no longer holds
 
@@ -55,21 +66,22 @@ type replayTrail struct {
 	freed chan struct{} // closed, and replaced, when a purge is recorded
 }
 
-// trailRec is a delivery (seq 0) or a read (done from the start).
+// trailRec is a delivery (seq 0; id "" when it does not count) or a read
+// (done from the start).
 type trailRec struct {
 	seq  uint64
 	id   string
 	done bool
 }
 
-func newReplayTrail(limit int) *replayTrail {
+func newReplayTrail(limit, soon int) *replayTrail {
 	return &replayTrail{
-		limit: limit, half: (limit + 1) / 2, open: map[string]int{},
+		limit: limit, soon: soon, open: map[string]int{},
 		kick: make(chan struct{}, 1), freed: make(chan struct{}),
 	}
 }
 
-// wait waits while entity id has limit deliveries not purged; it reports
+// wait waits while entity id has limit counted deliveries not purged; it reports
 // false when ctx ended first. A wait longer than patience ends the bound
 // for the rest of the replay (gaveUp): a message not handled for that
 // long (a Handle that waits for an entity of the same shard, whose
@@ -77,6 +89,9 @@ func newReplayTrail(limit int) *replayTrail {
 // the purges, and the replay goes on as it did before it purged as it
 // went, rather than stop its shard.
 func (t *replayTrail) wait(ctx context.Context, id string, patience time.Duration) (ok, gaveUp bool) {
+	if id == "" {
+		return true, false // not counted
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var timeout <-chan time.Time
@@ -104,16 +119,19 @@ func (t *replayTrail) wait(ctx context.Context, id string, patience time.Duratio
 	return true, false
 }
 
-// delivered records a delivery to entity id and returns what to call once
-// it was handled.
+// delivered records a delivery to entity id, counted for it unless id is
+// "" (a message without an idempotency key), and returns what to call
+// once it was handled.
 func (t *replayTrail) delivered(id string) (done func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := t.base + len(t.recs)
 	t.recs = append(t.recs, trailRec{id: id})
-	t.open[id]++
-	if t.open[id] == t.half {
-		t.hot++
+	if id != "" {
+		t.open[id]++
+		if t.open[id] == t.soon {
+			t.hot++
+		}
 	}
 	return func() {
 		t.mu.Lock()
@@ -135,11 +153,19 @@ func (t *replayTrail) read(seq uint64) {
 func (t *replayTrail) advanceLocked() {
 	moved := false
 	for ; t.doneTo < len(t.recs) && t.recs[t.doneTo].done; t.doneTo++ {
-		if s := t.recs[t.doneTo].seq; s != 0 {
-			t.safe, moved = s, true
+		switch r := t.recs[t.doneTo]; {
+		case r.seq != 0:
+			t.safe, moved = r.seq, true
+			t.purgeable += t.passed
+			t.passed = 0
+		case r.id != "":
+			t.passed++
 		}
 	}
-	if moved && t.hot > 0 {
+	// A purge is asked for once it would take a few counted deliveries
+	// with it, not for each one: every purge is a JetStream request that
+	// writes (a waiting replay asks for one whatever it takes: wait).
+	if moved && t.hot > 0 && t.purgeable >= t.limit-t.soon {
 		t.wantLocked()
 	}
 }
@@ -179,10 +205,11 @@ func (t *replayTrail) purgedTo(seq uint64) {
 		}
 	}
 	for _, r := range t.recs[:n] {
-		if r.seq != 0 {
+		if r.seq != 0 || r.id == "" {
 			continue
 		}
-		if t.open[r.id] == t.half {
+		t.purgeable--
+		if t.open[r.id] == t.soon {
 			t.hot--
 		}
 		if t.open[r.id]--; t.open[r.id] == 0 {

@@ -23,10 +23,10 @@ func kicked(t *replayTrail) bool {
 // entities finish in; a skipped message moves the point too; a purge
 // forgets the deliveries up to it, not those of later messages.
 func TestTrailPurgesOnlyWhatWasHandled(t *testing.T) {
-	tr := newReplayTrail(4)
+	tr := newReplayTrail(4, 2)
 	a1 := tr.delivered("a")
 	tr.read(10)
-	b1 := tr.delivered("b")
+	b1 := tr.delivered("") // without a key: not counted, but handled first all the same
 	tr.read(11)
 	tr.read(12) // skipped: a copy
 	a2 := tr.delivered("a")
@@ -50,7 +50,7 @@ func TestTrailPurgesOnlyWhatWasHandled(t *testing.T) {
 	if got := tr.next(); got != 0 {
 		t.Fatalf("next = %d right after the purge", got)
 	}
-	if tr.open["a"] != 2 || tr.open["b"] != 0 || tr.open["c"] != 1 {
+	if len(tr.open) != 2 || tr.open["a"] != 2 || tr.open["c"] != 1 {
 		t.Fatalf("open = %v after the purge up to 12, want a:2 c:1", tr.open)
 	}
 	a2()
@@ -72,10 +72,12 @@ func TestTrailPurgesOnlyWhatWasHandled(t *testing.T) {
 }
 
 // TestTrailWaitsAtItsLimit: a replay waits while the entity has limit
-// deliveries in the buffer, asks for a purge from half of it, and goes on
-// once the purge is recorded; another entity does not wait.
+// counted deliveries in the buffer, asks for a purge once an entity has
+// soon of them and the purge would take limit-soon, and goes on once the
+// purge is recorded; another entity, or a message without a key, does
+// not wait.
 func TestTrailWaitsAtItsLimit(t *testing.T) {
-	tr := newReplayTrail(4)
+	tr := newReplayTrail(4, 2)
 	ctx := t.Context()
 	var dones []func()
 	for seq := uint64(1); seq <= 4; seq++ {
@@ -91,9 +93,14 @@ func TestTrailWaitsAtItsLimit(t *testing.T) {
 	if ok, _ := tr.wait(ctx, "b", time.Minute); !ok {
 		t.Fatal("another entity waited")
 	}
-	for _, done := range dones[:2] {
-		done()
+	if ok, _ := tr.wait(ctx, "", time.Minute); !ok {
+		t.Fatal("a message without a key waited")
 	}
+	dones[0]()
+	if kicked(tr) {
+		t.Fatal("a purge asked for that would take one delivery")
+	}
+	dones[1]()
 	if !kicked(tr) {
 		t.Fatal("no purge asked for with half the limit handled")
 	}
