@@ -442,7 +442,8 @@ func (e *bufEnv) testOverflow(t *testing.T) {
 	}
 }
 
-// testPurge: Purge up to a marker leaves the later messages.
+// testPurge: Purge up to a marker leaves the later messages; PurgeMessages
+// leaves the markers too.
 func (e *bufEnv) testPurge(t *testing.T) {
 	b, s := e.open(t, 0)
 	ctx := testCtx(t)
@@ -472,6 +473,17 @@ func (e *bufEnv) testPurge(t *testing.T) {
 	}
 	if got := bufLen(t, b, 5); got != 8 {
 		t.Fatalf("Len(5) = %d after Purge up to 0, want 8", got)
+	}
+	// PurgeMessages leaves the markers: the replay finds marker 1 again,
+	// with nothing before it.
+	if err := b.PurgeMessages(ctx, 5, mark1); err != nil {
+		t.Fatal(err)
+	}
+	if got := bufLen(t, b, 5); got != 3 {
+		t.Errorf("Len(5) = %d after PurgeMessages up to the marker, want 3", got)
+	}
+	if got, seq := replayAll(t, b, 5, 1); seq != mark1 || len(got) != 0 {
+		t.Errorf("Replay after PurgeMessages returned %d messages up to %d, want none up to marker 1's %d", len(got), seq, mark1)
 	}
 	if err := b.Purge(ctx, 5, mark1); err != nil {
 		t.Fatal(err)

@@ -154,8 +154,9 @@ func (a *Agent) purge(ctx context.Context, purge func(context.Context, int, uint
 // deliverReplayed hands a replayed message to its entity, unless one with
 // its key (protocol.MessageKey) was delivered already (the buffer may hold
 // a message twice: a publisher's retry, or a copy diverted by two
-// holders). Each delivery is recorded in trail; first it waits while the
-// entity has trail's limit of deliveries in the buffer.
+// holders). Each delivery is recorded in trail; first, for a message with
+// an idempotency key, it waits while the entity has trail's limit of
+// keyed deliveries in the buffer.
 //
 // Held arrivals come first when this message arrived here too: those that
 // arrived before its copy were, for each publisher, published before it.
