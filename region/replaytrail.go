@@ -20,16 +20,15 @@ import (
 // older than its window of 32 were applied twice). Now each entity is
 // given again at most replayAhead of the keyed messages it handled, its
 // latest, and a persistent entity that keeps the keys of its last
-// replayAhead keyed changes or more (the kv kind keeps 32:
-// entities.KeptAnswers) answers those from its saved answers instead of
-// applying them (PROTOCOL.md, Handoff, "B dies while replaying").
-// Messages without a key are handled at least once, as before: they do
+// SavedAnswers keyed changes (32, as the kv kind does) answers those from
+// its saved answers instead of applying them (PROTOCOL.md, Handoff, "B
+// dies while replaying"). Messages without a key are handled at least once, as before: they do
 // not count, so that the purges, each a JetStream request that writes,
 // stay few (purging every 8 messages of any kind tripled the time a
 // coordinator test's replays took under load: TestStepDownWhileParked).
 const (
-	replayAhead = 32
-	replaySoon  = 24
+	replayAhead = SavedAnswers // the window a persistent entity saves
+	replaySoon  = replayAhead * 3 / 4
 )
 
 // replayTrail is one replay's account of what it delivered and what of the
