@@ -11,8 +11,8 @@ import (
 // stopped since.
 func (a *Agent) Stall(d time.Duration) { a.clock.beat.Add(-int64(d)) }
 
-// ReplayAhead is replayAhead: per entity, the most a replay delivers
-// whose buffered copies are not yet purged.
+// ReplayAhead is replayAhead: per entity, the most keyed messages a
+// replay delivers whose buffered copies are not yet purged.
 const ReplayAhead = replayAhead
 
 // OnArrival makes hook be called with each message the agent's shard

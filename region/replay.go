@@ -39,8 +39,9 @@ const replayPatience = 30 * time.Second
 //
 // While it replays, it also purges the buffer behind itself, up to
 // messages whose deliveries were all handled, so that no entity has more
-// than replayAhead of them in the buffer (replayTrail): a target that dies
-// here leaves the next one little to handle again.
+// than replayAhead keyed messages in the buffer that it handled
+// (replayTrail): a target that dies here leaves the next one little to
+// handle again.
 func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prior <-chan struct{}) {
 	if prior != nil {
 		select {
@@ -110,8 +111,8 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 }
 
 // purgeBehind purges st's buffer as far as trail allows each time trail
-// asks for it (an entity has half of its replayAhead in the buffer), until
-// ctx ends. Not while the region is suspended, nor after a stall it has
+// asks for it (an entity has replaySoon keyed deliveries in the buffer, or
+// the replay waits), until ctx ends. Not while the region is suspended, nor after a stall it has
 // not yet handled: the shard may not be its own any more, and its next
 // target may be replaying (what would go is handled here, but the next
 // target's held copies of it would be delivered again).
@@ -177,10 +178,7 @@ func (a *Agent) deliverReplayed(st *shardState, m *nats.Msg, trail *replayTrail)
 		a.malformed(m, err)
 		return
 	}
-	counted := "" // the entity, when the message has an idempotency key (replayAhead)
-	if protocol.IdempotencyKey(m.Header) != "" {
-		counted = id
-	}
+	counted := countedAs(id, m)
 	ok, gaveUp := trail.wait(st.ctx, counted, replayPatience)
 	if gaveUp {
 		a.log.Warn("a replay waited too long for its entities to handle what it delivered; it no longer waits for them: a target that dies now may leave the next one more to handle again",
@@ -312,14 +310,11 @@ func (a *Agent) deliverHeldLocked(st *shardState, upTo int, trail *replayTrail) 
 			st.seen[key] = struct{}{}
 		}
 		a.trace(st, "held message delivered", key)
-		switch {
-		case trail == nil:
-			a.host.Deliver(st.n, h.id, h.m)
-		case protocol.IdempotencyKey(h.m.Header) != "":
-			a.host.DeliverTracked(st.n, h.id, h.m, trail.delivered(h.id))
-		default:
-			a.host.DeliverTracked(st.n, h.id, h.m, trail.delivered(""))
+		var done func()
+		if trail != nil {
+			done = trail.delivered(countedAs(h.id, h.m))
 		}
+		a.host.DeliverTracked(st.n, h.id, h.m, done)
 	}
 	st.heldNext = upTo
 }

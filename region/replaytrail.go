@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/natshard/natshard/protocol"
 )
 
 // replayAhead bounds, for each entity, the messages with an idempotency
@@ -30,6 +33,16 @@ const (
 	replayAhead = SavedAnswers // the window a persistent entity saves
 	replaySoon  = replayAhead * 3 / 4
 )
+
+// countedAs is the entity that a delivery of m to entity id counts for in
+// a replayTrail: id when m has an idempotency key, "" (not counted)
+// otherwise.
+func countedAs(id string, m *nats.Msg) string {
+	if protocol.IdempotencyKey(m.Header) == "" {
+		return ""
+	}
+	return id
+}
 
 // replayTrail is one replay's account of what it delivered and what of the
 // buffer it may purge: the pure core of the purges a replay makes as it
