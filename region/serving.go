@@ -15,7 +15,8 @@ import (
 // registered (not fenced) and not suspended (its connection dropped, or it
 // stalled, and it has not confirmed its shards since), and it is not
 // closing. changed is closed at the next change of any of these, for any
-// shard: look again then.
+// shard, just after the new state is in place (so a goroutine woken by it
+// reads the new state): look again then.
 //
 // A shard stops being served the moment its handoff is decided (before
 // its entities are stopped), its connection drops (Suspend), the region
@@ -67,7 +68,7 @@ func (a *Agent) publish(registered bool) {
 		return
 	}
 	v.changed = make(chan struct{})
-	a.view.Store(v)
+	a.view.Store(v) // before the close: whoever the close wakes reads v
 	if old != nil {
 		close(old.changed)
 	}
