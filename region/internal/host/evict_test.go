@@ -41,10 +41,13 @@ func TestHostEvict(t *testing.T) {
 	}
 	factory := func(ctx context.Context, id string) (Entity, error) {
 		e, err := f.factory(ctx, id)
+		if err != nil {
+			return nil, err
+		}
 		mu.Lock()
-		byInc[int(f.calls.Load())] = id
+		byInc[e.(*testEntity).inc] = id // not f.calls: the entities start at once, on their own workers
 		mu.Unlock()
-		return e, err
+		return e, nil
 	}
 	rec := newRecorder()
 	h := newTestHost(t, factory, rec, func(c *Config) {
