@@ -90,7 +90,7 @@ var (
 	mRounds          = metricDesc{"natshard_rebalance_rounds_total", "Rebalance rounds that moved shards.", prometheus.CounterValue, nil}
 	mRoundMoves      = metricDesc{"natshard_rebalance_moves_total", "Moves started by rebalance rounds.", prometheus.CounterValue, nil}
 	mParked          = metricDesc{"natshard_coordinator_messages_parked_total", "Messages of parked shards (no live owner) the leader appended to the buffer.", prometheus.CounterValue, nil}
-	mParkRefused     = metricDesc{"natshard_coordinator_messages_refused_total", "Of the parked messages, those the buffer refused (full, or an error).", prometheus.CounterValue, nil}
+	mParkRefused     = metricDesc{"natshard_coordinator_messages_refused_total", "Of the parked messages, those the buffer refused (full, or an error): answered with an error until the shard's bind was sent, not answered after (its bound owner answers its own copy).", prometheus.CounterValue, nil}
 
 	// Durable delivery: read from the stream's info at scrape time.
 	mStreamMsgs = metricDesc{"natshard_durable_stream_messages", "Messages stored in the type's message streams together (durable delivery): not yet handled and acknowledged. The same for every process of the type.", prometheus.GaugeValue, nil}

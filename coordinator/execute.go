@@ -100,6 +100,11 @@ func (l *leader) execute(ctx context.Context, acts []Action) error {
 			l.log.Info(ev.Kind, "shard", a.Shard, "region", a.Region)
 			l.publish(ev)
 		case Send:
+			if a.Command.Kind == protocol.CmdBind {
+				for _, sh := range a.Command.Shards {
+					l.parker.binding(sh) // before the target can subscribe
+				}
+			}
 			go l.send(ctx, a)
 		case RemoveRegion:
 			switch err := l.cfg.Store.RemoveRegion(ctx, a.ID, a.Revision); {

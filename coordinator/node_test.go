@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -290,5 +291,82 @@ func TestParkedUntilFirstRegion(t *testing.T) {
 				t.Fatalf("entity e-%d: message %d is %q: out of order", e, i, v)
 			}
 		}
+	}
+}
+
+// TestParkedShardsFullBuffer (issue 30, core seed 97 of the fault
+// campaign): a parked shard's buffer that refuses a message (full here;
+// out of space in the campaign) makes the coordinator refuse it only
+// while nobody else holds the shard. Once the shard's new owner is bound
+// (subscribed, holding what arrives until the end marker), the parking
+// goes on for the release grace, and the owner holds its own copy of each
+// message the buffer refuses and handles it: a refusal then would tell the
+// requester that a message that is handled was not ("phantom").
+func TestParkedShardsFullBuffer(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, natstest.URL(srv))
+	js := natstest.JetStream(t, nc)
+	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := protocol.MustSubjects("", "", "kv")
+	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{MaxPerShard: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c",
+		ReleaseGrace: 5 * time.Second, Logger: failLog(t, "node")})()
+	waitRows(t, nc, subjects, "every shard parked", string(protocol.StateParked), "")
+
+	const id = "e0"
+	subject := subjects.EntityOf(id, shards)
+	shard := protocol.ShardOf(id, shards)
+	for _, v := range []string{"1", "2"} {
+		if err := nc.Publish(subject, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 20*time.Second, "the shard's buffer full", func() error {
+		if err := buffer.Flush(context.Background()); err != nil {
+			return err
+		}
+		if n, err := buffer.Len(context.Background(), shard); err != nil || n != 2 {
+			return fmt.Errorf("%d messages buffered (%v)", n, err)
+		}
+		return nil
+	})
+	// No region: the coordinator alone has the message, and says it was
+	// not handled.
+	m, err := nc.Request(subject, []byte("3"), 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(protocol.HeaderRefused) != protocol.RefusedMoving {
+		t.Fatalf("a parked shard's full buffer: answered %q (headers %v), want refused %q", m.Data, m.Header, protocol.RefusedMoving)
+	}
+
+	// A region is bound; until the release grace ends both it and the
+	// parking have the shard's messages.
+	rec := &recorder{got: map[string][]string{}}
+	openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
+	natstest.Eventually(t, 20*time.Second, "the region and the parking subscribed to the shard", func() error {
+		if n := srv.GlobalAccount().Interest(subject); n < 2 {
+			return fmt.Errorf("%d subscriptions", n)
+		}
+		return nil
+	})
+	m, err = nc.Request(subject, []byte("4"), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := m.Header.Get(protocol.HeaderRefused); r != "" || string(m.Data) != "4" {
+		t.Fatalf("a message the bound region holds: answered %q, refused %q (%s)", m.Data, r, m.Header.Get(protocol.HeaderError))
+	}
+	rec.waitLast(t, 4, id)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := rec.got[id]; !slices.Equal(got, []string{"1", "2", "4"}) {
+		t.Fatalf("handled %v, want [1 2 4]: the refused 3 not, the others once each, in order", got)
 	}
 }

@@ -51,6 +51,11 @@ type parked struct {
 	subs    []*fanin.Sub
 	handoff uint64
 	term    uint64 // the epoch of the term that parked it, or adopted it
+	// bound is set once a bind of the shard was sent while it ran (any
+	// term's, and it stays set): the target subscribes before it answers
+	// and holds its own copy of what arrives, so the parking is no longer
+	// the only holder of a message its buffer refuses (see failed).
+	bound bool
 	// drained, set when sub starts draining (see draining), is closed
 	// when the drain is done. A park meanwhile (a new term's) is recorded
 	// in again and subscribes once the drain is done: a new
@@ -81,7 +86,7 @@ func (p *parker) park(shard int, handoff, term uint64) error {
 		}
 		return nil
 	}
-	return p.subscribeLocked(shard, handoff, term)
+	return p.subscribeLocked(shard, handoff, term, false)
 }
 
 // adopt makes shard's parking, if it runs and is not draining, the one of
@@ -91,6 +96,20 @@ func (p *parker) adopt(shard int, handoff, term uint64) {
 	defer p.mu.Unlock()
 	if pk, ok := p.parked[shard]; ok && !pk.draining() {
 		pk.handoff, pk.term = handoff, term
+	}
+}
+
+// binding records that a bind of shard is about to be sent: from now on
+// its target may hold its own copy of each message of the shard that the
+// parking diverts (see failed).
+func (p *parker) binding(shard int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pk, ok := p.parked[shard]; ok {
+		pk.bound = true
+		if pk.again != nil {
+			pk.again.bound = true
+		}
 	}
 }
 
@@ -104,13 +123,14 @@ func (p *parker) setLayout(l protocol.Layout) { p.layout.Store(&l) }
 // newer subject only after the older subjects' subscriptions appended
 // what they had received before it (fanin: a publisher that switched to
 // the new count keeps its order). p.mu is held.
-func (p *parker) subscribeLocked(shard int, handoff, term uint64) error {
+func (p *parker) subscribeLocked(shard int, handoff, term uint64, bound bool) error {
 	trace := p.log.Enabled(context.Background(), slog.LevelDebug)
 	tokens, split := []int{shard}, false
 	var layout protocol.Layout
 	if l := p.layout.Load(); l != nil && l.Split() {
 		layout, split, tokens = *l, true, l.Tokens(shard)
 	}
+	failed := func(m *nats.Msg, err error) { p.failed(shard, m, err) }
 	var subs []*fanin.Sub
 	for _, tok := range tokens {
 		older := slices.Clone(subs)
@@ -129,7 +149,7 @@ func (p *parker) subscribeLocked(shard int, handoff, term uint64) error {
 			if p.stats != nil {
 				p.stats.ParkedMessages.Add(1)
 			}
-			p.buffer.Append(shard, m, p.failed)
+			p.buffer.Append(shard, m, failed)
 		})
 		if err != nil {
 			for _, s := range subs {
@@ -139,13 +159,16 @@ func (p *parker) subscribeLocked(shard int, handoff, term uint64) error {
 		}
 		subs = append(subs, sub)
 	}
-	p.parked[shard] = &parked{subs: subs, handoff: handoff, term: term}
+	p.parked[shard] = &parked{subs: subs, handoff: handoff, term: term, bound: bound}
 	return p.nc.Flush()
 }
 
-// failed makes a refused append visible: an error reply to a request, and a
-// log line.
-func (p *parker) failed(m *nats.Msg, err error) {
+// failed makes a refused append of shard's parking visible: a log line,
+// and an error reply to a request while the parking is the shard's only
+// holder. Once a bind was sent, the target may hold its own copy and
+// answer it after the buffer: a refusal could be false (PROTOCOL.md, What
+// a region cannot vouch for; the fault campaign saw such a "phantom").
+func (p *parker) failed(shard int, m *nats.Msg, err error) {
 	if p.stats != nil {
 		p.stats.ParkRefused.Add(1)
 	}
@@ -153,6 +176,14 @@ func (p *parker) failed(m *nats.Msg, err error) {
 		// Not refused: it may be in the buffer, and then its next owner
 		// answers it (the buffered copy keeps the reply subject).
 		p.log.Warn("a parked shard's message may not have been buffered (no acknowledgement); if it was not, it is lost", "subject", m.Subject, "err", err)
+		return
+	}
+	p.mu.Lock()
+	pk, ok := p.parked[shard]
+	alone := ok && !pk.bound
+	p.mu.Unlock()
+	if !alone {
+		p.log.Warn("a parked shard's message could not be buffered; dropped unanswered (its bound owner has its own copy, if it had subscribed; if not, it is lost)", "subject", m.Subject, "err", err)
 		return
 	}
 	p.log.Warn("a parked shard's message could not be buffered", "subject", m.Subject, "err", err)
@@ -203,7 +234,7 @@ func (p *parker) end(shard int, pk *parked) {
 	defer p.mu.Unlock()
 	delete(p.parked, shard)
 	if a := pk.again; a != nil {
-		if err := p.subscribeLocked(shard, a.handoff, a.term); err != nil {
+		if err := p.subscribeLocked(shard, a.handoff, a.term, a.bound); err != nil {
 			p.log.Warn("cannot park a shard again after its drain", "shard", shard, "err", err)
 		}
 	}
