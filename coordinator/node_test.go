@@ -33,13 +33,19 @@ func openType(t *testing.T) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protoc
 // connection nc.
 func openTypeOn(t *testing.T, nc *nats.Conn) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
 	t.Helper()
+	return openTypeWith(t, nc, kvstate.BufferOptions{})
+}
+
+// openTypeWith is openTypeOn with the buffer's options bopts.
+func openTypeWith(t *testing.T, nc *nats.Conn, bopts kvstate.BufferOptions) (*nats.Conn, *kvstate.Store, *kvstate.Buffer, protocol.Subjects) {
+	t.Helper()
 	js := natstest.JetStream(t, nc)
 	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{})
+	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, bopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,17 +310,7 @@ func TestParkedUntilFirstRegion(t *testing.T) {
 // requester that a message that is handled was not ("phantom").
 func TestParkedShardsFullBuffer(t *testing.T) {
 	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, natstest.URL(srv))
-	js := natstest.JetStream(t, nc)
-	store, err := kvstate.Open(context.Background(), js, "kv", kvstate.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	subjects := protocol.MustSubjects("", "", "kv")
-	buffer, err := kvstate.OpenBuffer(context.Background(), js, subjects, kvstate.BufferOptions{MaxPerShard: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, store, buffer, subjects := openTypeWith(t, natstest.Connect(t, natstest.URL(srv)), kvstate.BufferOptions{MaxPerShard: 2})
 	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c",
 		ReleaseGrace: 5 * time.Second, Logger: failLog(t, "node")})()
 	waitRows(t, nc, subjects, "every shard parked", string(protocol.StateParked), "")
