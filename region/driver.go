@@ -296,7 +296,8 @@ func (a *Agent) bindShards(act BindShards) {
 }
 
 // unbind stops serving the shard at once: its subscription, its replay,
-// what it held (refused), its entities (their context ends first).
+// what it held (dropped unanswered: see stop), its entities (their
+// context ends first).
 func (a *Agent) unbind(act Unbind) {
 	st := a.shard(act.Shard, act.Life)
 	if st != nil {

@@ -426,7 +426,7 @@ const clearWait = 3 * time.Second
 
 // clear empties the buffer of a shard that pause switched to
 // modeClearing, then appends what arrived meanwhile, in order, and
-// diverts. A shard stopped meanwhile is left alone: stop refused what it
+// diverts. A shard stopped meanwhile is left alone: stop dropped what it
 // held.
 func (st *shardState) clear() {
 	a := st.a
@@ -439,7 +439,8 @@ func (st *shardState) clear() {
 	}
 	if errors.Is(err, kvstate.ErrFenced) {
 		// What arrived meanwhile stays held, never appended: the Unbind
-		// that SourceFenced brings refuses it.
+		// that SourceFenced brings drops it unanswered (the coordinator,
+		// which fenced the handoff, parks the shard and has its own copy).
 		a.stats.SourceFenced.Add(1)
 		a.post(SourceFenced{Shard: st.n, Life: st.lifeN})
 		return
