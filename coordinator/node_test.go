@@ -312,7 +312,7 @@ func TestParkedShardsFullBuffer(t *testing.T) {
 	srv := natstest.RunServer(t)
 	nc, store, buffer, subjects := openTypeWith(t, natstest.Connect(t, natstest.URL(srv)), kvstate.BufferOptions{MaxPerShard: 2})
 	defer runNode(coordinator.Config{Conn: nc, Store: store, Buffer: buffer, Subjects: subjects, Shards: shards, Region: "c",
-		ReleaseGrace: 5 * time.Second, Logger: failLog(t, "node")})()
+		ReleaseGrace: 10 * time.Second, Logger: failLog(t, "node")})()
 	waitRows(t, nc, subjects, "every shard parked", string(protocol.StateParked), "")
 
 	const id = "e0"
@@ -342,8 +342,9 @@ func TestParkedShardsFullBuffer(t *testing.T) {
 		t.Fatalf("a parked shard's full buffer: answered %q (headers %v), want refused %q", m.Data, m.Header, protocol.RefusedMoving)
 	}
 
-	// A region is bound; until the release grace ends both it and the
-	// parking have the shard's messages.
+	// A region is bound; until the release grace ends (10 s: the test must
+	// see both subscriptions and send within it, on a loaded machine too)
+	// both it and the parking have the shard's messages.
 	rec := &recorder{got: map[string][]string{}}
 	openRegion(t, nc, store, buffer, subjects, "r1", rec.factory)
 	natstest.Eventually(t, 20*time.Second, "the region and the parking subscribed to the shard", func() error {
