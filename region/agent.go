@@ -211,7 +211,7 @@ type Stats struct {
 	Replayed          atomic.Uint64 // buffered messages replayed to entities
 	Held              atomic.Uint64 // arrivals held while their shard's buffer was replayed or the region suspended
 	DuplicatesSkipped atomic.Uint64 // copies skipped: a message with their key (protocol.MessageKey) was delivered since the bind
-	HeldOverflow      atomic.Uint64 // arrivals beyond MaxHeld: refused while the shard pauses for a handoff, dropped unanswered while it replays or is suspended (another may hold a copy)
+	HeldOverflow      atomic.Uint64 // arrivals beyond MaxHeld: refused while the shard pauses for a handoff, dropped unanswered while it replays or is suspended, or pauses on a suspended or stalled region (another may hold a copy)
 	BufferFull        atomic.Uint64 // of BufferFailed, those refused because the shard's buffer was full
 	SourceFenced      atomic.Uint64 // shards dropped as they paused: the coordinator had fenced their handoff (kvstate.Buffer.Fence)
 	Stalls            atomic.Uint64 // times the region found it had not run for Config.StallLimit or more: suspended until confirmed (stall.go)

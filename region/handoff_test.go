@@ -986,6 +986,57 @@ func TestBufferOverflowIsVisible(t *testing.T) {
 	c.logStats()
 }
 
+// TestPausingOverflowWhileSuspended: a source that pauses holds what
+// arrives while it empties its buffer, and refuses what arrives beyond
+// MaxHeld, as the shard's only holder (its target is bound after the
+// pause). Once it lost its connection (or stalled) it can no longer tell:
+// the coordinator may have forced the move meanwhile (the pause past its
+// timeout), and its parking has a copy of each message and answers it.
+// So the source drops such a message unanswered then, as it does what its
+// buffer refuses (TestBufferOverflowIsVisible). Found by reading (tenth
+// session), not by the campaign.
+func TestPausingOverflowWhileSuspended(t *testing.T) {
+	c := newCluster(t, kvstate.BufferOptions{})
+	a := c.addAgent("a", func(cfg *region.Config) { cfg.MaxHeld = 2 })
+	const s = 2
+	id := idsIn("x", 1, []int{s})[0]
+	c.allocate("a", s)
+	natstest.Eventually(t, 30*time.Second, "the shard live on a", func() bool { ok, _ := a.Serving(s); return ok })
+	// Without its stream the buffer cannot be emptied: the pause retries
+	// for 3 s (clearWait), holding what arrives meanwhile.
+	if err := natstest.JetStream(t, c.nc).DeleteStream(t.Context(), kvstate.BufferStream("kv")); err != nil {
+		t.Fatal(err)
+	}
+	// The handoff's answer waits a moment for the entities to stop: the
+	// test goes on once the pause is decided, not to use up the 3 s.
+	data, err := protocol.Encode(protocol.Command{Kind: protocol.CmdHandOff, Shards: []int{s}, Handoffs: c.newHandoffs(1), Epoch: c.epoch, Incarnation: c.incs["a"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() { _, err := c.nc.Request(c.subjects.Region("a"), data, 10*time.Second); answered <- err }()
+	natstest.Eventually(t, 10*time.Second, "the shard paused", func() bool { ok, _ := a.Serving(s); return !ok })
+	for i := 1; i <= 2; i++ {
+		if err := c.nc.Publish(c.subjects.EntityOf(id, shards), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := c.request(id, "3", 10*time.Second)
+	if err != nil || m.Header.Get(protocol.HeaderRefused) != protocol.RefusedMoving {
+		t.Fatalf("a message beyond MaxHeld while the source pauses: %v, answered %v", err, m)
+	}
+	a.Suspend("test")
+	if m, err := c.request(id, "4", time.Second); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("the same once the source is suspended: %v, answered %q %q", err, m.Header.Get(protocol.HeaderRefused), m.Data)
+	}
+	if got := a.Stats().HeldOverflow.Load(); got != 2 {
+		t.Fatalf("held overflow %d, want 2 (were the pause's 3 s of emptying its buffer over before the fourth message?)", got)
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("the handoff: %v", err)
+	}
+}
+
 // TestLateCopyOfReplayedMessageSkipped: a copy of a replayed message that
 // reaches the new owner's subscription after it went live (its callback
 // was behind, or the copy was on its way) is skipped by Nats-Msg-Id, for a

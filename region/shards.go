@@ -227,13 +227,14 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 			clearing := st.mode == modeClearing
 			st.mu.Unlock()
 			a.stats.HeldOverflow.Add(1)
-			if !clearing {
+			if !clearing || a.mayBeForced() {
 				// Another may hold a copy: a replaying shard's source
 				// buffers what reaches it until its release (the grace),
-				// and a suspended shard may have been given away while
-				// the region was off NATS. A refusal could be false (see
-				// stop); a pausing source is the only holder (its target
-				// is bound after the pause).
+				// a suspended shard may have been given away while the
+				// region was off NATS, and a pausing one taken by a
+				// forced reallocation. A refusal could be false (see
+				// stop); a pausing source is the only holder otherwise
+				// (its target is bound after the pause).
 				a.limit.log(a.log, "held-overflow", "dropped a message unanswered: too many held while the shard replays its buffer or is suspended", "shard", st.n, "max", a.cfg.MaxHeld)
 				return
 			}
@@ -314,12 +315,11 @@ func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 	if full {
 		a.stats.BufferFull.Add(1)
 	}
-	if _, _, stalled := a.clock.check(); stalled || st.mayComplete.Load() || a.viewNow().suspended {
+	if st.mayComplete.Load() || a.mayBeForced() {
 		// The source may have answered complete, and the target been
 		// bound: the target holds its own copy of what arrives since, and
-		// answers it after the buffer. Or the region stalled or lost its
-		// connection, and the coordinator may have taken the shard
-		// meanwhile (a forced reallocation): then the parker has a copy.
+		// answers it after the buffer. Or the coordinator may have taken
+		// the shard meanwhile (mayBeForced): then the parker has a copy.
 		// A refusal could be false (PROTOCOL.md, What a region cannot
 		// vouch for).
 		a.limit.log(a.log, "buffer-failed", "a message of a paused shard could not be buffered; dropped unanswered (the shard's next holder, if any yet, has its own copy; if not, it is lost)", "subject", m.Subject, "err", err)
@@ -332,6 +332,16 @@ func (a *Agent) appendFailed(st *shardState, m *nats.Msg, err error) {
 		err = fmt.Errorf("shard is moving and its message could not be buffered: %w", err)
 	}
 	a.reply(m, nil, refused(protocol.RefusedMoving, err))
+}
+
+// mayBeForced reports whether the coordinator may have taken a shard this
+// region pauses by a forced reallocation (its pause past the handoff
+// timeout) without the region knowing: the region stalled, or lost its
+// connection and has not confirmed its shards since. The coordinator's
+// parking then holds a copy of what arrives.
+func (a *Agent) mayBeForced() bool {
+	_, _, stalled := a.clock.check()
+	return stalled || a.viewNow().suspended
 }
 
 func (a *Agent) malformed(m *nats.Msg, err error) {
