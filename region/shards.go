@@ -235,7 +235,7 @@ func (a *Agent) dispatchLocked(st *shardState, id string, m *nats.Msg) {
 				// forced reallocation. A refusal could be false (see
 				// stop); a pausing source is the only holder otherwise
 				// (its target is bound after the pause).
-				a.limit.log(a.log, "held-overflow", "dropped a message unanswered: too many held while the shard replays its buffer or is suspended", "shard", st.n, "max", a.cfg.MaxHeld)
+				a.limit.log(a.log, "held-overflow", "dropped a message unanswered: too many held while the shard replays its buffer, is suspended, or pauses on a suspended or stalled region", "shard", st.n, "max", a.cfg.MaxHeld)
 				return
 			}
 			a.limit.log(a.log, "held-overflow", "refused a message: too many held while the shard pauses", "shard", st.n, "max", a.cfg.MaxHeld)
