@@ -1027,7 +1027,10 @@ func TestPausingOverflowWhileSuspended(t *testing.T) {
 	}
 	a.Suspend("test")
 	if m, err := c.request(id, "4", time.Second); !errors.Is(err, nats.ErrTimeout) {
-		t.Fatalf("the same once the source is suspended: %v, answered %q %q", err, m.Header.Get(protocol.HeaderRefused), m.Data)
+		if err != nil {
+			t.Fatalf("the same once the source is suspended: %v", err)
+		}
+		t.Fatalf("the same once the source is suspended: answered %q %q", m.Header.Get(protocol.HeaderRefused), m.Data)
 	}
 	if got := a.Stats().HeldOverflow.Load(); got != 2 {
 		t.Fatalf("held overflow %d, want 2 (were the pause's 3 s of emptying its buffer over before the fourth message?)", got)
