@@ -23,8 +23,9 @@ import (
 // with each buffered message's stream sequence and the message as it was
 // published (Subject, Reply, Header and Data restored; the buffer's own
 // headers removed), skipping end markers of other handoffs, until the end
-// marker of handoff; it waits for more messages until then. It returns the marker's sequence, or ctx's
-// error. fn runs on Replay's goroutine, one message at a time.
+// marker of handoff; it waits for more messages until then. It returns the
+// marker's sequence, or ctx's error. fn runs on Replay's goroutine, one
+// message at a time.
 //
 // Replay reads through an ephemeral pull consumer (memory, R1, no acks)
 // with one Fetch after another, each bounded by replayWait, and deletes
