@@ -114,9 +114,9 @@ func (a *Agent) replay(ctx context.Context, st *shardState, handoff uint64, prio
 // asks for it (an entity has replaySoon keyed deliveries in the buffer, or
 // the replay waits), until ctx ends. Not while the region is suspended,
 // nor after a stall it has not yet handled: the shard may not be its own
-// any more, and its next
-// target may be replaying (what would go is handled here, but the next
-// target's held copies of it would be delivered again).
+// any more, and its next target may be replaying (what would go is
+// handled here, but the next target's held copies of it would be
+// delivered again).
 func (a *Agent) purgeBehind(ctx context.Context, st *shardState, trail *replayTrail) {
 	for {
 		select {
